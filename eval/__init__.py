@@ -1,0 +1,1 @@
+"""Metrics, benchmarks, data generators and training (``vispec.eval``)."""

@@ -1,0 +1,1 @@
+"""Verification, coupling and sampling primitives: PyTorch references and their dispatch (``vispec.kernels``)."""

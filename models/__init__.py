@@ -1,0 +1,1 @@
+"""Model definitions, checkpoint conversion and adapters (``vispec.models``)."""

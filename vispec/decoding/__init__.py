@@ -1,0 +1,1 @@
+"""Model-agnostic decoders for visual AR models: AR, SJD and MC-SJD."""
