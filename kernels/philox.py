@@ -1,0 +1,134 @@
+"""Counter-based randomness: Philox4x32-10 in PyTorch, keyed by (sample seed, counters).
+
+Every random number a decoder uses is a pure function of the sample's 64-bit seed and four 32-bit
+counters, ``(c0, c1, c2, c3) = (vocab index, absolute token position, stream, draw)``. So
+
+* a sample's output does not depend on what else is in the batch (no shared RNG state);
+* MC-SJD's Gumbel coupling reuses the same noise for the same absolute position across Jacobi
+  iterations without storing a ``[batch, positions, vocab]`` table (MC-SJD, arXiv 2510.24211);
+* a Triton kernel computing ``tl.random.philox(seed, c0, c1, c2, c3)`` (first output word) and the
+  same uint32 -> float mapping reproduces these numbers bit for bit.
+
+Philox4x32-10 is Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011); the round
+constants are the ones Triton and cuRAND use. Integers are held in int64 tensors and masked to
+32 bits; the high word of a 32x32 product is formed from 16-bit halves so nothing overflows.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import torch
+from torch import Tensor
+
+_MASK32 = 0xFFFFFFFF
+_ROUND_A = 0xD2511F53
+_ROUND_B = 0xCD9E8D57
+_KEY_A = 0x9E3779B9
+_KEY_B = 0xBB67AE85
+N_ROUNDS = 10
+
+
+class Stream(IntEnum):
+    """Counter ``c2``: which use a random number serves, so streams never overlap."""
+
+    SAMPLE = 1  # fresh samples from p (AR tokens, SJD Jacobi drafts, bonus tokens)
+    ACCEPT = 2  # acceptance uniforms of the speculative test
+    RESIDUAL = 3  # exponential race for the residual max(0, p - q)
+    INIT = 4  # random draft initialisation
+    GUMBEL = 5  # MC-SJD Gumbel coupling (same for every iteration at a position)
+
+
+def _mulhi32(a: int, b: Tensor) -> Tensor:
+    """High 32 bits of ``a * b`` for a 32-bit constant ``a`` and a uint32-valued int64 tensor."""
+    a_lo, a_hi = a & 0xFFFF, a >> 16
+    b_lo, b_hi = b & 0xFFFF, b >> 16
+    low = a_lo * b_lo
+    mid = a_hi * b_lo + a_lo * b_hi + (low >> 16)
+    return (a_hi * b_hi + (mid >> 16)) & _MASK32
+
+
+def philox_uint32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> Tensor:
+    """First output word of Philox4x32-10 with key ``seed`` (64-bit) and counter ``(c0..c3)``.
+
+    All arguments are integer tensors that broadcast together; the result is int64 in
+    ``[0, 2**32)``. ``seed`` may use all 64 bits (negative int64 values are read as two's
+    complement).
+    """
+    k0 = seed & _MASK32
+    k1 = (seed >> 32) & _MASK32
+    x0, x1, x2, x3 = (c & _MASK32 for c in torch.broadcast_tensors(c0, c1, c2, c3))
+    k0, k1 = k0.expand_as(x0), k1.expand_as(x0)
+    for _ in range(N_ROUNDS):
+        y0 = _mulhi32(_ROUND_B, x2) ^ x1 ^ k0
+        y2 = _mulhi32(_ROUND_A, x0) ^ x3 ^ k1
+        x1 = (_ROUND_B * x2) & _MASK32
+        x3 = (_ROUND_A * x0) & _MASK32
+        x0, x2 = y0, y2
+        k0 = (k0 + _KEY_A) & _MASK32
+        k1 = (k1 + _KEY_B) & _MASK32
+    return x0
+
+
+def uint32_to_uniform(x: Tensor) -> Tensor:
+    """Map uint32 words to float32 uniforms strictly inside (0, 1): ``((x >> 8) + 0.5) / 2**24``.
+
+    Exact in float32 (24-bit mantissa), never 0 or 1, so ``-log(u)`` is always finite and
+    ``u < 1`` always holds.
+    """
+    return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+def uniforms(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vocab_size: int | None = None) -> Tensor:
+    """Uniforms keyed by sample seed, absolute position, stream and draw index.
+
+    Args:
+        seeds: ``[B]`` int64 seeds, one per sample.
+        positions: ``[B, W]`` absolute token positions.
+        stream: the purpose (:class:`Stream`).
+        draws: ``[B]`` or ``[B, W]`` draw counters (a sample's forward-pass count, so a position
+            verified again in a later pass gets fresh numbers).
+        vocab_size: if given, returns ``[B, W, V]`` (one number per vocabulary entry, ``c0 = v``);
+            otherwise ``[B, W]`` (``c0 = 0``).
+    """
+    seeds = seeds.to(torch.int64)
+    positions = positions.to(torch.int64)
+    draws = draws.to(torch.int64)
+    if draws.dim() == 1:
+        draws = draws[:, None].expand_as(positions)
+    stream_t = torch.tensor(int(stream), dtype=torch.int64, device=positions.device)
+    if vocab_size is None:
+        words = philox_uint32(seeds[:, None], torch.zeros_like(positions), positions, stream_t, draws)
+    else:
+        vocab = torch.arange(vocab_size, dtype=torch.int64, device=positions.device)
+        words = philox_uint32(seeds[:, None, None], vocab, positions[..., None], stream_t, draws[..., None])
+    return uint32_to_uniform(words)
+
+
+def exponentials(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vocab_size: int) -> Tensor:
+    """``[B, W, V]`` standard exponentials ``-log(u)`` (float32) for exponential-race sampling."""
+    return -torch.log(uniforms(seeds, positions, stream, draws, vocab_size))
+
+
+def seeds_from_generators(generators: list[torch.Generator | None], device: torch.device | str = "cpu") -> Tensor:
+    """One int64 seed per sample, drawn from that sample's ``torch.Generator``.
+
+    A ``None`` entry draws from torch's global generator. This is the only place a decoder touches
+    a ``torch.Generator``; everything after is counter-based.
+    """
+    seeds = []
+    for gen in generators:
+        if gen is not None and not isinstance(gen, torch.Generator):
+            raise ValueError(f"generator entries must be torch.Generator or None, got {type(gen).__name__}")
+        value = torch.randint(-(2**63), 2**63 - 1, (1,), generator=gen, device=gen.device if gen is not None else "cpu")
+        seeds.append(value.cpu())
+    return torch.cat(seeds).to(device) if seeds else torch.zeros(0, dtype=torch.int64, device=device)
+
+
+def randint_below(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, high: int) -> Tensor:
+    """``[B, W]`` integers uniform in ``[0, high)``: ``(word * high) >> 32`` (exact integer math)."""
+    if draws.dim() == 1:
+        draws = draws[:, None].expand_as(positions)
+    stream_t = torch.tensor(int(stream), dtype=torch.int64, device=positions.device)
+    words = philox_uint32(seeds.to(torch.int64)[:, None], torch.zeros_like(positions), positions.to(torch.int64), stream_t, draws.to(torch.int64))
+    return (words * high) >> 32

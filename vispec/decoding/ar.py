@@ -1,0 +1,67 @@
+"""Plain autoregressive decoding: one image token per forward pass.
+
+The baseline every speed-up is measured against (LlamaGen ``generate``, arXiv 2406.06525): the
+prefill's last logits give token 0; each further pass feeds the newest token and samples the next
+from the processed target ``p`` (:func:`vispec.sampling.process_logits`). Sampling is the
+exponential race ``argmax_v p_v / E_v`` with ``E`` keyed by (sample seed, position), so a sample's
+tokens do not depend on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from vispec.decoding.common import (
+    Clock,
+    DecodeOutput,
+    DecodeStats,
+    GeneratorArg,
+    StepCallback,
+    check_common,
+    per_sample_seeds,
+)
+from vispec.kernels.philox import Stream, exponentials
+from vispec.kernels.verify import sample_from_weights
+from vispec.protocol import SpeculativeARModel
+from vispec.sampling import PositionProcessor, SamplingConfig, process_logits
+
+
+@torch.no_grad()
+def decode_ar(
+    model: SpeculativeARModel,
+    condition: Any,
+    *,
+    num_tokens: int,
+    sampling: SamplingConfig,
+    generator: GeneratorArg = None,
+    processors: tuple[PositionProcessor, ...] = (),
+    grid_width: Optional[int] = None,
+    callback: Optional[StepCallback] = None,
+) -> DecodeOutput:
+    """Sample ``num_tokens`` image tokens per sample, one per forward pass."""
+    vocab = model.image_vocab_size
+    check_common(num_tokens, grid_width or num_tokens, vocab)
+    sampling.check_vocab(vocab)
+    state, logits = model.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=1)
+    device = logits.cond.device
+    clock = Clock(device)
+    batch = logits.cond.shape[0]
+    seeds = per_sample_seeds(generator, batch, device)
+    tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
+    for t in range(num_tokens):
+        if t > 0:
+            logits = model.forward_window(state, tokens[:, t - 1 : t])
+            model.rollback(state, torch.ones(batch, dtype=torch.long, device=device))
+        positions = torch.full((batch, 1), t, dtype=torch.long, device=device)
+        probs = process_logits(logits.cond, logits.uncond, positions, sampling, processors)
+        draws = torch.full((batch,), t, dtype=torch.long, device=device)
+        noise = exponentials(seeds, positions, Stream.SAMPLE, draws, vocab)
+        tokens[:, t] = sample_from_weights(probs, noise)[:, 0]
+        if callback is not None:
+            callback(t, torch.full((batch,), t + 1, dtype=torch.long, device=device))
+    elapsed = clock.now()
+    full = torch.full((batch,), num_tokens, dtype=torch.long)
+    stats = DecodeStats(nfe=full.clone(), tokens=full, accepted_drafts=torch.zeros(batch, dtype=torch.long), latency_s=torch.full((batch,), elapsed, dtype=torch.float64))
+    return DecodeOutput(tokens=tokens, stats=stats, method="ar")

@@ -1,0 +1,101 @@
+"""Shared pieces of the decoders: inputs, per-sample statistics, outputs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from vispec.kernels.philox import seeds_from_generators
+
+GeneratorArg = Union[None, torch.Generator, Sequence[Optional[torch.Generator]]]
+StepCallback = Callable[[int, Tensor], None]
+"""``f(step, num_committed [B])`` after every forward pass (for progress bars and callbacks)."""
+
+
+@dataclass
+class DecodeStats:
+    """Per-sample decoding statistics (tensors of shape ``[B]``).
+
+    * ``nfe``: forward passes spent on the sample (the prefill included);
+    * ``tokens``: tokens generated;
+    * ``accepted_drafts``: drafts accepted over all verification passes;
+    * ``latency_s``: wall time from the start of decoding until the sample finished.
+    """
+
+    nfe: Tensor
+    tokens: Tensor
+    accepted_drafts: Tensor
+    latency_s: Tensor
+
+    @property
+    def tokens_per_forward(self) -> Tensor:
+        """Tokens per forward pass (= step compression against AR, which makes one per pass)."""
+        return self.tokens.double() / self.nfe.double()
+
+    @property
+    def accepted_per_forward(self) -> Tensor:
+        """Mean accepted draft tokens per verification pass (the prefill excluded)."""
+        return self.accepted_drafts.double() / (self.nfe - 1).clamp_min(1).double()
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "nfe": float(self.nfe.double().mean()),
+            "tokens": float(self.tokens.double().mean()),
+            "tokens_per_forward": float(self.tokens_per_forward.mean()),
+            "accepted_per_forward": float(self.accepted_per_forward.mean()),
+            "latency_s": float(self.latency_s.mean()),
+        }
+
+
+@dataclass
+class DecodeOutput:
+    """Generated tokens ``[B, N]`` (raster order) and per-sample statistics."""
+
+    tokens: Tensor
+    stats: DecodeStats
+    method: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def per_sample_seeds(generator: GeneratorArg, batch_size: int, device: torch.device) -> Tensor:
+    """``[B]`` int64 seeds. A list gives one generator per sample (sample ``i``'s output then does
+    not depend on the rest of the batch); a single generator is drawn ``B`` times in order."""
+    if generator is None or isinstance(generator, torch.Generator):
+        gens = [generator] * batch_size
+    else:
+        gens = list(generator)
+        if len(gens) != batch_size:
+            raise ValueError(f"generator list has {len(gens)} entries, expected one per sample ({batch_size})")
+    return seeds_from_generators(gens, device)
+
+
+def check_common(num_tokens: int, grid_width: int, model_vocab: int, max_tokens: Optional[int] = None) -> None:
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
+    if max_tokens is not None and num_tokens > max_tokens:
+        raise ValueError(f"num_tokens={num_tokens} exceeds the model's {max_tokens} image tokens")
+    if isinstance(grid_width, bool) or not isinstance(grid_width, int) or grid_width < 1:
+        raise ValueError(f"grid_width must be an integer >= 1, got {grid_width!r}")
+    if model_vocab < 1:
+        raise ValueError(f"model reports an empty vocabulary ({model_vocab})")
+
+
+class Clock:
+    """Wall time since construction, synchronising CUDA so latencies are real."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._sync()
+        self.start = time.perf_counter()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def now(self) -> float:
+        self._sync()
+        return time.perf_counter() - self.start

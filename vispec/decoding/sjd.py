@@ -1,0 +1,223 @@
+"""Speculative Jacobi Decoding and its coupled variants, over a ragged batch.
+
+SJD (Teng et al., ICLR 2025, arXiv 2410.01699). Each sample keeps ``n`` committed tokens, of
+which the newest (``z``, position ``n - 1``) is not yet in the KV cache, plus drafts at positions
+``n, n+1, ...`` with stored draft distributions ``q``. One pass:
+
+1. fill the window ``[z, d_1 .. d_{W-1}]`` (``W = min(L, N - n)``); missing drafts are initialised
+   (:mod:`vispec.decoding.drafts`) with one-hot ``q``;
+2. one forward; output ``j`` gives the processed target ``P_j`` for position ``n + j``;
+3. verify draft ``d_j`` against ``P_{j-1}`` for all ``j`` at once (:func:`vispec.kernels.verify_drafts`):
+   accept with ``min(1, P(d)/q(d))``; ``m`` = number of leading accepted drafts;
+4. commit ``d_1 .. d_m`` and then the residual sample at the first rejection, or the bonus sample
+   from ``P_{W-1}`` when every draft was accepted: ``m + 1`` tokens per pass;
+5. keep the KV of ``z, d_1 .. d_m`` (rollback of the rest, per sample);
+6. the unverified tail becomes the next drafts: position ``n + j`` (``j > m``) gets a token drawn
+   from ``P_j`` and stores ``q := P_j``.
+
+Step 6 is where the variants differ (MC-SJD, So et al., arXiv 2510.24211):
+
+* ``sjd`` (coupling ``none``): a fresh independent sample ``y_j ~ P_j``;
+* ``mc-sjd`` coupling ``maximal``: every draft slot is verified (no stop at the first rejection);
+  slot ``j+1``'s coupled output (the kept draft, or its residual sample) is distributed as ``P_j``
+  and becomes the draft for position ``n + j``, so a draft survives re-drafting with probability
+  ``1 - TV(P_j, q)``, the largest possible; the last output ``P_{W-1}`` has no old draft and gives a
+  fresh sample;
+* ``mc-sjd`` coupling ``gumbel``: ``y_j = argmax_v log P_j(v) + g_{pos}(v)`` with Gumbel noise ``g``
+  fixed per (sample, absolute position) for the whole decode, so a draft stays unchanged whenever
+  its arg-max is stable under the new context. Verification uniforms stay fresh per pass.
+
+All three are exact: every committed token is distributed as ``p(. | committed prefix)``
+(tests/test_exactness.py checks the joint distribution against enumeration).
+
+Batching: windows are padded to the widest sample; every sample has its own ``n``, drafts, cache
+length and noise counters (pass index), and finished samples leave the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from vispec.decoding.common import (
+    Clock,
+    DecodeOutput,
+    DecodeStats,
+    GeneratorArg,
+    StepCallback,
+    check_common,
+    per_sample_seeds,
+)
+from vispec.decoding.config import DecodingConfig
+from vispec.decoding.drafts import init_draft_tokens
+from vispec.kernels.philox import Stream, exponentials, uniforms
+from vispec.kernels.verify import sample_from_weights, verify_drafts
+from vispec.protocol import SpeculativeARModel
+from vispec.sampling import PositionProcessor, SamplingConfig, process_logits
+
+
+def _resolve_grid_width(model: Any, num_tokens: int, grid_width: Optional[int], init: str) -> int:
+    if grid_width is not None:
+        return grid_width
+    if hasattr(model, "grid_size"):
+        return int(model.grid_size)
+    side = math.isqrt(num_tokens)
+    if side * side == num_tokens:
+        return side
+    if init == "vertical":
+        raise ValueError(f"grid_width is needed for vertical initialisation of {num_tokens} tokens (not a square grid)")
+    return num_tokens
+
+
+@torch.no_grad()
+def decode_sjd(
+    model: SpeculativeARModel,
+    condition: Any,
+    *,
+    num_tokens: int,
+    sampling: SamplingConfig,
+    decoding: DecodingConfig,
+    generator: GeneratorArg = None,
+    processors: tuple[PositionProcessor, ...] = (),
+    grid_width: Optional[int] = None,
+    callback: Optional[StepCallback] = None,
+) -> DecodeOutput:
+    """Decode ``num_tokens`` tokens per sample with SJD or MC-SJD (module docstring)."""
+    cfg = decoding.config
+    if cfg.strategy not in ("sjd", "mc-sjd"):
+        raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")
+    window, coupling = cfg.window, cfg.coupling
+    vocab = model.image_vocab_size
+    grid_width = _resolve_grid_width(model, num_tokens, grid_width, cfg.init)
+    check_common(num_tokens, grid_width, vocab)
+    sampling.check_vocab(vocab)
+    state, logits = model.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=window)
+    device = logits.cond.device
+    clock = Clock(device)
+    batch = logits.cond.shape[0]
+    seeds = per_sample_seeds(generator, batch, device)
+    zeros = torch.zeros(batch, dtype=torch.long, device=device)
+
+    # token 0 from the prefill
+    p0 = process_logits(logits.cond, logits.uncond, zeros[:, None], sampling, processors)
+    first = sample_from_weights(p0, exponentials(seeds, zeros[:, None], Stream.SAMPLE, zeros, vocab))[:, 0]
+
+    # results in the caller's batch order
+    result = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)
+    result_nfe = torch.ones(batch, dtype=torch.long)
+    result_acc = torch.zeros(batch, dtype=torch.long)
+    result_lat = torch.zeros(batch, dtype=torch.float64)
+    committed_all = torch.ones(batch, dtype=torch.long, device=device)
+
+    # per active sample
+    ids = torch.arange(batch, device=device)
+    buf = torch.zeros(batch, num_tokens + window, dtype=torch.long, device=device)  # tokens by position (+ padding room)
+    buf[:, 0] = first
+    n = torch.ones(batch, dtype=torch.long, device=device)  # committed tokens
+    draft_count = zeros.clone()  # valid drafts at positions n .. n + draft_count - 1
+    draft_q = torch.zeros(batch, max(window - 1, 1), vocab, dtype=p0.dtype, device=device)  # q of draft i (position n + i)
+    draft_dense = torch.zeros(batch, max(window - 1, 1), dtype=torch.bool, device=device)
+    nfe = torch.ones(batch, dtype=torch.long, device=device)
+    accepted = zeros.clone()
+    step = 0
+
+    while True:
+        finished = n >= num_tokens
+        if bool(finished.any()):
+            done = finished.nonzero().squeeze(1)
+            at = ids[done]
+            result[at] = buf[done, :num_tokens]
+            result_nfe[at.cpu()] = nfe[done].cpu()
+            result_acc[at.cpu()] = accepted[done].cpu()
+            result_lat[at.cpu()] = clock.now()
+            keep = (~finished).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            state = model.select(state, keep)
+            ids, buf, n, draft_count, draft_q, draft_dense, nfe, accepted, seeds = (
+                t[keep] for t in (ids, buf, n, draft_count, draft_q, draft_dense, nfe, accepted, seeds)
+            )
+        active = ids.numel()
+        width_b = (num_tokens - n).clamp(max=window)  # window incl. z, per sample
+        width = int(width_b.max())
+        slot = torch.arange(width, device=device)
+        positions = n[:, None] - 1 + slot  # window input positions
+        in_window = slot[None, :] < width_b[:, None]
+
+        # 1. initialise missing drafts
+        known = n + draft_count
+        need_init = (slot[None, :] >= 1) & in_window & (positions >= known[:, None])
+        if bool(need_init.any()):
+            init = init_draft_tokens(cfg.init, buf, positions, known, grid_width, vocab, seeds, nfe)
+            buf.scatter_(1, positions, torch.where(need_init, init, buf.gather(1, positions)))
+        window_tokens = buf.gather(1, positions)
+
+        # 2. forward and target
+        out = model.forward_window(state, window_tokens)
+        out_positions = positions + 1  # output j predicts position n + j
+        probs = process_logits(out.cond, out.uncond, out_positions, sampling, processors)
+
+        # 3. verify all draft slots at once
+        num_slots = width - 1
+        num_drafts = width_b - 1
+        if num_slots > 0:
+            dpos = positions[:, 1:]
+            dense = draft_dense[:, :num_slots] & (slot[None, :num_slots] < draft_count[:, None])
+            res = verify_drafts(
+                probs[:, :num_slots],
+                window_tokens[:, 1:],
+                draft_q[:, :num_slots] if bool(dense.any()) else None,
+                ~dense,
+                num_drafts,
+                uniforms(seeds, dpos, Stream.ACCEPT, nfe),
+                exponentials(seeds, dpos, Stream.RESIDUAL, nfe, vocab),
+                check_inputs=False,
+            )
+            m = res.num_accepted
+        else:
+            res, m = None, torch.zeros(active, dtype=torch.long, device=device)
+
+        # samples from every output: fresh (sjd, maximal's last slot) or Gumbel-coupled
+        if coupling == "gumbel":
+            fresh = sample_from_weights(probs, exponentials(seeds, out_positions, Stream.GUMBEL, torch.zeros_like(nfe), vocab))
+        else:
+            fresh = sample_from_weights(probs, exponentials(seeds, out_positions, Stream.SAMPLE, nfe, vocab))
+
+        # 4. commit: d_1..d_m are already in buf; write the residual (rejection) or bonus token
+        if res is not None:
+            rejected = m < num_drafts
+            residual_tok = res.coupled.gather(1, m.clamp(max=num_slots - 1)[:, None]).squeeze(1)
+            last = torch.where(rejected, residual_tok, fresh.gather(1, m[:, None]).squeeze(1))
+        else:
+            last = fresh[:, 0]
+        buf.scatter_(1, (n + m)[:, None], last[:, None])
+
+        # 6. next drafts at positions n + j, j in (m, width_b)
+        next_tokens = fresh
+        if coupling == "maximal" and res is not None:
+            coupled_ok = slot[None, :num_slots] < num_drafts[:, None]
+            next_tokens = fresh.clone()
+            next_tokens[:, :num_slots] = torch.where(coupled_ok, res.coupled, fresh[:, :num_slots])
+        out_pos_n = n[:, None] + slot
+        write = (slot[None, :] > m[:, None]) & in_window
+        buf.scatter_(1, out_pos_n, torch.where(write, next_tokens, buf.gather(1, out_pos_n)))
+        draft_count = width_b - 1 - m
+        gather_at = (m[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)).clamp(max=width - 1)
+        draft_q = probs.gather(1, gather_at[..., None].expand(-1, -1, vocab))
+        draft_dense = torch.arange(draft_q.shape[1], device=device)[None, :] < draft_count[:, None]
+
+        # 5. cache: keep z and the accepted drafts
+        model.rollback(state, m + 1)
+        n = n + m + 1
+        nfe = nfe + 1
+        accepted = accepted + m
+        step += 1
+        if callback is not None:
+            committed_all[ids] = n
+            callback(step, committed_all.clone())
+
+    stats = DecodeStats(nfe=result_nfe, tokens=torch.full((batch,), num_tokens, dtype=torch.long), accepted_drafts=result_acc, latency_s=result_lat)
+    return DecodeOutput(tokens=result, stats=stats, method=decoding.name)
