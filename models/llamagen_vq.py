@@ -45,7 +45,6 @@ Images are in ``[-1, 1]``; decoded images are nominally in that range but, as in
 from __future__ import annotations
 
 import os
-import pickle
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -53,6 +52,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from diffusers import VQModel
+
+from vispec.models.checkpoints import read_llamagen_checkpoint
 
 __all__ = [
     "LLAMAGEN_VQ_VARIANTS",
@@ -72,7 +73,6 @@ LLAMAGEN_VQ_VARIANTS: dict[str, tuple[int, ...]] = {
 }
 
 # Keys a checkpoint file may nest its state dict under, in order of preference.
-_STATE_DICT_KEYS = ("model", "module", "state_dict", "ema")
 
 _RESNET_PARAM = re.compile(r"(norm1|conv1|norm2|conv2|nin_shortcut)\.(weight|bias)")
 _ATTN_PARAM = re.compile(r"(norm|q|k|v|proj_out)\.(weight|bias)")
@@ -215,50 +215,6 @@ def _convert_value(new_key: str, value: torch.Tensor, codebook_l2_norm: bool) ->
 
 
 # ---------------------------------------------------------------------------------------- checkpoints
-def read_llamagen_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """The raw (LlamaGen-layout) state dict stored in a ``.pt``/``.pth``/``.safetensors`` file.
-
-    ``.pt`` files are read with ``torch.load(weights_only=True)``; files that hold other pickled objects
-    (e.g. an ``argparse.Namespace``) raise ``ValueError`` unless ``trust_pickle=True``, which runs the
-    pickle (arbitrary code): only do that for files you trust.
-    """
-    path = os.fspath(path)
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        return load_file(path, device="cpu")
-    return _unwrap_state_dict(_torch_load(path, trust_pickle), path)
-
-
-def _torch_load(path: str, trust_pickle: bool) -> Any:
-    if trust_pickle:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(
-            f"{path} holds pickled Python objects besides tensors, so torch.load(weights_only=True) refused "
-            "it. Loading it runs arbitrary code from the file; if you trust it, pass trust_pickle=True "
-            f"(or weights_only=False). Original error: {str(err).splitlines()[0]}"
-        ) from err
-
-
-def _unwrap_state_dict(obj: Any, path: str) -> dict[str, torch.Tensor]:
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"{path} does not hold a state dict (got {type(obj).__name__})")
-    for key in _STATE_DICT_KEYS:
-        if isinstance(obj.get(key), Mapping):
-            obj = obj[key]
-            break
-    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    if not tensors or len(tensors) != len(obj):
-        raise ValueError(
-            f"{path}: expected a state dict of tensors, raw or under one of {list(_STATE_DICT_KEYS)}; "
-            f"found keys {sorted(map(str, obj))[:10]}"
-        )
-    return tensors
-
-
 def _infer_config_args(state_dict: Mapping[str, torch.Tensor]) -> dict[str, int]:
     """Codebook size/dim, z_channels and base width read off the weights, where present."""
     shapes = {

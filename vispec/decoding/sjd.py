@@ -40,7 +40,6 @@ import math
 from typing import Any, Optional
 
 import torch
-from torch import Tensor
 
 from vispec.decoding.common import (
     Clock,

@@ -1,0 +1,82 @@
+"""Reading official checkpoint files without running untrusted pickles.
+
+LlamaGen checkpoints come as ``.pt`` files holding the weights raw (FSDP exports) or under
+``"model"`` (DDP training), ``"module"`` (DeepSpeed), ``"state_dict"`` or ``"ema"``; DDP files also
+pickle an ``argparse.Namespace`` under ``"args"``. ``torch.load(weights_only=True)`` refuses such
+files; we never fall back silently: the caller opts in with ``trust_pickle=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+_STATE_DICT_KEYS = ("model", "module", "state_dict", "ema")
+
+
+def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(state_dict, args)`` from a ``.pt``/``.pth``/``.safetensors`` file.
+
+    ``args`` holds the training arguments a DDP checkpoint pickles under ``"args"`` (as a dict; empty
+    when absent) or a safetensors file's string metadata.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint file not found: {path}")
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        with safe_open(path, framework="pt") as handle:
+            metadata = dict(handle.metadata() or {})
+        return load_file(path, device="cpu"), metadata
+    obj = _torch_load(path, trust_pickle)
+    args = obj.get("args") if isinstance(obj, Mapping) else None
+    args = dict(vars(args)) if hasattr(args, "__dict__") else dict(args) if isinstance(args, Mapping) else {}
+    return _unwrap_state_dict(obj, path), args
+
+
+def read_llamagen_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """The raw (LlamaGen-layout) state dict stored in a ``.pt``/``.pth``/``.safetensors`` file.
+
+    ``.pt`` files are read with ``torch.load(weights_only=True)``; files that hold other pickled objects
+    (e.g. an ``argparse.Namespace``) raise ``ValueError`` unless ``trust_pickle=True``, which runs the
+    pickle (arbitrary code): only do that for files you trust.
+    """
+    return read_checkpoint(path, trust_pickle=trust_pickle)[0]
+
+
+def _torch_load(path: str, trust_pickle: bool) -> Any:
+    try:
+        # trust_pickle: the caller vouched for the file, so its pickled objects may run
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+    except pickle.UnpicklingError as err:
+        if "global" not in str(err).lower():  # refusals of pickled classes name a "global"
+            raise ValueError(f"{path} is not a readable torch checkpoint (corrupted or truncated?): {err}") from err
+        raise ValueError(
+            f"{path} holds pickled Python objects besides tensors, so torch.load(weights_only=True) refused "
+            "it. Loading it runs arbitrary code from the file; if you trust it, pass trust_pickle=True "
+            f"(or weights_only=False). Original error: {str(err).splitlines()[0]}"
+        ) from err
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable torch checkpoint (corrupted or truncated?): {err}") from err
+
+
+def _unwrap_state_dict(obj: Any, path: str) -> dict[str, torch.Tensor]:
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{path} does not hold a state dict (got {type(obj).__name__})")
+    for key in _STATE_DICT_KEYS:
+        if isinstance(obj.get(key), Mapping):
+            obj = obj[key]
+            break
+    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if not tensors or len(tensors) != len(obj):
+        raise ValueError(
+            f"{path}: expected a state dict of tensors, raw or under one of {list(_STATE_DICT_KEYS)}; "
+            f"found keys {sorted(map(str, obj))[:10]}"
+        )
+    return tensors

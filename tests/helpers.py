@@ -1,0 +1,67 @@
+"""Tiny models and exact distributions shared by the tests."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import Tensor
+
+from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
+from vispec.sampling import SamplingConfig, process_logits
+
+
+def tiny_gpt(
+    vocab_size: int = 4,
+    block_size: int = 9,
+    num_classes: int = 3,
+    dim: int = 32,
+    n_layer: int = 2,
+    n_head: int = 2,
+    std: float = 0.15,
+    seed: int = 0,
+    **overrides,
+) -> LlamaGenGPT:
+    """A randomly initialised c2i GPT whose next-token distributions are peaked and context dependent
+    (large init std), so that sampler bugs change the output distribution visibly."""
+    torch.manual_seed(seed)
+    model = LlamaGenGPT(
+        vocab_size=vocab_size,
+        dim=dim,
+        n_layer=n_layer,
+        n_head=n_head,
+        num_classes=num_classes,
+        block_size=block_size,
+        initializer_range=std,
+        token_dropout_p=0.0,
+        resid_dropout_p=0.0,
+        ffn_dropout_p=0.0,
+        **overrides,
+    )
+    torch.nn.init.normal_(model.output.weight, std=std)
+    return model.eval()
+
+
+@torch.no_grad()
+def exact_joint(model: LlamaGenGPT, class_label: int, num_tokens: int, sampling: SamplingConfig) -> tuple[Tensor, Tensor]:
+    """All ``V ** num_tokens`` sequences and their exact AR probabilities (float64), by enumeration."""
+    vocab = model.image_vocab_size
+    seqs = torch.tensor(list(itertools.product(range(vocab), repeat=num_tokens)), dtype=torch.long)
+    count = seqs.shape[0]
+    condition = LlamaGenCondition(class_labels=torch.full((count,), class_label, dtype=torch.long))
+    state, first = model.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=num_tokens)
+    cond, uncond = first.cond, first.uncond
+    if num_tokens > 1:
+        rest = model.forward_window(state, seqs[:, :-1])
+        cond = torch.cat([cond, rest.cond], dim=1)
+        uncond = None if uncond is None else torch.cat([uncond, rest.uncond], dim=1)
+    positions = torch.arange(num_tokens)[None].expand(count, -1)
+    probs = process_logits(cond.double(), None if uncond is None else uncond.double(), positions, sampling)
+    joint = probs.gather(-1, seqs[..., None]).squeeze(-1).prod(dim=1)
+    return seqs, joint
+
+
+def sequence_index(tokens: Tensor, vocab: int) -> Tensor:
+    """Row-major index of each sequence in the enumeration order of :func:`exact_joint`."""
+    weights = vocab ** torch.arange(tokens.shape[1] - 1, -1, -1)
+    return (tokens.long() * weights).sum(dim=1)

@@ -1,0 +1,167 @@
+"""Certified exactness of AR, SJD (every initialisation) and MC-SJD (both couplings).
+
+Protocol (visual-ar spec §15): on a tiny random GPT (vocabulary 4, 6 tokens of a 3x3 grid, window 3,
+CFG 2.0, temperature 0.9, top-k 3, top-p 0.9, fp32), enumerate the exact AR joint over all 4**6
+sequences, draw ``n`` whole sequences with each decoder, and run Pearson's chi-square test of the
+empirical joint against the exact one (cells with expected count < 5 pooled).
+
+Sample size: for a true joint at total-variation distance ``δ`` from the exact one, the chi-square
+divergence is at least ``4 δ²``, so the statistic is (asymptotically) non-central chi-square with
+non-centrality ``λ >= 4 n δ²``. ``required_samples`` picks the smallest ``n`` (in steps of 1024) whose
+power against ``δ = 0.03`` is at least 0.99 at level ``α = 1e-3``; the tests use at least that.
+
+Negative controls: the same test must reject a decoder whose rejection step resamples from ``p``
+instead of the residual ``max(0, p - q)`` (the bias of Lumina-mGPT 2.0's SJD).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+
+import vispec.kernels.verify as verify_module
+from vispec.decoding import DecodingConfig, decode
+from vispec.kernels.verify import verify_drafts
+from vispec.models.llamagen_gpt import LlamaGenCondition
+from vispec.sampling import SamplingConfig
+
+from helpers import exact_joint, sequence_index, tiny_gpt
+
+ALPHA = 1e-3
+POWER = 0.99
+TV_DETECT = 0.03
+NUM_TOKENS = 6
+WINDOW = 3
+CLASS_LABEL = 1
+SAMPLING = SamplingConfig(temperature=0.9, top_k=3, top_p=0.9, guidance_scale=2.0)
+EXACT_METHODS = ["ar", "sjd-random", "sjd-horizontal", "sjd-vertical", "mc-sjd-maximal", "mc-sjd-gumbel"]
+
+
+def pooled_cells(expected: torch.Tensor, min_expected: float = 5.0) -> torch.Tensor:
+    """Cell id per sequence: its own cell if its expected count is >= min_expected, else one pooled cell."""
+    big = expected >= min_expected
+    ids = torch.full_like(expected, -1, dtype=torch.long)
+    ids[big] = torch.arange(int(big.sum()))
+    ids[~big] = int(big.sum())
+    return ids
+
+
+def degrees_of_freedom(joint: torch.Tensor, n: int) -> int:
+    ids = pooled_cells(joint * n)
+    return int(ids.max()) + 1 - 1
+
+
+def required_samples(joint: torch.Tensor, tv: float = TV_DETECT, alpha: float = ALPHA, power: float = POWER) -> int:
+    """Smallest n (multiple of 1024) with power >= `power` against TV `tv` (module docstring)."""
+    n = 1024
+    while True:
+        df = degrees_of_freedom(joint, n)
+        critical = stats.chi2.ppf(1 - alpha, df)
+        if stats.ncx2.sf(critical, df, 4 * n * tv * tv) >= power:
+            return n
+        n += 1024
+
+
+def chi_square_vs_exact(tokens: torch.Tensor, joint: torch.Tensor, vocab: int) -> tuple[float, float, float]:
+    """(statistic, p-value, empirical TV) of sampled sequences against the exact joint."""
+    n = tokens.shape[0]
+    counts = torch.bincount(sequence_index(tokens, vocab), minlength=joint.numel()).double()
+    ids = pooled_cells(joint * n)
+    cells = int(ids.max()) + 1
+    observed = torch.zeros(cells, dtype=torch.float64).index_add_(0, ids, counts)
+    expected = torch.zeros(cells, dtype=torch.float64).index_add_(0, ids, joint * n)
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    p_value = float(stats.chi2.sf(statistic, cells - 1))
+    tv = 0.5 * float((counts / n - joint).abs().sum())
+    return statistic, p_value, tv
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_gpt()
+    seqs, joint = exact_joint(model, CLASS_LABEL, NUM_TOKENS, SAMPLING)
+    assert abs(float(joint.sum()) - 1.0) < 1e-9
+    return model, joint, required_samples(joint)
+
+
+def sample_sequences(model, method: str, n: int, seed: int) -> tuple[torch.Tensor, float]:
+    """``n`` sequences in one ragged batch; window 3 so drafts are re-initialised mid-sequence."""
+    condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
+    gen = torch.Generator().manual_seed(seed)
+    decoding = DecodingConfig.parse(method, window=WINDOW)
+    out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=decoding, generator=gen, grid_width=3)
+    return out.tokens, float(out.stats.tokens_per_forward.mean())
+
+
+def test_sample_size_is_derived_and_enumeration_is_nontrivial(setup):
+    model, joint, n = setup
+    entropy = float(-(joint[joint > 0] * joint[joint > 0].log()).sum())
+    print(f"\nexact joint: support {int((joint > 0).sum())} of {joint.numel()}, entropy {entropy:.2f} nats; required n = {n}")
+    assert (joint > 0).sum() > 50  # not a near-deterministic model
+    assert n >= 1024
+
+
+@pytest.mark.parametrize("method", EXACT_METHODS)
+def test_decoder_matches_exact_joint(setup, method):
+    model, joint, n = setup
+    tokens, tpf = sample_sequences(model, method, n, seed=1234)
+    statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
+    print(f"\n{method}: n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} tokens/forward={tpf:.3f}")
+    assert p_value > ALPHA, f"{method} deviates from the exact AR joint (p={p_value:.2e}, TV={tv:.4f})"
+
+
+def _residual_from_target(p, q):
+    """Deliberately wrong: resample from p instead of max(0, p - q)."""
+    return p.clone()
+
+
+@pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal"])
+def test_negative_control_fails(setup, method, monkeypatch):
+    model, joint, n = setup
+    monkeypatch.setattr(verify_module, "residual_weights", _residual_from_target)
+    tokens, _ = sample_sequences(model, method, n, seed=1234)
+    statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
+    print(f"\nnegative control {method} (resample from p): n={n} chi2={statistic:.1f} p={p_value:.2e} TV={tv:.4f}")
+    assert p_value < ALPHA, "the exactness test failed to detect a wrong residual"
+
+
+@pytest.mark.parametrize("method", EXACT_METHODS[1:])
+def test_greedy_matches_ar_token_for_token(method):
+    model = tiny_gpt(vocab_size=32, block_size=64, num_classes=5, std=0.6, seed=3)
+    condition = LlamaGenCondition(class_labels=torch.arange(5))
+    greedy = SamplingConfig(temperature=0.0, guidance_scale=3.0)
+    reference = decode(model, condition, num_tokens=64, sampling=greedy, decoding="ar")
+    out = decode(model, condition, num_tokens=64, sampling=greedy, decoding=method)
+    assert torch.equal(out.tokens, reference.tokens)
+    assert int(out.stats.nfe.sum()) < 5 * 64, "greedy Jacobi decoding should save forward passes on this model"
+
+
+@pytest.mark.parametrize("dense_q", [False, True])
+def test_single_verification_acceptance_rate_is_one_minus_tv(dense_q):
+    """P[accept] = Σ min(p, q) = 1 - TV(p, q), and the coupled output is distributed as p."""
+    gen = torch.Generator().manual_seed(7)
+    vocab, trials = 8, 200_000
+    p = torch.softmax(torch.randn(vocab, generator=gen, dtype=torch.float64) * 1.5, 0)
+    q = torch.softmax(torch.randn(vocab, generator=gen, dtype=torch.float64) * 1.5, 0)
+    if not dense_q:  # a one-hot draft on a fixed token: acceptance = p(token)
+        token = int(torch.argmax(q))
+        q = torch.nn.functional.one_hot(torch.tensor(token), vocab).double()
+    drafts = torch.multinomial(q.float(), trials, replacement=True, generator=gen)
+    result = verify_drafts(
+        p.expand(trials, 1, vocab),
+        drafts[:, None],
+        q.expand(trials, 1, vocab) if dense_q else None,
+        torch.full((trials, 1), not dense_q),
+        torch.ones(trials, dtype=torch.long),
+        torch.rand(trials, 1, generator=gen, dtype=torch.float64),
+        torch.empty(trials, 1, vocab, dtype=torch.float64).exponential_(generator=gen),
+    )
+    rate = float(result.accepted.double().mean())
+    expected = 1.0 - 0.5 * float((p - q).abs().sum())
+    half_width = 3.29 * (expected * (1 - expected) / trials) ** 0.5  # 99.9% binomial interval
+    print(f"\nacceptance {rate:.4f} vs 1 - TV = {expected:.4f} (± {half_width:.4f})")
+    assert abs(rate - expected) <= half_width
+    counts = torch.bincount(result.coupled[:, 0], minlength=vocab).double()
+    p_value = stats.chisquare(counts.numpy(), (p * trials).numpy()).pvalue
+    assert p_value > ALPHA, f"coupled outputs do not follow p (p={p_value:.2e})"
