@@ -11,7 +11,7 @@ counters, ``(c0, c1, c2, c3) = (vocab index, absolute token position, stream, dr
 
 Philox4x32-10 is Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011); the round
 constants are the ones Triton and cuRAND use. Integers are held in int64 tensors and masked to
-32 bits; the high word of a 32x32 product is formed from 16-bit halves so nothing overflows.
+32 bits; 32x32-bit products wrap modulo 2**64, which keeps their bit patterns exact.
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ class Stream(IntEnum):
 
 
 def _mulhi32(a: int, b: Tensor) -> Tensor:
-    """High 32 bits of ``a * b`` for a 32-bit constant ``a`` and a uint32-valued int64 tensor."""
-    a_lo, a_hi = a & 0xFFFF, a >> 16
-    b_lo, b_hi = b & 0xFFFF, b >> 16
-    low = a_lo * b_lo
-    mid = a_hi * b_lo + a_lo * b_hi + (low >> 16)
-    return (a_hi * b_hi + (mid >> 16)) & _MASK32
+    """High 32 bits of ``a * b`` for a 32-bit constant ``a`` and a uint32-valued int64 tensor.
+
+    The 64-bit product may exceed int64's range; torch's integer multiply wraps modulo 2**64 (two's
+    complement), which leaves the bit pattern of the unsigned product intact, and ``>> 32`` then
+    ``& 0xFFFFFFFF`` extracts its bits 32..63. (Pinned by the known-answer and Triton tests.)
+    """
+    return ((b * a) >> 32) & _MASK32
 
 
 def philox_uint32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> Tensor:
@@ -70,13 +71,14 @@ def philox_uint32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) 
     return x0
 
 
-def uint32_to_uniform(x: Tensor) -> Tensor:
-    """Map uint32 words to float32 uniforms strictly inside (0, 1): ``((x >> 8) + 0.5) / 2**24``.
+def uniform_from_words(x: Tensor) -> Tensor:
+    """Map uint32 words to float32 uniforms strictly inside (0, 1): ``((x >> 9) + 0.5) / 2**23``.
 
-    Exact in float32 (24-bit mantissa), never 0 or 1, so ``-log(u)`` is always finite and
-    ``u < 1`` always holds.
+    Every value ``(k + 1/2) / 2**23`` is exact in float32 (the largest, ``1 - 2**-24``, is the float
+    just below 1), so ``u`` is never 0 or 1, ``-log(u)`` is finite and ``u < 1`` always holds. The
+    grid makes ``P[u < r]`` differ from ``r`` by at most ``2**-24``.
     """
-    return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    return ((x >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
 
 
 def uniforms(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vocab_size: int | None = None) -> Tensor:
@@ -102,7 +104,7 @@ def uniforms(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vo
     else:
         vocab = torch.arange(vocab_size, dtype=torch.int64, device=positions.device)
         words = philox_uint32(seeds[:, None, None], vocab, positions[..., None], stream_t, draws[..., None])
-    return uint32_to_uniform(words)
+    return uniform_from_words(words)
 
 
 def exponentials(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vocab_size: int) -> Tensor:

@@ -22,7 +22,8 @@ Sampling from unnormalised weights ``w`` uses the exponential race
 ``P[v] = w_v / Σ w``, no normalisation and no softmax row are needed, and the noise is an explicit
 input so a kernel can reproduce the choice exactly.
 
-:func:`verify_drafts` and :func:`sample_from_weights` are the dispatch points; today both run the
+:func:`verify_drafts` (all slots), :func:`accept_drafts` with :func:`residual_sample` (acceptance
+first, residual only where needed) and :func:`sample_from_weights` are the dispatch points; today all run the
 PyTorch reference on every device (a Triton path for CUDA tensors plugs in behind them).
 """
 
@@ -75,6 +76,39 @@ def draft_distribution(
     return torch.where(draft_onehot[..., None], onehot, draft_probs.to(dtype))
 
 
+def accept_drafts_reference(
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Optional[Tensor],
+    draft_onehot: Tensor,
+    num_drafts: Tensor,
+    accept_uniforms: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Acceptance flags ``[B, W]`` (``u * q(d) < p(d)``, False on padding) and ``num_accepted [B]``.
+
+    Only ``p`` and ``q`` at the draft token are read; no residual is formed.
+    """
+    width = target_probs.shape[1]
+    real = torch.arange(width, device=draft_tokens.device)[None, :] < num_drafts[:, None]
+    tokens = torch.where(real, draft_tokens, torch.zeros_like(draft_tokens))[..., None]
+    p_at = target_probs.gather(-1, tokens).squeeze(-1)
+    if draft_probs is None:
+        q_at = torch.ones_like(p_at)
+    else:
+        q_at = torch.where(draft_onehot, torch.ones_like(p_at), draft_probs.gather(-1, tokens).squeeze(-1).to(p_at.dtype))
+    accepted = (accept_uniforms.to(p_at.dtype) * q_at < p_at) & real
+    return accepted, torch.cumprod(accepted.to(torch.int64), dim=1).sum(dim=1)
+
+
+def residual_sample_reference(
+    target_probs: Tensor, draft_tokens: Tensor, draft_probs: Optional[Tensor], draft_onehot: Tensor, exponentials: Tensor
+) -> Tensor:
+    """A sample from ``max(0, p - q)`` for each row (any leading shape ``[...]``, vocabulary last)."""
+    vocab = target_probs.shape[-1]
+    q = draft_distribution(draft_tokens, draft_probs, draft_onehot, vocab, target_probs.dtype)
+    return sample_from_weights_reference(residual_weights(target_probs, q), exponentials)
+
+
 def verify_drafts_reference(
     target_probs: Tensor,
     draft_tokens: Tensor,
@@ -95,20 +129,13 @@ def verify_drafts_reference(
         accept_uniforms: ``[B, W]`` uniforms in (0, 1).
         residual_exponentials: ``[B, W, V]`` i.i.d. Exp(1) noise for the residual race.
     """
-    batch, width, vocab = target_probs.shape
-    dtype = target_probs.dtype
-    slot = torch.arange(width, device=draft_tokens.device)
-    real = slot[None, :] < num_drafts[:, None]
+    width = target_probs.shape[1]
+    real = torch.arange(width, device=draft_tokens.device)[None, :] < num_drafts[:, None]
     tokens = torch.where(real, draft_tokens, torch.zeros_like(draft_tokens))
-    q = draft_distribution(tokens, draft_probs, draft_onehot, vocab, dtype)
-    p_at = target_probs.gather(-1, tokens[..., None]).squeeze(-1)
-    q_at = q.gather(-1, tokens[..., None]).squeeze(-1)
-    accepted = (accept_uniforms.to(dtype) * q_at < p_at) & real
-    residual = sample_from_weights_reference(residual_weights(target_probs, q), residual_exponentials)
+    accepted, num_accepted = accept_drafts_reference(target_probs, tokens, draft_probs, draft_onehot, num_drafts, accept_uniforms)
+    residual = residual_sample_reference(target_probs, tokens, draft_probs, draft_onehot, residual_exponentials)
     coupled = torch.where(accepted, tokens, residual)
     coupled = torch.where(real, coupled, torch.full_like(coupled, -1))
-    # first rejection: number of leading accepted real slots
-    num_accepted = torch.cumprod(accepted.to(torch.int64), dim=1).sum(dim=1)
     return VerifyResult(accepted=accepted, coupled=coupled, num_accepted=num_accepted)
 
 
@@ -158,6 +185,25 @@ def verify_drafts(
     return verify_drafts_reference(
         target_probs, draft_tokens, draft_probs, draft_onehot, num_drafts, accept_uniforms, residual_exponentials
     )
+
+
+def accept_drafts(
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Optional[Tensor],
+    draft_onehot: Tensor,
+    num_drafts: Tensor,
+    accept_uniforms: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Dispatch for the acceptance test alone (SJD: the residual is needed at one slot only)."""
+    return accept_drafts_reference(target_probs, draft_tokens, draft_probs, draft_onehot, num_drafts, accept_uniforms)
+
+
+def residual_sample(
+    target_probs: Tensor, draft_tokens: Tensor, draft_probs: Optional[Tensor], draft_onehot: Tensor, exponentials: Tensor
+) -> Tensor:
+    """Dispatch for sampling the residual ``max(0, p - q)`` row by row."""
+    return residual_sample_reference(target_probs, draft_tokens, draft_probs, draft_onehot, exponentials)
 
 
 def sample_from_weights(weights: Tensor, exponentials: Tensor) -> Tensor:

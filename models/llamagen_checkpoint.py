@@ -105,5 +105,5 @@ def load_llamagen_gpt(
     check_state_dict(model, state_dict, os.fspath(path))
     model.load_state_dict(state_dict, strict=True)
     if dtype is not None:
-        model = model.to(dtype)
+        model = torch.nn.Module.to(model, dtype=dtype)  # ModelMixin.to warns spuriously on dtype casts
     return model.eval()

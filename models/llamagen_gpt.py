@@ -348,6 +348,15 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ helpers
     @property
+    def device(self) -> torch.device:
+        """Device of the weights (cheaper than ModelMixin's walk over all modules, used per step)."""
+        return self.tok_embeddings.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    @property
     def image_vocab_size(self) -> int:
         return self.config.vocab_size
 

@@ -53,7 +53,7 @@ from vispec.decoding.common import (
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
 from vispec.kernels.philox import Stream, exponentials, uniforms
-from vispec.kernels.verify import sample_from_weights, verify_drafts
+from vispec.kernels.verify import accept_drafts, residual_sample, sample_from_weights, verify_drafts
 from vispec.protocol import SpeculativeARModel
 from vispec.sampling import PositionProcessor, SamplingConfig, process_logits
 
@@ -159,47 +159,61 @@ def decode_sjd(
         out_positions = positions + 1  # output j predicts position n + j
         probs = process_logits(out.cond, out.uncond, out_positions, sampling, processors)
 
-        # 3. verify all draft slots at once
+        # 3. verify the draft slots. SJD needs the residual only at the first rejection;
+        #    maximal coupling needs every slot's coupled output.
         num_slots = width - 1
         num_drafts = width_b - 1
+        coupled = None
         if num_slots > 0:
             dpos = positions[:, 1:]
+            drafts = window_tokens[:, 1:]
             dense = draft_dense[:, :num_slots] & (slot[None, :num_slots] < draft_count[:, None])
-            res = verify_drafts(
-                probs[:, :num_slots],
-                window_tokens[:, 1:],
-                draft_q[:, :num_slots] if bool(dense.any()) else None,
-                ~dense,
-                num_drafts,
-                uniforms(seeds, dpos, Stream.ACCEPT, nfe),
-                exponentials(seeds, dpos, Stream.RESIDUAL, nfe, vocab),
-                check_inputs=False,
-            )
-            m = res.num_accepted
+            q_rows = draft_q[:, :num_slots] if bool(dense.any()) else None
+            accept_u = uniforms(seeds, dpos, Stream.ACCEPT, nfe)
+            if coupling == "maximal":
+                res = verify_drafts(
+                    probs[:, :num_slots], drafts, q_rows, ~dense, num_drafts, accept_u,
+                    exponentials(seeds, dpos, Stream.RESIDUAL, nfe, vocab), check_inputs=False,
+                )
+                m, coupled = res.num_accepted, res.coupled
+                residual_tok = coupled.gather(1, m.clamp(max=num_slots - 1)[:, None]).squeeze(1)
+            else:
+                _, m = accept_drafts(probs[:, :num_slots], drafts, q_rows, ~dense, num_drafts, accept_u)
+                at = m.clamp(max=num_slots - 1)[:, None]
+                q_at = None if q_rows is None else q_rows.gather(1, at[..., None].expand(-1, -1, vocab))
+                residual_tok = residual_sample(
+                    probs.gather(1, at[..., None].expand(-1, -1, vocab)), drafts.gather(1, at), q_at,
+                    (~dense).gather(1, at), exponentials(seeds, dpos.gather(1, at), Stream.RESIDUAL, nfe, vocab),
+                )[:, 0]
         else:
-            res, m = None, torch.zeros(active, dtype=torch.long, device=device)
+            m = torch.zeros(active, dtype=torch.long, device=device)
+            residual_tok = None
 
-        # samples from every output: fresh (sjd, maximal's last slot) or Gumbel-coupled
+        # samples from the outputs: Gumbel-coupled, or fresh (all outputs for SJD; maximal only
+        # needs its last output, which has no old draft to couple with)
         if coupling == "gumbel":
             fresh = sample_from_weights(probs, exponentials(seeds, out_positions, Stream.GUMBEL, torch.zeros_like(nfe), vocab))
+        elif coupling == "maximal":
+            last_at = (width_b - 1)[:, None]
+            last = sample_from_weights(
+                probs.gather(1, last_at[..., None].expand(-1, -1, vocab)),
+                exponentials(seeds, out_positions.gather(1, last_at), Stream.SAMPLE, nfe, vocab),
+            )
+            fresh = torch.full_like(window_tokens, -1).scatter(1, last_at, last)
         else:
             fresh = sample_from_weights(probs, exponentials(seeds, out_positions, Stream.SAMPLE, nfe, vocab))
 
         # 4. commit: d_1..d_m are already in buf; write the residual (rejection) or bonus token
-        if res is not None:
-            rejected = m < num_drafts
-            residual_tok = res.coupled.gather(1, m.clamp(max=num_slots - 1)[:, None]).squeeze(1)
-            last = torch.where(rejected, residual_tok, fresh.gather(1, m[:, None]).squeeze(1))
-        else:
-            last = fresh[:, 0]
+        bonus = fresh.gather(1, m[:, None]).squeeze(1)
+        last = bonus if residual_tok is None else torch.where(m < num_drafts, residual_tok, bonus)
         buf.scatter_(1, (n + m)[:, None], last[:, None])
 
         # 6. next drafts at positions n + j, j in (m, width_b)
         next_tokens = fresh
-        if coupling == "maximal" and res is not None:
+        if coupled is not None:
             coupled_ok = slot[None, :num_slots] < num_drafts[:, None]
             next_tokens = fresh.clone()
-            next_tokens[:, :num_slots] = torch.where(coupled_ok, res.coupled, fresh[:, :num_slots])
+            next_tokens[:, :num_slots] = torch.where(coupled_ok, coupled, fresh[:, :num_slots])
         out_pos_n = n[:, None] + slot
         write = (slot[None, :] > m[:, None]) & in_window
         buf.scatter_(1, out_pos_n, torch.where(write, next_tokens, buf.gather(1, out_pos_n)))

@@ -1,0 +1,136 @@
+"""Decoder behaviour: batch independence, ragged progress, statistics, processors, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vispec.decoding import DecodingConfig, decode
+from vispec.decoding.processors import AllowedTokenRange, PeriodicForcedToken
+from vispec.models.llamagen_gpt import LlamaGenCondition
+from vispec.sampling import SamplingConfig
+
+from helpers import tiny_gpt
+
+METHODS = ["ar", "sjd-random", "sjd-horizontal", "sjd-vertical", "mc-sjd-maximal", "mc-sjd-gumbel"]
+SAMPLING = SamplingConfig(temperature=1.0, top_k=12, guidance_scale=2.5)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_gpt(vocab_size=16, block_size=16, num_classes=4, std=0.4, seed=5)
+
+
+def _gens(seeds):
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sample_output_independent_of_batch(model, method):
+    labels = torch.tensor([0, 1, 2, 3, 1, 2])
+    batch = decode(model, LlamaGenCondition(class_labels=labels), num_tokens=16, sampling=SAMPLING,
+                   decoding=DecodingConfig.parse(method, window=5), generator=_gens(range(6)))
+    for i in (0, 3, 5):
+        alone = decode(model, LlamaGenCondition(class_labels=labels[i : i + 1]), num_tokens=16, sampling=SAMPLING,
+                       decoding=DecodingConfig.parse(method, window=5), generator=_gens([i]))
+        assert torch.equal(alone.tokens[0], batch.tokens[i])
+        assert int(alone.stats.nfe[0]) == int(batch.stats.nfe[i])
+
+
+def test_same_seed_same_output_and_samples_advance_at_their_own_pace(model):
+    labels = torch.arange(4).repeat(4)
+    runs = [
+        decode(model, LlamaGenCondition(class_labels=labels), num_tokens=16, sampling=SAMPLING,
+               decoding="mc-sjd", generator=torch.Generator().manual_seed(9))
+        for _ in range(2)
+    ]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    stats = runs[0].stats
+    assert len(set(stats.nfe.tolist())) > 1, "samples should need different numbers of forward passes"
+    assert bool((stats.tokens == 16).all()) and bool((stats.nfe <= 16).all())
+    assert bool((stats.latency_s > 0).all())
+    torch.testing.assert_close(stats.tokens_per_forward, 16 / stats.nfe.double())
+    other = decode(model, LlamaGenCondition(class_labels=labels), num_tokens=16, sampling=SAMPLING,
+                   decoding="mc-sjd", generator=torch.Generator().manual_seed(10))
+    assert not torch.equal(other.tokens, runs[0].tokens)
+
+
+def test_partial_grid_and_window_one(model):
+    cond = LlamaGenCondition(class_labels=torch.tensor([1, 2]))
+    greedy = SamplingConfig(temperature=0.0, guidance_scale=2.0)
+    ref = decode(model, cond, num_tokens=7, sampling=greedy, decoding="ar")
+    for method in METHODS[1:]:
+        out = decode(model, cond, num_tokens=7, sampling=greedy, decoding=DecodingConfig.parse(method, window=1))
+        assert torch.equal(out.tokens, ref.tokens)
+        assert out.stats.nfe.tolist() == [7, 7]  # window 1 is AR
+
+
+def test_callback_reports_progress(model):
+    seen = []
+    decode(model, LlamaGenCondition(class_labels=torch.tensor([0, 1])), num_tokens=16, sampling=SAMPLING,
+           decoding="sjd", callback=lambda step, committed: seen.append(committed.clone()))
+    assert seen and seen[-1].tolist() == [16, 16]
+    assert all((b >= a).all() for a, b in zip(seen, seen[1:]))
+
+
+def test_processors_force_row_end_tokens_in_every_window(model):
+    """Emu3/Lumina-style: token 15 ends each row of 3 image tokens; image tokens are 0..14."""
+    processors = (AllowedTokenRange(0, 16), PeriodicForcedToken(token_id=15, period=4))
+    cond = LlamaGenCondition(class_labels=torch.tensor([0, 3]))
+    greedy = SamplingConfig(temperature=0.0)
+    ref = decode(model, cond, num_tokens=16, sampling=greedy, decoding="ar", processors=processors)
+    for method in METHODS:
+        out = decode(model, cond, num_tokens=16, sampling=SAMPLING if method != "ar" else greedy,
+                     decoding=method, processors=processors, generator=_gens([0, 1]))
+        forced = out.tokens[:, 3::4]
+        assert bool((forced == 15).all()), method
+        rest = torch.cat([out.tokens[:, i::4] for i in range(3)], 1)
+        assert bool((rest != 15).all()), method
+        if method != "ar":
+            greedy_out = decode(model, cond, num_tokens=16, sampling=greedy, decoding=method, processors=processors)
+            assert torch.equal(greedy_out.tokens, ref.tokens)
+
+
+def test_decoding_config_parse_and_round_trip(tmp_path):
+    assert DecodingConfig.parse("sjd-vertical").config.init == "vertical"
+    assert DecodingConfig.parse("mc-sjd").config.coupling == "maximal"
+    assert DecodingConfig.parse("mc-sjd-gumbel", window=8).name == "mc-sjd-gumbel"
+    config = DecodingConfig(strategy="mc-sjd", window=12, init="random", coupling="gumbel")
+    config.save_config(tmp_path)
+    loaded = DecodingConfig.from_config(DecodingConfig.load_config(tmp_path))
+    assert dict(loaded.config) == dict(config.config)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(strategy="jacobi"), "strategy"),
+        (dict(window=0), "window"),
+        (dict(init="diagonal"), "init"),
+        (dict(strategy="sjd", coupling="maximal"), "coupling"),
+        (dict(strategy="mc-sjd", coupling="none"), "coupling"),
+    ],
+)
+def test_bad_decoding_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DecodingConfig(**kwargs)
+
+
+def test_bad_decode_inputs(model):
+    cond = LlamaGenCondition(class_labels=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="decoding"):
+        decode(model, cond, num_tokens=4, decoding="fast")
+    with pytest.raises(ValueError, match="generator"):
+        decode(model, cond, num_tokens=4, generator=_gens([1]))
+    with pytest.raises(ValueError, match="num_tokens"):
+        decode(model, cond, num_tokens=0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decode(model, cond, num_tokens=17)
+    with pytest.raises(ValueError, match="top_k"):
+        decode(model, cond, num_tokens=4, sampling=SamplingConfig(top_k=17))
+    with pytest.raises(ValueError, match="sampling"):
+        decode(model, cond, num_tokens=4, sampling={"temperature": 1.0})
+    with pytest.raises(ValueError, match="class_labels"):
+        decode(model, LlamaGenCondition(class_labels=torch.tensor([4])), num_tokens=4)
+    with pytest.raises(ValueError, match="model"):
+        decode(object(), cond, num_tokens=4)

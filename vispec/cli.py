@@ -1,0 +1,99 @@
+"""The ``vispec`` command line.
+
+User errors (bad arguments, unreadable files) print one ``vispec: error: ...`` line and exit with
+status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from vispec.version import __version__
+
+
+def _add_decoder_bench_args(parser: argparse.ArgumentParser) -> None:
+    from vispec.eval.bench_decoders import ALL_METHODS, DecoderBenchConfig
+
+    d = DecoderBenchConfig()
+    parser.add_argument("--model", default=d.model, help="named GPT config, randomly initialised (default: %(default)s)")
+    parser.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    parser.add_argument("--image-tokens", type=int, default=d.image_tokens, help="tokens per image (a square number)")
+    parser.add_argument("--num-classes", type=int, default=d.num_classes)
+    parser.add_argument("--init-std", type=float, default=d.init_std, help="std of the random weights (LlamaGen: 0.02)")
+    parser.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated (default: all)")
+    parser.add_argument("--window", type=int, default=d.window)
+    parser.add_argument("--num-images", type=int, default=d.num_images)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--guidance-scale", type=float, default=d.guidance_scale)
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument("--top-k", type=int, default=d.top_k)
+    parser.add_argument("--top-p", type=float, default=d.top_p)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--device", default=d.device)
+    parser.add_argument("--dtype", default=d.dtype)
+    parser.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")
+
+
+def _decoder_bench_config(args: argparse.Namespace):
+    from vispec.eval.bench_decoders import DecoderBenchConfig
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not methods:
+        raise ValueError("--methods is empty")
+    return DecoderBenchConfig(
+        model=args.model, vocab_size=args.vocab_size, image_tokens=args.image_tokens, num_classes=args.num_classes,
+        init_std=args.init_std, methods=methods, window=args.window, num_images=args.num_images,
+        batch_size=args.batch_size, guidance_scale=args.guidance_scale, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype,
+    )
+
+
+def _cmd_bench_decoders(args: argparse.Namespace) -> int:
+    from vispec.eval.bench_decoders import format_table, run_decoder_bench, write_json
+
+    result = run_decoder_bench(_decoder_bench_config(args), progress=lambda msg: print(msg, file=sys.stderr))
+    print(format_table(result))
+    write_json(result, args.json_path)
+    if args.json_path:
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from vispec.eval.demo import run_demo
+
+    run_demo(out_dir=args.out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vispec", description="Many tokens per forward pass for visual AR models.")
+    parser.add_argument("--version", action="version", version=f"vispec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", metavar="BENCH")
+    decoders = bench.add_parser("decoders", help="AR vs SJD vs MC-SJD on a randomly initialised LlamaGen GPT")
+    _add_decoder_bench_args(decoders)
+    decoders.set_defaults(func=_cmd_bench_decoders)
+    demo = sub.add_parser("demo", help="the main job: compare the decoders and write a report")
+    demo.add_argument("--out", default="out/demo", help="report folder (default: %(default)s)")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        print(f"vispec: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
