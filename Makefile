@@ -1,0 +1,30 @@
+# Set-up from a fresh clone: `make demo` (the main job) and `make test` (the whole suite).
+# torch is installed first and never replaced: pip's resolver then finds it satisfies vispec's range.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[test]"
+	@if $(BIN)/python -m pip list 2>/dev/null | grep -i '^nvidia-'; then \
+		echo "error: CUDA wheels were pulled into $(VENV); install a CPU torch first"; exit 1; fi
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/vispec demo
+
+test: install
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests
+
+bench: install
+	$(BIN)/vispec bench decoders --json bench-decoders.json
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
