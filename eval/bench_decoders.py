@@ -52,7 +52,7 @@ class DecoderBenchConfig:
         if self.model not in GPT_CONFIGS:
             raise ValueError(f"unknown model {self.model!r}; expected one of {sorted(GPT_CONFIGS)}")
         for method in self.methods:
-            DecodingConfig.parse(method)
+            DecodingConfig.parse(method) if method == "ar" else DecodingConfig.parse(method, window=self.window)
         for name in ("num_images", "batch_size", "image_tokens", "vocab_size", "num_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -112,7 +112,7 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print) -> dict:
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))  # AR is the baseline
     # warm-up (allocator, kernels), not timed
     decode(model, LlamaGenCondition(class_labels=torch.zeros(1, dtype=torch.long, device=cfg.device)),
-           num_tokens=min(cfg.image_tokens, 2 * cfg.window), sampling=sampling, decoding="sjd")
+           num_tokens=min(cfg.image_tokens, 2 * cfg.window), sampling=sampling, decoding=DecodingConfig.parse("sjd", window=cfg.window))
     results = {}
     for method in methods:
         progress(f"running {method} ...")

@@ -431,9 +431,12 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         """Teacher-forced logits ``[B, T + 1, V]``: output ``t`` predicts image token ``t``.
 
         ``input_ids``: ``[B, T]`` image tokens (``T <= block_size - 1``). ``condition_drop``: ``[B]``
-        bool, replace the condition by the null condition (class dropout for CFG training).
+        bool, replace the condition by the null condition. In training mode it defaults to LlamaGen's
+        class dropout: each condition is dropped with probability ``class_dropout_prob`` (CFG training).
         """
         batch = self._check_condition(condition)
+        if condition_drop is None and self.training and self.config.class_dropout_prob > 0:
+            condition_drop = torch.rand(batch, device=self.device) < self.config.class_dropout_prob
         if input_ids.dim() != 2 or input_ids.shape[0] != batch or input_ids.shape[1] >= self.config.block_size:
             raise ValueError(
                 f"input_ids must have shape [{batch}, T] with T < {self.config.block_size}, got {tuple(input_ids.shape)}"

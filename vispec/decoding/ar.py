@@ -13,15 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from vispec.decoding.common import (
-    Clock,
-    DecodeOutput,
-    DecodeStats,
-    GeneratorArg,
-    StepCallback,
-    check_common,
-    per_sample_seeds,
-)
+from vispec.decoding.common import DecodeOutput, DecodeStats, GeneratorArg, StepCallback, start_decoding
 from vispec.kernels.philox import Stream, exponentials
 from vispec.kernels.verify import sample_from_weights
 from vispec.protocol import SpeculativeARModel
@@ -41,14 +33,10 @@ def decode_ar(
     callback: Optional[StepCallback] = None,
 ) -> DecodeOutput:
     """Sample ``num_tokens`` image tokens per sample, one per forward pass."""
-    vocab = model.image_vocab_size
-    check_common(num_tokens, grid_width or num_tokens, vocab)
-    sampling.check_vocab(vocab)
-    state, logits = model.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=1)
-    device = logits.cond.device
-    clock = Clock(device)
-    batch = logits.cond.shape[0]
-    seeds = per_sample_seeds(generator, batch, device)
+    start = start_decoding(model, condition, num_tokens=num_tokens, grid_width=grid_width or num_tokens,
+                           sampling=sampling, generator=generator, window=1)
+    state, logits, seeds, clock, vocab = start.state, start.logits, start.seeds, start.clock, start.vocab
+    batch, device = start.batch, start.device
     tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
     for t in range(num_tokens):
         if t > 0:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from vispec.kernels.philox import seeds_from_generators
+
+if TYPE_CHECKING:
+    from vispec.protocol import SpeculativeARModel, WindowLogits
+    from vispec.sampling import SamplingConfig
 
 GeneratorArg = Union[None, torch.Generator, Sequence[Optional[torch.Generator]]]
 StepCallback = Callable[[int, Tensor], None]
@@ -82,6 +86,39 @@ def check_common(num_tokens: int, grid_width: int, model_vocab: int, max_tokens:
         raise ValueError(f"grid_width must be an integer >= 1, got {grid_width!r}")
     if model_vocab < 1:
         raise ValueError(f"model reports an empty vocabulary ({model_vocab})")
+
+
+@dataclass
+class DecodeStart:
+    """What every decoder has after validating its inputs and running the prefill."""
+
+    state: object
+    logits: "WindowLogits"
+    seeds: Tensor  # [B]
+    clock: "Clock"
+    vocab: int
+
+    @property
+    def batch(self) -> int:
+        return int(self.logits.cond.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.cond.device
+
+
+def start_decoding(
+    model: "SpeculativeARModel", condition, *, num_tokens: int, grid_width: int, sampling: "SamplingConfig",
+    generator: GeneratorArg, window: int,
+) -> DecodeStart:
+    """Validate, prefill the condition (token 0's logits), start the clock and derive per-sample seeds."""
+    vocab = model.image_vocab_size
+    check_common(num_tokens, grid_width, vocab)
+    sampling.check_vocab(vocab)
+    state, logits = model.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=window)
+    clock = Clock(logits.cond.device)
+    seeds = per_sample_seeds(generator, int(logits.cond.shape[0]), logits.cond.device)
+    return DecodeStart(state, logits, seeds, clock, vocab)
 
 
 class Clock:

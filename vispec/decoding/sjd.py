@@ -41,15 +41,7 @@ from typing import Any, Optional
 
 import torch
 
-from vispec.decoding.common import (
-    Clock,
-    DecodeOutput,
-    DecodeStats,
-    GeneratorArg,
-    StepCallback,
-    check_common,
-    per_sample_seeds,
-)
+from vispec.decoding.common import DecodeOutput, DecodeStats, GeneratorArg, StepCallback, start_decoding
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
 from vispec.kernels.philox import Stream, exponentials, uniforms
@@ -89,15 +81,11 @@ def decode_sjd(
     if cfg.strategy not in ("sjd", "mc-sjd"):
         raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")
     window, coupling = cfg.window, cfg.coupling
-    vocab = model.image_vocab_size
     grid_width = _resolve_grid_width(model, num_tokens, grid_width, cfg.init)
-    check_common(num_tokens, grid_width, vocab)
-    sampling.check_vocab(vocab)
-    state, logits = model.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=window)
-    device = logits.cond.device
-    clock = Clock(device)
-    batch = logits.cond.shape[0]
-    seeds = per_sample_seeds(generator, batch, device)
+    start = start_decoding(model, condition, num_tokens=num_tokens, grid_width=grid_width, sampling=sampling,
+                           generator=generator, window=window)
+    state, logits, seeds, clock, vocab = start.state, start.logits, start.seeds, start.clock, start.vocab
+    batch, device = start.batch, start.device
     zeros = torch.zeros(batch, dtype=torch.long, device=device)
 
     # token 0 from the prefill
