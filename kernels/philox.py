@@ -39,36 +39,30 @@ class Stream(IntEnum):
     GUMBEL = 5  # MC-SJD Gumbel coupling (same for every iteration at a position)
 
 
-def _mulhi32(a: int, b: Tensor) -> Tensor:
-    """High 32 bits of ``a * b`` for a 32-bit constant ``a`` and a uint32-valued int64 tensor.
-
-    The 64-bit product may exceed int64's range; torch's integer multiply wraps modulo 2**64 (two's
-    complement), which leaves the bit pattern of the unsigned product intact, and ``>> 32`` then
-    ``& 0xFFFFFFFF`` extracts its bits 32..63. (Pinned by the known-answer and Triton tests.)
-    """
-    return ((b * a) >> 32) & _MASK32
-
-
 def philox_uint32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> Tensor:
     """First output word of Philox4x32-10 with key ``seed`` (64-bit) and counter ``(c0..c3)``.
 
     All arguments are integer tensors that broadcast together; the result is int64 in
     ``[0, 2**32)``. ``seed`` may use all 64 bits (negative int64 values are read as two's
     complement).
+
+    The 32x32-bit products may exceed int64's range: torch's integer multiply wraps modulo 2**64
+    (two's complement), which keeps the bit pattern of the unsigned product, so ``(p >> 32) & M``
+    is its high word and ``p & M`` its low word (pinned by the known-answer and Triton tests).
     """
-    k0 = seed & _MASK32
+    k0 = seed & _MASK32  # keys stay at the seeds' (small) shape
     k1 = (seed >> 32) & _MASK32
-    x0, x1, x2, x3 = (c & _MASK32 for c in torch.broadcast_tensors(c0, c1, c2, c3))
-    k0, k1 = k0.expand_as(x0), k1.expand_as(x0)
+    x0, x1, x2, x3 = (c & _MASK32 for c in (c0, c1, c2, c3))
     for _ in range(N_ROUNDS):
-        y0 = _mulhi32(_ROUND_B, x2) ^ x1 ^ k0
-        y2 = _mulhi32(_ROUND_A, x0) ^ x3 ^ k1
-        x1 = (_ROUND_B * x2) & _MASK32
-        x3 = (_ROUND_A * x0) & _MASK32
-        x0, x2 = y0, y2
+        prod_b = x2 * _ROUND_B
+        prod_a = x0 * _ROUND_A
+        x0 = ((prod_b >> 32) & _MASK32) ^ x1 ^ k0
+        x2 = ((prod_a >> 32) & _MASK32) ^ x3 ^ k1
+        x1 = prod_b & _MASK32
+        x3 = prod_a & _MASK32
         k0 = (k0 + _KEY_A) & _MASK32
         k1 = (k1 + _KEY_B) & _MASK32
-    return x0
+    return torch.broadcast_to(x0, torch.broadcast_shapes(seed.shape, c0.shape, c1.shape, c2.shape, c3.shape))
 
 
 def uniform_from_words(x: Tensor) -> Tensor:

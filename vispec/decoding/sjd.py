@@ -40,12 +40,13 @@ import math
 from typing import Any, Optional
 
 import torch
+from torch import Tensor
 
 from vispec.decoding.common import DecodeOutput, DecodeStats, GeneratorArg, StepCallback, start_decoding
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
 from vispec.kernels.philox import Stream, exponentials, uniforms
-from vispec.kernels.verify import accept_drafts, residual_sample, sample_from_weights, verify_drafts
+from vispec.kernels.verify import accept_drafts, residual_sample, sample_from_weights
 from vispec.protocol import SpeculativeARModel
 from vispec.sampling import PositionProcessor, SamplingConfig, process_logits
 
@@ -61,6 +62,22 @@ def _resolve_grid_width(model: Any, num_tokens: int, grid_width: Optional[int], 
     if init == "vertical":
         raise ValueError(f"grid_width is needed for vertical initialisation of {num_tokens} tokens (not a square grid)")
     return num_tokens
+
+
+def _sample_rows(
+    weights: Tensor, mask: Tensor, seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Race-sample ``weights [B, W, V]`` only where ``mask [B, W]``; the noise of row ``(b, j)`` is keyed by
+    ``(seeds[b], positions[b, j], stream, draws[b])``, so skipping rows changes no other row.
+
+    Returns ``(tokens [B, W] with -1 where not sampled, batch index, slot index)``.
+    """
+    b, j = mask.nonzero(as_tuple=True)
+    out = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
+    if b.numel():
+        noise = exponentials(seeds[b], positions[b, j][:, None], stream, draws[b], weights.shape[-1])
+        out[b, j] = sample_from_weights(weights[b, j][:, None], noise)[:, 0]
+    return out, b, j
 
 
 @torch.no_grad()
@@ -147,58 +164,56 @@ def decode_sjd(
         out_positions = positions + 1  # output j predicts position n + j
         probs = process_logits(out.cond, out.uncond, out_positions, sampling, processors)
 
-        # 3. verify the draft slots. SJD needs the residual only at the first rejection;
-        #    maximal coupling needs every slot's coupled output.
+        # 3. acceptance for every draft slot at once; m = leading accepted drafts
         num_slots = width - 1
         num_drafts = width_b - 1
+        m = torch.zeros(active, dtype=torch.long, device=device)
         coupled = None
         if num_slots > 0:
             dpos = positions[:, 1:]
             drafts = window_tokens[:, 1:]
+            real = slot[None, :num_slots] < num_drafts[:, None]
             dense = draft_dense[:, :num_slots] & (slot[None, :num_slots] < draft_count[:, None])
             q_rows = draft_q[:, :num_slots] if bool(dense.any()) else None
-            accept_u = uniforms(seeds, dpos, Stream.ACCEPT, nfe)
+            accept_flags, m = accept_drafts(probs[:, :num_slots], drafts, q_rows, ~dense, num_drafts, uniforms(seeds, dpos, Stream.ACCEPT, nfe))
+            # residual samples where they are used: every rejected slot (maximal coupling), or the
+            # first rejection only (SJD)
             if coupling == "maximal":
-                res = verify_drafts(
-                    probs[:, :num_slots], drafts, q_rows, ~dense, num_drafts, accept_u,
-                    exponentials(seeds, dpos, Stream.RESIDUAL, nfe, vocab), check_inputs=False,
-                )
-                m, coupled = res.num_accepted, res.coupled
-                residual_tok = coupled.gather(1, m.clamp(max=num_slots - 1)[:, None]).squeeze(1)
+                need = real & ~accept_flags
             else:
-                _, m = accept_drafts(probs[:, :num_slots], drafts, q_rows, ~dense, num_drafts, accept_u)
-                at = m.clamp(max=num_slots - 1)[:, None]
-                q_at = None if q_rows is None else q_rows.gather(1, at[..., None].expand(-1, -1, vocab))
-                residual_tok = residual_sample(
-                    probs.gather(1, at[..., None].expand(-1, -1, vocab)), drafts.gather(1, at), q_at,
-                    (~dense).gather(1, at), exponentials(seeds, dpos.gather(1, at), Stream.RESIDUAL, nfe, vocab),
+                need = real & (slot[None, :num_slots] == m[:, None])
+            residual = torch.full_like(drafts, -1)
+            b, j = need.nonzero(as_tuple=True)
+            if b.numel():
+                q_need = None if q_rows is None else q_rows[b, j][:, None]
+                residual[b, j] = residual_sample(
+                    probs[b, j][:, None], drafts[b, j][:, None], q_need, (~dense)[b, j][:, None],
+                    exponentials(seeds[b], dpos[b, j][:, None], Stream.RESIDUAL, nfe[b], vocab),
                 )[:, 0]
-        else:
-            m = torch.zeros(active, dtype=torch.long, device=device)
-            residual_tok = None
+            coupled = torch.where(accept_flags, drafts, residual)
 
-        # samples from the outputs: Gumbel-coupled, or fresh (all outputs for SJD; maximal only
-        # needs its last output, which has no old draft to couple with)
-        if coupling == "gumbel":
-            fresh = sample_from_weights(probs, exponentials(seeds, out_positions, Stream.GUMBEL, torch.zeros_like(nfe), vocab))
-        elif coupling == "maximal":
-            last_at = (width_b - 1)[:, None]
-            last = sample_from_weights(
-                probs.gather(1, last_at[..., None].expand(-1, -1, vocab)),
-                exponentials(seeds, out_positions.gather(1, last_at), Stream.SAMPLE, nfe, vocab),
-            )
-            fresh = torch.full_like(window_tokens, -1).scatter(1, last_at, last)
+        # samples from the outputs that become drafts or the bonus token: Gumbel-coupled, or fresh
+        # (SJD; maximal coupling only needs its last output, which has no old draft to couple with)
+        use_from = torch.where(m == num_drafts, m, m + 1)  # bonus slot, or first slot after the rejection
+        if coupling == "maximal":
+            need_fresh = slot[None, :] == (width_b - 1)[:, None]
         else:
-            fresh = sample_from_weights(probs, exponentials(seeds, out_positions, Stream.SAMPLE, nfe, vocab))
+            need_fresh = (slot[None, :] >= use_from[:, None]) & in_window
+        stream, draws = (Stream.GUMBEL, torch.zeros_like(nfe)) if coupling == "gumbel" else (Stream.SAMPLE, nfe)
+        fresh, _, _ = _sample_rows(probs, need_fresh, seeds, out_positions, stream, draws)
 
         # 4. commit: d_1..d_m are already in buf; write the residual (rejection) or bonus token
         bonus = fresh.gather(1, m[:, None]).squeeze(1)
-        last = bonus if residual_tok is None else torch.where(m < num_drafts, residual_tok, bonus)
+        if coupled is None:
+            last = bonus
+        else:
+            residual_tok = coupled.gather(1, m.clamp(max=num_slots - 1)[:, None]).squeeze(1)
+            last = torch.where(m < num_drafts, residual_tok, bonus)
         buf.scatter_(1, (n + m)[:, None], last[:, None])
 
         # 6. next drafts at positions n + j, j in (m, width_b)
         next_tokens = fresh
-        if coupled is not None:
+        if coupled is not None and coupling == "maximal":
             coupled_ok = slot[None, :num_slots] < num_drafts[:, None]
             next_tokens = fresh.clone()
             next_tokens[:, :num_slots] = torch.where(coupled_ok, coupled, fresh[:, :num_slots])
