@@ -134,3 +134,27 @@ def test_bad_decode_inputs(model):
         decode(model, LlamaGenCondition(class_labels=torch.tensor([4])), num_tokens=4)
     with pytest.raises(ValueError, match="model"):
         decode(object(), cond, num_tokens=4)
+
+
+def test_caption_conditioned_official_model_decodes_with_guidance():
+    from vispec.models.llamagen_checkpoint import load_llamagen_gpt
+
+    t2i = load_llamagen_gpt("tests/data/llamagen/t2i_tiny_raw.pt", n_head=4, cls_token_num=4, block_size=16)
+    ref = torch.load("tests/data/llamagen/t2i_tiny_logits.pt", weights_only=True)
+    mask = torch.tensor([[False, True, True, True], [True, True, True, True]])
+    cond = LlamaGenCondition(caption_embeds=ref["caption"], caption_mask=mask)
+    greedy = SamplingConfig(temperature=0.0, guidance_scale=4.0)
+    ar = decode(t2i, cond, num_tokens=16, sampling=greedy, decoding="ar")
+    for method in ("sjd-vertical", "mc-sjd-maximal"):
+        assert torch.equal(decode(t2i, cond, num_tokens=16, sampling=greedy, decoding=method).tokens, ar.tokens)
+    sampled = decode(t2i, cond, num_tokens=16, sampling=SAMPLING, decoding="mc-sjd-gumbel", generator=_gens([0, 1]))
+    alone = decode(t2i, LlamaGenCondition(caption_embeds=ref["caption"][1:], caption_mask=mask[1:]), num_tokens=16,
+                   sampling=SAMPLING, decoding="mc-sjd-gumbel", generator=_gens([1]))
+    assert torch.equal(sampled.tokens[1], alone.tokens[0])
+
+
+def test_bfloat16_model_decodes(model):
+    bf16 = torch.nn.Module.to(tiny_gpt(vocab_size=16, block_size=16, num_classes=4, std=0.4, seed=5), dtype=torch.bfloat16)
+    out = decode(bf16, LlamaGenCondition(class_labels=torch.tensor([0, 1])), num_tokens=16, sampling=SAMPLING,
+                 decoding="mc-sjd", generator=_gens([0, 1]))
+    assert out.tokens.shape == (2, 16) and bool(((out.tokens >= 0) & (out.tokens < 16)).all())
