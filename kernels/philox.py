@@ -1,13 +1,14 @@
 """Counter-based randomness: Philox4x32-10 in PyTorch, keyed by (sample seed, counters).
 
 Every random number a decoder uses is a pure function of the sample's 64-bit seed and four 32-bit
-counters, ``(c0, c1, c2, c3) = (vocab index, absolute token position, stream, draw)``. So
+counters, ``(c0, c1, c2, c3) = (vocab block, absolute token position, stream, draw)``. So
 
 * a sample's output does not depend on what else is in the batch (no shared RNG state);
 * MC-SJD's Gumbel coupling reuses the same noise for the same absolute position across Jacobi
   iterations without storing a ``[batch, positions, vocab]`` table (MC-SJD, arXiv 2510.24211);
-* a Triton kernel computing ``tl.random.philox(seed, c0, c1, c2, c3)`` (first output word) and the
-  same uint32 -> float mapping reproduces these numbers bit for bit.
+* a Triton kernel computing ``tl.random.philox(seed, c0, c1, c2, c3)`` and the same uint32 -> float
+  mapping reproduces these numbers bit for bit. Per-vocabulary noise uses all four output words:
+  entry ``v`` is word ``v % 4`` of counter ``c0 = v // 4``.
 
 Philox4x32-10 is Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011); the round
 constants are the ones Triton and cuRAND use. Integers are held in int64 tensors and masked to
@@ -39,10 +40,10 @@ class Stream(IntEnum):
     GUMBEL = 5  # MC-SJD Gumbel coupling (same for every iteration at a position)
 
 
-def philox_uint32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> Tensor:
-    """First output word of Philox4x32-10 with key ``seed`` (64-bit) and counter ``(c0..c3)``.
+def philox4x32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The four output words of Philox4x32-10 with key ``seed`` (64-bit) and counter ``(c0..c3)``.
 
-    All arguments are integer tensors that broadcast together; the result is int64 in
+    All arguments are integer tensors that broadcast together; the words are int64 in
     ``[0, 2**32)``. ``seed`` may use all 64 bits (negative int64 values are read as two's
     complement).
 
@@ -62,7 +63,21 @@ def philox_uint32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) 
         x3 = prod_a & _MASK32
         k0 = (k0 + _KEY_A) & _MASK32
         k1 = (k1 + _KEY_B) & _MASK32
-    return torch.broadcast_to(x0, torch.broadcast_shapes(seed.shape, c0.shape, c1.shape, c2.shape, c3.shape))
+    shape = torch.broadcast_shapes(seed.shape, c0.shape, c1.shape, c2.shape, c3.shape)
+    return tuple(torch.broadcast_to(x, shape) for x in (x0, x1, x2, x3))  # type: ignore[return-value]
+
+
+def philox_uint32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> Tensor:
+    """First output word of :func:`philox4x32` (what Triton's ``tl.randint`` returns)."""
+    return philox4x32(seed, c0, c1, c2, c3)[0]
+
+
+def vocab_words(seeds: Tensor, positions: Tensor, stream_t: Tensor, draws: Tensor, vocab_size: int) -> Tensor:
+    """``[B, W, V]`` words for every vocabulary entry: entry ``v`` is word ``v % 4`` of the Philox
+    block with ``c0 = v // 4`` (one Philox evaluation serves four entries, like ``tl.randint4x``)."""
+    blocks = torch.arange((vocab_size + 3) // 4, dtype=torch.int64, device=positions.device)
+    words = philox4x32(seeds[:, None, None], blocks, positions[..., None], stream_t, draws[..., None])
+    return torch.stack(words, dim=-1).flatten(-2)[..., :vocab_size]
 
 
 def uniform_from_words(x: Tensor) -> Tensor:
@@ -84,8 +99,8 @@ def uniforms(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vo
         stream: the purpose (:class:`Stream`).
         draws: ``[B]`` or ``[B, W]`` draw counters (a sample's forward-pass count, so a position
             verified again in a later pass gets fresh numbers).
-        vocab_size: if given, returns ``[B, W, V]`` (one number per vocabulary entry, ``c0 = v``);
-            otherwise ``[B, W]`` (``c0 = 0``).
+        vocab_size: if given, returns ``[B, W, V]`` (one number per vocabulary entry, from
+            :func:`vocab_words`); otherwise ``[B, W]`` (first word of the block ``c0 = 0``).
     """
     seeds = seeds.to(torch.int64)
     positions = positions.to(torch.int64)
@@ -96,8 +111,7 @@ def uniforms(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vo
     if vocab_size is None:
         words = philox_uint32(seeds[:, None], torch.zeros_like(positions), positions, stream_t, draws)
     else:
-        vocab = torch.arange(vocab_size, dtype=torch.int64, device=positions.device)
-        words = philox_uint32(seeds[:, None, None], vocab, positions[..., None], stream_t, draws[..., None])
+        words = vocab_words(seeds, positions, stream_t, draws, vocab_size)
     return uniform_from_words(words)
 
 

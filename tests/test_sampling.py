@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vispec.kernels.philox import Stream, philox_uint32, randint_below, uniform_from_words, uniforms
+from vispec.kernels.philox import Stream, philox4x32, randint_below, uniform_from_words, uniforms, vocab_words
 from vispec.sampling import SamplingConfig, process_logits
 
 
@@ -83,10 +83,17 @@ def test_bad_logits():
         process_logits(torch.zeros(1, 4), None, _pos(), SamplingConfig())
 
 
-def test_philox_known_answer():
-    # Philox4x32-10 known-answer vector (Random123 kat_vectors): counter 0, key 0
-    words = philox_uint32(torch.tensor(0), torch.tensor(0), torch.tensor(0), torch.tensor(0), torch.tensor(0))
-    assert int(words) == 0x6627E8D5
+@pytest.mark.parametrize(
+    "key, counter, expected",
+    [  # Philox4x32-10 known-answer vectors (Random123 kat_vectors)
+        (0, 0, (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        (-1, 0xFFFFFFFF, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ],
+)
+def test_philox_known_answer(key, counter, expected):
+    c = torch.tensor(counter)
+    words = philox4x32(torch.tensor(key), c, c, c, c)
+    assert tuple(int(w) for w in words) == expected
 
 
 def test_philox_matches_triton():
@@ -97,14 +104,20 @@ def test_philox_matches_triton():
     def kernel(out_ptr, seed, c1, c2, c3, N: tl.constexpr):
         offs = tl.arange(0, N)
         zero = offs.to(tl.uint32) * 0
-        a, _, _, _ = tl.random.philox(seed, offs.to(tl.uint32), zero + c1, zero + c2, zero + c3)
+        a, b, c, d = tl.random.philox(seed, offs.to(tl.uint32), zero + c1, zero + c2, zero + c3)
         tl.store(out_ptr + offs, a.to(tl.int64))
+        tl.store(out_ptr + N + offs, b.to(tl.int64))
+        tl.store(out_ptr + 2 * N + offs, c.to(tl.int64))
+        tl.store(out_ptr + 3 * N + offs, d.to(tl.int64))
 
-    out = torch.zeros(64, dtype=torch.int64)
+    out = torch.zeros(4 * 64, dtype=torch.int64)
     seed = 0x1234567890ABCDE
     kernel[(1,)](out, seed, 7, int(Stream.RESIDUAL), 11, N=64)
-    ref = philox_uint32(torch.tensor(seed), torch.arange(64), torch.tensor(7), torch.tensor(int(Stream.RESIDUAL)), torch.tensor(11))
-    assert torch.equal(out & 0xFFFFFFFF, ref)
+    ref = philox4x32(torch.tensor(seed), torch.arange(64), torch.tensor(7), torch.tensor(int(Stream.RESIDUAL)), torch.tensor(11))
+    assert torch.equal(out & 0xFFFFFFFF, torch.cat(ref))
+    # per-vocabulary words: entry v is word v % 4 of block v // 4
+    words = vocab_words(torch.tensor([seed]), torch.tensor([[7]]), torch.tensor(int(Stream.RESIDUAL)), torch.tensor([[11]]), 10)
+    assert torch.equal(words[0, 0], torch.stack(ref, -1)[:3].flatten()[:10])
 
 
 def test_uniforms_are_open_interval_and_uniform():
