@@ -70,6 +70,7 @@ __all__ = [
 LLAMAGEN_VQ_VARIANTS: dict[str, tuple[int, ...]] = {
     "VQ-16": (1, 1, 2, 2, 4),
     "VQ-8": (1, 2, 2, 4),
+    "VQ-4": (1, 2, 4),  # vispec: the same family at downsample 4 (tiny-c2i: 64x64 -> 16x16)
 }
 
 # Keys a checkpoint file may nest its state dict under, in order of preference.

@@ -7,6 +7,8 @@ status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from typing import Optional, Sequence
 
@@ -68,6 +70,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+TRAINERS = {
+    # name: (module, config class, train function, help)
+    "vq": ("vispec.eval.train_vq", "VQTrainConfig", "train_vq", "the tiny-c2i VQ tokenizer"),
+    "evaluator": ("vispec.eval.evaluator", "EvaluatorTrainConfig", "train_evaluator", "the tiny-c2i crop classifier (accuracy, FID features)"),
+    "gpt": ("vispec.eval.train_gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
+}
+
+
+def _add_dataclass_args(parser: argparse.ArgumentParser, config_cls: type) -> None:
+    """One ``--flag`` per dataclass field (ints, floats, strings), defaulting to the field's default."""
+    for f in dataclasses.fields(config_cls):
+        default = f.default
+        if isinstance(default, (bool, tuple)) or default is dataclasses.MISSING:
+            continue
+        parser.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=default, help=f"(default: {default})")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import importlib
+
+    module, config_name, func_name, _ = TRAINERS[args.train]
+    mod = importlib.import_module(module)
+    config_cls = getattr(mod, config_name)
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    config = config_cls(**{k: v for k, v in vars(args).items() if k in names})
+    print(json.dumps(getattr(mod, func_name)(config), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vispec", description="Many tokens per forward pass for visual AR models.")
     parser.add_argument("--version", action="version", version=f"vispec {__version__}")
@@ -76,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     decoders = bench.add_parser("decoders", help="AR vs SJD vs MC-SJD on a randomly initialised LlamaGen GPT")
     _add_decoder_bench_args(decoders)
     decoders.set_defaults(func=_cmd_bench_decoders)
+    train = sub.add_parser("train", help="train the embedded models (needs vispec[train])")
+    trainers = train.add_subparsers(dest="train", metavar="MODEL")
+    for name, (module, config_name, _, help_text) in TRAINERS.items():
+        import importlib
+
+        sub_parser = trainers.add_parser(name, help=help_text)
+        _add_dataclass_args(sub_parser, getattr(importlib.import_module(module), config_name))
+        sub_parser.set_defaults(func=_cmd_train)
     demo = sub.add_parser("demo", help="the main job: compare the decoders and write a report")
     demo.add_argument("--out", default="out/demo", help="report folder (default: %(default)s)")
     demo.set_defaults(func=_cmd_demo)

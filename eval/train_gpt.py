@@ -1,0 +1,108 @@
+"""Training the tiny-c2i GPT: a LlamaGen GPT over the VQ tokens of photo crops, class-conditional.
+
+LlamaGen's objective: next-token cross-entropy over the 256 image tokens given the class token,
+with class dropout (the label is replaced by the null class with probability 0.1) so that
+classifier-free guidance works at sampling time. The token dataset is made once: random training
+crops (scale jitter, flips) encoded by the trained VQ tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from diffusers import VQModel
+from tqdm.auto import tqdm
+
+from vispec.eval.data import CropSampler, to_model_range
+from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
+from vispec.models.llamagen_vq import encode_to_tokens
+
+
+@dataclass
+class GPTTrainConfig:
+    vq: str = "out/tiny-c2i/vqvae"
+    out: str = "out/tiny-c2i/transformer"
+    num_sequences: int = 30000
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    dim: int = 256
+    n_layer: int = 6
+    n_head: int = 4
+    class_dropout_prob: float = 0.1
+    dropout: float = 0.05
+    seed: int = 0
+    log_every: int = 25
+
+
+@torch.no_grad()
+def make_token_dataset(vq: VQModel, count: int, seed: int, batch: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens int16 [count, 256], labels [count])`` from random training crops."""
+    sampler = CropSampler("train")
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.arange(count) % sampler.num_classes
+    labels = labels[torch.randperm(count, generator=gen)]
+    tokens = []
+    for lo in tqdm(range(0, count, batch), desc="tokenise crops", mininterval=5):
+        images, _ = sampler.sample(min(batch, count - lo), gen, labels=labels[lo : lo + batch])
+        tokens.append(encode_to_tokens(vq, to_model_range(images)).flatten(1).to(torch.int16))
+    return torch.cat(tokens), labels
+
+
+def build_gpt(cfg: GPTTrainConfig, vocab_size: int, num_classes: int) -> LlamaGenGPT:
+    return LlamaGenGPT(
+        vocab_size=vocab_size, dim=cfg.dim, n_layer=cfg.n_layer, n_head=cfg.n_head, num_classes=num_classes,
+        class_dropout_prob=cfg.class_dropout_prob, block_size=256, token_dropout_p=cfg.dropout,
+        resid_dropout_p=cfg.dropout, ffn_dropout_p=cfg.dropout,
+    )
+
+
+def train_gpt(cfg: GPTTrainConfig) -> dict:
+    torch.manual_seed(cfg.seed)
+    vq = VQModel.from_pretrained(cfg.vq).eval()
+    os.makedirs(cfg.out, exist_ok=True)
+    cache = os.path.join(cfg.out, f"tokens_{cfg.num_sequences}_{cfg.seed}.pt")
+    if os.path.exists(cache):
+        tokens, labels = torch.load(cache, weights_only=True).values()
+    else:
+        tokens, labels = make_token_dataset(vq, cfg.num_sequences, cfg.seed)
+        torch.save({"tokens": tokens, "labels": labels}, cache)
+    num_classes = int(labels.max()) + 1
+    gpt = build_gpt(cfg, vq.config.num_vq_embeddings, num_classes).train()
+    decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))))
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    start = time.time()
+    with open(os.path.join(cfg.out, "train_log.jsonl"), "w") as log:
+        bar = tqdm(range(cfg.steps), desc="train gpt", mininterval=5)
+        for step in bar:
+            pick = torch.randint(0, tokens.shape[0], (cfg.batch_size,), generator=gen)
+            seq = tokens[pick].long()
+            logits = gpt(seq[:, :-1], LlamaGenCondition(class_labels=labels[pick]))
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                log.write(json.dumps({"step": step, "loss": loss.item(), "elapsed_s": round(time.time() - start, 1)}) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+    gpt.eval()
+    metrics = {"train_minutes": round((time.time() - start) / 60, 1), "final_loss": loss.item(),
+               "parameters": sum(p.numel() for p in gpt.parameters())}
+    gpt.save_pretrained(cfg.out)
+    with open(os.path.join(cfg.out, "train_config.json"), "w") as handle:
+        json.dump({"config": asdict(cfg), "metrics": metrics}, handle, indent=2)
+    return metrics

@@ -1,0 +1,81 @@
+"""Data split, trainers (a few steps each) and the evaluator's FID adapter for tiny-c2i."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("skimage", reason="tiny-c2i data needs the train extra (scikit-image)")
+
+from diffusers import VQModel  # noqa: E402
+
+from vispec.eval.data import CLASS_NAMES, CropSampler, load_photos, split_tiles  # noqa: E402
+from vispec.eval.evaluator import CropClassifier, EvaluatorTrainConfig, FIDFeatures, train_evaluator  # noqa: E402
+from vispec.eval.train_gpt import GPTTrainConfig, train_gpt  # noqa: E402
+from vispec.eval.train_vq import VQTrainConfig, train_vq  # noqa: E402
+from vispec.models.llamagen_gpt import LlamaGenGPT  # noqa: E402
+from vispec.models.llamagen_vq import decode_tokens, encode_to_tokens  # noqa: E402
+
+
+def test_split_holds_out_disjoint_tiles_of_every_photo():
+    photos = load_photos()
+    assert len(photos) == len(CLASS_NAMES) >= 12
+    split = split_tiles(photos, seed=0)
+    train, held = set(split["train"]), set(split["eval"])
+    assert not train & held
+    assert {t.photo for t in held} == set(range(len(photos))) == {t.photo for t in train}
+    assert 0.2 < len(held) / (len(held) + len(train)) < 0.35
+
+
+def test_crops_are_deterministic_uint8_with_requested_labels():
+    sampler = CropSampler("eval")
+    labels = torch.tensor([0, 5, 13, 13])
+    a, la = sampler.sample(4, torch.Generator().manual_seed(1), labels=labels)
+    b, _ = sampler.sample(4, torch.Generator().manual_seed(1), labels=labels)
+    assert a.dtype == torch.uint8 and a.shape == (4, 3, 64, 64) and torch.equal(a, b) and torch.equal(la, labels)
+    assert float(a.float().std()) > 5  # natural texture, not flat
+    with pytest.raises(ValueError, match="split"):
+        CropSampler("test")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    vq_metrics = train_vq(VQTrainConfig(out=str(root / "vq"), steps=3, batch_size=4, eval_images=8, log_every=1, restart_every=2))
+    ev_metrics = train_evaluator(EvaluatorTrainConfig(out=str(root / "ev"), steps=3, batch_size=8, eval_images=28, log_every=1))
+    gpt_metrics = train_gpt(GPTTrainConfig(vq=str(root / "vq"), out=str(root / "gpt"), num_sequences=16, steps=2, batch_size=4,
+                                           dim=64, n_layer=1, n_head=2, log_every=1))
+    return root, vq_metrics, ev_metrics, gpt_metrics
+
+
+def test_trainers_save_loadable_models(trained):
+    root, vq_metrics, ev_metrics, gpt_metrics = trained
+    vq = VQModel.from_pretrained(root / "vq").eval()
+    norms = vq.quantize.embedding.weight.norm(dim=1)
+    torch.testing.assert_close(norms, torch.ones_like(norms))  # cosine codebook baked in
+    images = torch.rand(2, 3, 64, 64) * 2 - 1
+    tokens = encode_to_tokens(vq, images)
+    assert tokens.shape == (2, 16, 16)
+    assert decode_tokens(vq, tokens).shape == (2, 3, 64, 64)
+    assert vq_metrics["held_out"]["codes_used"] >= 1
+    assert 0.0 <= ev_metrics["held_out_accuracy"] <= 1.0
+    gpt = LlamaGenGPT.from_pretrained(root / "gpt")
+    assert gpt.config.num_classes == len(CLASS_NAMES) and gpt.config.vocab_size == vq.config.num_vq_embeddings
+    assert gpt.has_unconditional and gpt_metrics["parameters"] > 0
+    assert (root / "gpt" / "train_log.jsonl").read_text().count("\n") == 2
+
+
+def test_fid_features_plug_into_torchmetrics():
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    torch.manual_seed(0)
+    fid = FrechetInceptionDistance(feature=FIDFeatures(CropClassifier(num_classes=14, feature_dim=16)), reset_real_features=True)
+    real, _ = CropSampler("eval").sample(64, torch.Generator().manual_seed(0))
+    noise = torch.randint(0, 256, (64, 3, 64, 64), dtype=torch.uint8)
+    fid.update(real, real=True)
+    fid.update(real, real=False)
+    same = float(fid.compute())
+    fid.reset()
+    fid.update(real, real=True)
+    fid.update(noise, real=False)
+    assert abs(same) < 1e-2 < float(fid.compute())
