@@ -1,5 +1,9 @@
 """diffusers-style pipelines (``vispec.pipelines``).
 
-The LlamaGen pipeline is built on the decoders in :mod:`vispec.decoding` and the models in
-:mod:`vispec.models`; pipelines stay thin: validate inputs, call a decoder, decode tokens to pixels.
+Pipelines stay thin: validate inputs, call a decoder from :mod:`vispec.decoding`, decode tokens to
+pixels, post-process.
 """
+
+from vispec.pipelines.llamagen import EMBEDDED_MODELS, LlamaGenPipeline, LlamaGenPipelineOutput
+
+__all__ = ["EMBEDDED_MODELS", "LlamaGenPipeline", "LlamaGenPipelineOutput"]

@@ -66,11 +66,22 @@ def test_partial_grid_and_window_one(model):
 
 
 def test_callback_reports_progress(model):
-    seen = []
-    decode(model, LlamaGenCondition(class_labels=torch.tensor([0, 1])), num_tokens=16, sampling=SAMPLING,
-           decoding="sjd", callback=lambda step, committed: seen.append(committed.clone()))
-    assert seen and seen[-1].tolist() == [16, 16]
-    assert all((b >= a).all() for a, b in zip(seen, seen[1:]))
+    for method in ("ar", "sjd", "mc-sjd"):
+        seen, snapshots = [], []
+
+        def callback(step, committed, tokens):
+            seen.append(committed.clone())
+            snapshots.append(tokens.clone())
+
+        out = decode(model, LlamaGenCondition(class_labels=torch.tensor([0, 1])), num_tokens=16, sampling=SAMPLING,
+                     decoding=method, callback=callback, generator=_gens([0, 1]))
+        assert seen and seen[-1].tolist() == [16, 16]
+        assert all((b >= a).all() for a, b in zip(seen, seen[1:]))
+        assert torch.equal(snapshots[-1], out.tokens)
+        for committed, tokens in zip(seen, snapshots):  # committed prefixes are final and the rest is -1
+            for b in range(2):
+                k = int(committed[b])
+                assert torch.equal(tokens[b, :k], out.tokens[b, :k]) and bool((tokens[b, k:] == -1).all())
 
 
 def test_processors_force_row_end_tokens_in_every_window(model):

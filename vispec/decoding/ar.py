@@ -48,7 +48,8 @@ def decode_ar(
         noise = exponentials(seeds, positions, Stream.SAMPLE, draws, vocab)
         tokens[:, t] = sample_from_weights(probs, noise)[:, 0]
         if callback is not None:
-            callback(t, torch.full((batch,), t + 1, dtype=torch.long, device=device))
+            progress = torch.where(torch.arange(num_tokens, device=device) <= t, tokens, torch.full_like(tokens, -1))
+            callback(t, torch.full((batch,), t + 1, dtype=torch.long, device=device), progress)
     elapsed = clock.now()
     full = torch.full((batch,), num_tokens, dtype=torch.long)
     stats = DecodeStats(nfe=full.clone(), tokens=full, accepted_drafts=torch.zeros(batch, dtype=torch.long), latency_s=torch.full((batch,), elapsed, dtype=torch.float64))

@@ -16,8 +16,11 @@ if TYPE_CHECKING:
     from vispec.sampling import SamplingConfig
 
 GeneratorArg = Union[None, torch.Generator, Sequence[Optional[torch.Generator]]]
-StepCallback = Callable[[int, Tensor], None]
-"""``f(step, num_committed [B])`` after every forward pass (for progress bars and callbacks)."""
+StepCallback = Callable[[int, Tensor, Tensor], None]
+"""``f(step, num_committed [B], tokens [B, N])`` after every forward pass (progress bars, callbacks).
+
+``tokens`` holds each sample's committed tokens in raster order and -1 where nothing is committed
+yet; it is a copy, so changing it does not affect decoding."""
 
 
 @dataclass

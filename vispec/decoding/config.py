@@ -8,6 +8,8 @@ from __future__ import annotations
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from vispec.sampling import SamplingConfig
+
 STRATEGIES = ("ar", "sjd", "mc-sjd")
 INITS = ("random", "horizontal", "vertical")
 COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel")}
@@ -26,12 +28,26 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         coupling: ``"none"`` for SJD; ``"maximal"`` (verify every slot, keep each slot's coupled output
             as its next draft) or ``"gumbel"`` (drafts by Gumbel-max with noise fixed per absolute
             position) for MC-SJD. ``None`` picks the strategy's default.
+        guidance_scale, temperature, top_k, top_p, cfg_interval: the default target distribution
+            (:class:`vispec.sampling.SamplingConfig`), so a saved pipeline carries the sampling settings
+            its model was evaluated with; call arguments override them.
     """
 
     config_name = "decoding_config.json"
 
     @register_to_config
-    def __init__(self, strategy: str = "sjd", window: int = 16, init: str = "horizontal", coupling: str | None = None):
+    def __init__(
+        self,
+        strategy: str = "sjd",
+        window: int = 16,
+        init: str = "horizontal",
+        coupling: str | None = None,
+        guidance_scale: float = 1.0,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        cfg_interval: int = -1,
+    ):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -42,6 +58,14 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         if coupling not in COUPLINGS[strategy]:
             raise ValueError(f"coupling for strategy {strategy!r} must be one of {COUPLINGS[strategy]}, got {coupling!r}")
         self.register_to_config(coupling=coupling)
+        self.sampling()  # validates the sampling defaults
+
+    def sampling(self, **overrides) -> SamplingConfig:
+        """The default :class:`SamplingConfig`, with ``None``-valued overrides ignored."""
+        c = self.config
+        values = dict(guidance_scale=c.guidance_scale, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, cfg_interval=c.cfg_interval)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return SamplingConfig(**values)
 
     @property
     def name(self) -> str:
@@ -54,17 +78,24 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         return f"mc-sjd-{c.coupling}"
 
     @classmethod
-    def parse(cls, value: "DecodingConfig | str", **overrides) -> "DecodingConfig":
-        """Accept a config, a strategy name (``"sjd"``) or a label (``"sjd-vertical"``, ``"mc-sjd-gumbel"``)."""
+    def parse(cls, value: "DecodingConfig | str", base: "DecodingConfig | None" = None, **overrides) -> "DecodingConfig":
+        """A config from a config, a strategy name (``"sjd"``) or a label (``"sjd-vertical"``, ``"mc-sjd-gumbel"``).
+
+        A name keeps ``base``'s other settings (window, initialisation, sampling defaults) but takes its
+        strategy and the strategy's default coupling unless the label names one.
+        """
         if isinstance(value, DecodingConfig):
             return cls.from_config({**value.config, **overrides}) if overrides else value
         if not isinstance(value, str):
             raise ValueError(f"decoding must be a DecodingConfig or a string, got {type(value).__name__}")
+        settings = {k: v for k, v in dict(base.config).items() if not k.startswith("_")} if base is not None else {}
         for strategy in ("mc-sjd", "sjd", "ar"):
-            if value == strategy:
-                return cls(strategy=strategy, **overrides)
-            if value.startswith(strategy + "-"):
+            if value == strategy or value.startswith(strategy + "-"):
+                settings.update(strategy=strategy, coupling=None)
                 suffix = value[len(strategy) + 1 :]
-                key = "coupling" if strategy == "mc-sjd" else "init"
-                return cls(strategy=strategy, **{key: suffix, **overrides})
+                if suffix:
+                    settings["coupling" if strategy == "mc-sjd" else "init"] = suffix
+                if strategy == "ar" and suffix:
+                    break
+                return cls(**{**settings, **overrides})
         raise ValueError(f"unknown decoding {value!r}; expected ar, sjd[-random|-horizontal|-vertical] or mc-sjd[-maximal|-gumbel]")

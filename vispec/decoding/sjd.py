@@ -233,7 +233,10 @@ def decode_sjd(
         step += 1
         if callback is not None:
             committed_all[ids] = n
-            callback(step, committed_all.clone())
+            progress = result.clone()  # finished samples are already final there
+            live = torch.arange(num_tokens, device=device)[None, :] < n[:, None]
+            progress[ids] = torch.where(live, buf[:, :num_tokens], torch.full_like(live, -1, dtype=torch.long))
+            callback(step, committed_all.clone(), progress)
 
     stats = DecodeStats(nfe=result_nfe, tokens=torch.full((batch,), num_tokens, dtype=torch.long), accepted_drafts=result_acc, latency_s=result_lat)
     return DecodeOutput(tokens=result, stats=stats, method=decoding.name)

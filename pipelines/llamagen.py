@@ -1,0 +1,199 @@
+"""``LlamaGenPipeline``: class- or caption-conditioned image generation with AR, SJD or MC-SJD decoding.
+
+A diffusers ``DiffusionPipeline`` with three components:
+
+* ``transformer``: the LlamaGen GPT (:class:`vispec.models.llamagen_gpt.LlamaGenGPT`);
+* ``vqvae``: the VQ tokenizer as a diffusers ``VQModel`` (cosine codebook baked in);
+* ``decoding_config``: a :class:`vispec.decoding.DecodingConfig` (strategy, window, draft
+  initialisation, coupling, and the model's default sampling settings), saved like a scheduler.
+
+``__call__`` validates its inputs, decodes image tokens with :func:`vispec.decoding.decode` (per-image
+generators make every image independent of its batch), turns the token grid into pixels with the VQ
+decoder and returns images with per-image decoding statistics.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+import PIL.Image
+import torch
+from diffusers import DiffusionPipeline, VQModel
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.utils import BaseOutput
+
+from vispec.decoding import DecodingConfig, decode
+from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
+from vispec.models.llamagen_vq import decode_tokens
+
+EMBEDDED_MODELS = {"vispec/tiny-c2i": "tiny-c2i"}
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+def resolve_model_path(name_or_path: Union[str, os.PathLike]) -> str:
+    """A local pipeline folder for an embedded model name (``"vispec/tiny-c2i"`` or ``"tiny-c2i"``) or a path."""
+    name = os.fspath(name_or_path)
+    if os.path.isdir(name):
+        return name
+    key = name if name in EMBEDDED_MODELS else f"vispec/{name}"
+    if key in EMBEDDED_MODELS:
+        path = resources.files("vispec.models") / "pretrained" / EMBEDDED_MODELS[key]
+        if not path.is_dir():
+            raise ValueError(f"embedded model {name!r} is not installed with this copy of vispec (expected {path})")
+        return str(path)
+    raise ValueError(
+        f"unknown model {name!r}: expected a local pipeline folder or one of {sorted(EMBEDDED_MODELS)} "
+        "(vispec never downloads weights; convert official checkpoints with `vispec convert llamagen`)"
+    )
+
+
+@dataclass
+class LlamaGenPipelineOutput(BaseOutput):
+    """``images`` as requested by ``output_type``; ``stats`` one dict per image (NFE, tokens per forward, ...)."""
+
+    images: Union[list[PIL.Image.Image], np.ndarray, torch.Tensor]
+    stats: list[dict]
+
+
+class LlamaGenPipeline(DiffusionPipeline):
+    """Generate images from a LlamaGen GPT and VQ tokenizer with AR, SJD or MC-SJD decoding (module docstring)."""
+
+    model_cpu_offload_seq = "transformer->vqvae"
+    _callback_tensor_inputs = ["tokens", "num_committed"]
+
+    def __init__(self, transformer: LlamaGenGPT, vqvae: VQModel, decoding_config: DecodingConfig):
+        super().__init__()
+        self.register_modules(transformer=transformer, vqvae=vqvae, decoding_config=decoding_config)
+        self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "LlamaGenPipeline":
+        """Load a saved pipeline folder, or an embedded model by name (``"vispec/tiny-c2i"``), offline."""
+        if importlib.util.find_spec("accelerate") is None:
+            kwargs.setdefault("low_cpu_mem_usage", False)  # diffusers would warn on every load otherwise
+        return super().from_pretrained(resolve_model_path(pretrained_model_name_or_path), **kwargs)
+
+    # ------------------------------------------------------------------ inputs
+    def _class_labels(self, class_labels: Any) -> torch.Tensor:
+        num_classes = self.transformer.config.num_classes
+        if isinstance(class_labels, bool) or class_labels is None:
+            raise ValueError("class_labels must be an int, a list of ints or a 1-D integer tensor")
+        if isinstance(class_labels, int):
+            class_labels = [class_labels]
+        labels = torch.as_tensor(class_labels)
+        if labels.dim() != 1 or labels.numel() == 0 or labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise ValueError(f"class_labels must be an int, a list of ints or a 1-D integer tensor, got {class_labels!r}")
+        bad = labels[(labels < 0) | (labels >= num_classes)]
+        if bad.numel():
+            raise ValueError(f"class_labels must lie in [0, {num_classes}); got {bad.tolist()}")
+        return labels.long()
+
+    def check_inputs(self, output_type: str, num_images_per_prompt: int, callback_inputs: Sequence[str]) -> None:
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
+        if isinstance(num_images_per_prompt, bool) or not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
+        unknown = [k for k in callback_inputs if k not in self._callback_tensor_inputs]
+        if unknown:
+            raise ValueError(f"callback_on_step_end_tensor_inputs {unknown} are not among {self._callback_tensor_inputs}")
+
+    def condition(self, class_labels: Any, prompt_embeds: Optional[torch.Tensor], prompt_mask: Optional[torch.Tensor], repeat: int) -> LlamaGenCondition:
+        device = self._execution_device
+        if self.transformer.config.model_type == "c2i":
+            if prompt_embeds is not None:
+                raise ValueError("this is a class-conditional model: pass class_labels, not prompt_embeds")
+            return LlamaGenCondition(class_labels=self._class_labels(class_labels).repeat_interleave(repeat).to(device))
+        if prompt_embeds is None or class_labels is not None:
+            raise ValueError("this is a caption-conditioned model: pass prompt_embeds (caption features), not class_labels")
+        mask = None if prompt_mask is None else prompt_mask.bool().repeat_interleave(repeat, 0).to(device)
+        return LlamaGenCondition(caption_embeds=prompt_embeds.repeat_interleave(repeat, 0).to(device), caption_mask=mask)
+
+    # ------------------------------------------------------------------ call
+    @torch.no_grad()
+    def __call__(
+        self,
+        class_labels: Union[int, Sequence[int], torch.Tensor, None] = None,
+        prompt_embeds: Optional[torch.Tensor] = None,
+        prompt_mask: Optional[torch.Tensor] = None,
+        guidance_scale: Optional[float] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        decoding: Union[str, DecodingConfig, None] = None,
+        num_images_per_prompt: int = 1,
+        generator: Union[torch.Generator, list[torch.Generator], None] = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Optional[Callable[["LlamaGenPipeline", int, int, dict], dict]] = None,
+        callback_on_step_end_tensor_inputs: Sequence[str] = ("tokens",),
+    ) -> Union[LlamaGenPipelineOutput, tuple]:
+        """Generate images.
+
+        Args:
+            class_labels: class ids (class-conditional models).
+            prompt_embeds, prompt_mask: caption features ``[B, T, C]`` and their mask (caption models).
+            guidance_scale, temperature, top_k, top_p: override the defaults in ``decoding_config``.
+            decoding: ``"ar"``, ``"sjd"``, ``"mc-sjd"`` (or a label such as ``"sjd-vertical"``,
+                ``"mc-sjd-gumbel"``), or a :class:`DecodingConfig`; a name keeps the pipeline's window and
+                initialisation. Default: the pipeline's ``decoding_config``.
+            num_images_per_prompt: images per label / caption.
+            generator: one ``torch.Generator``, or a list with one per image (each image then does not
+                depend on the rest of the batch).
+            output_type: ``"pil"``, ``"np"`` (NHWC float in [0, 1]), ``"pt"`` (NCHW float in [0, 1]) or
+                ``"latent"`` (the token grid ``[B, h, w]``).
+            callback_on_step_end: ``f(pipe, step, step, callback_kwargs) -> dict`` after every forward pass;
+                ``callback_kwargs`` holds copies of the requested tensors (``tokens``: committed tokens,
+                -1 where not yet decided; ``num_committed``), so returned values cannot change decoding.
+        """
+        # 1. check inputs
+        self.check_inputs(output_type, num_images_per_prompt, callback_on_step_end_tensor_inputs)
+        config = self.decoding_config if decoding is None else DecodingConfig.parse(decoding, base=self.decoding_config)
+        sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
+        condition = self.condition(class_labels, prompt_embeds, prompt_mask, num_images_per_prompt)
+        batch = condition.batch_size
+        if isinstance(generator, list) and len(generator) != batch:
+            raise ValueError(f"generator list has {len(generator)} entries, expected one per image ({batch})")
+        num_tokens = self.transformer.num_image_tokens
+        side = self.transformer.grid_size
+
+        # 2. decode tokens, with a progress bar over generated tokens
+        with self.progress_bar(total=batch * num_tokens) as bar:
+            done = [0]
+
+            def on_step(step: int, committed: torch.Tensor, tokens: torch.Tensor) -> None:
+                total = int(committed.sum())
+                bar.update(total - done[0])
+                done[0] = total
+                if callback_on_step_end is not None:
+                    available = {"tokens": tokens, "num_committed": committed}
+                    outputs = callback_on_step_end(self, step, step, {k: available[k] for k in callback_on_step_end_tensor_inputs})
+                    if outputs is not None and not isinstance(outputs, dict):
+                        raise ValueError(f"callback_on_step_end must return a dict or None, got {type(outputs).__name__}")
+
+            bar.update(batch)  # token 0 comes from the prefill
+            done[0] = batch
+            out = decode(self.transformer, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
+                         generator=generator, grid_width=side, callback=on_step)
+
+        # 3. tokens -> pixels
+        grid = out.tokens.view(batch, side, side)
+        if output_type == "latent":
+            images: Any = grid
+        else:
+            pixels = decode_tokens(self.vqvae, grid.to(self._execution_device)).float()
+            images = self.image_processor.postprocess(pixels, output_type=output_type)
+        stats = [
+            {"method": config.name, "nfe": int(out.stats.nfe[i]), "tokens": int(out.stats.tokens[i]),
+             "tokens_per_forward": float(out.stats.tokens_per_forward[i]),
+             "accepted_per_forward": float(out.stats.accepted_per_forward[i]), "latency_s": float(out.stats.latency_s[i])}
+            for i in range(batch)
+        ]
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (images, stats)
+        return LlamaGenPipelineOutput(images=images, stats=stats)
