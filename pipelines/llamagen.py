@@ -85,7 +85,10 @@ class LlamaGenPipeline(DiffusionPipeline):
             raise ValueError("class_labels must be an int, a list of ints or a 1-D integer tensor")
         if isinstance(class_labels, int):
             class_labels = [class_labels]
-        labels = torch.as_tensor(class_labels)
+        try:
+            labels = torch.as_tensor(class_labels)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(f"class_labels must be an int, a list of ints or a 1-D integer tensor, got {class_labels!r}") from err
         if labels.dim() != 1 or labels.numel() == 0 or labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise ValueError(f"class_labels must be an int, a list of ints or a 1-D integer tensor, got {class_labels!r}")
         bad = labels[(labels < 0) | (labels >= num_classes)]
