@@ -58,9 +58,9 @@ def _torch_load(path: str, trust_pickle: bool) -> Any:
         if "global" not in str(err).lower():  # refusals of pickled classes name a "global"
             raise ValueError(f"{path} is not a readable torch checkpoint (corrupted or truncated?): {err}") from err
         raise ValueError(
-            f"{path} holds pickled Python objects besides tensors, so torch.load(weights_only=True) refused "
-            "it. Loading it runs arbitrary code from the file; if you trust it, pass trust_pickle=True "
-            f"(or weights_only=False). Original error: {str(err).splitlines()[0]}"
+            f"{path} holds pickled Python objects besides tensors (official DDP checkpoints pickle their training "
+            "args), so torch.load(weights_only=True) refused it. Loading it runs code from the file: if you trust "
+            "it, pass trust_pickle=True (command line: --trust-pickle)"
         ) from err
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise ValueError(f"{path} is not a readable torch checkpoint (corrupted or truncated?): {err}") from err

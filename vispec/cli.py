@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -99,6 +100,56 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# LlamaGen's evaluation CFG per model size (GETTING_STARTED: 2.0 for B and L, 1.75 for XL and XXL, 1.65 for 3B)
+LLAMAGEN_CFG = {"GPT-B": 2.0, "GPT-L": 2.0, "GPT-XL": 1.75, "GPT-XXL": 1.75, "GPT-3B": 1.65}
+
+
+def _cmd_convert_llamagen(args: argparse.Namespace) -> int:
+    from vispec.decoding import DecodingConfig
+    from vispec.models.llamagen_checkpoint import load_llamagen_gpt
+    from vispec.models.llamagen_vq import load_llamagen_vq
+    from vispec.pipelines import LlamaGenPipeline
+
+    overrides = {k: v for k, v in (("gpt_model", args.gpt_model), ("n_head", args.n_head), ("image_size", args.image_size),
+                                   ("num_classes", args.num_classes), ("cls_token_num", args.cls_token_num)) if v is not None}
+    gpt = load_llamagen_gpt(args.gpt, trust_pickle=args.trust_pickle, **overrides)
+    vq = load_llamagen_vq(args.vq, variant=args.vq_variant, trust_pickle=args.trust_pickle)
+    if vq.config.num_vq_embeddings != gpt.config.vocab_size:
+        raise ValueError(f"--vq codebook has {vq.config.num_vq_embeddings} codes but --gpt predicts {gpt.config.vocab_size} tokens")
+    guidance = LLAMAGEN_CFG.get(args.gpt_model or "", 2.0) if gpt.has_unconditional else 1.0
+    config = DecodingConfig(strategy="sjd", window=16, init="horizontal", guidance_scale=guidance)
+    LlamaGenPipeline(transformer=gpt, vqvae=vq, decoding_config=config).save_pretrained(args.out)
+    print(f"wrote {args.out} (GPT {sum(p.numel() for p in gpt.parameters()) / 1e6:.1f}M parameters, "
+          f"{gpt.grid_size}x{gpt.grid_size} tokens, default CFG {guidance})")
+    return 0
+
+
+def _cmd_generate_image(args: argparse.Namespace) -> int:
+    import torch
+
+    from vispec.pipelines import LlamaGenPipeline
+
+    if args.quiet:
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+    pipe = LlamaGenPipeline.from_pretrained(args.model)
+    pipe.set_progress_bar_config(disable=args.quiet)
+    if args.num_images < 1:
+        raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
+    generators = [torch.Generator().manual_seed(args.seed + i) for i in range(args.num_images)]
+    out = pipe(class_labels=[args.class_label] * args.num_images, guidance_scale=args.guidance_scale,
+               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, decoding=args.decoding,
+               generator=generators)
+    stem, ext = os.path.splitext(args.out)
+    for i, (image, stats) in enumerate(zip(out.images, out.stats)):
+        path = args.out if args.num_images == 1 else f"{stem}-{i}{ext or '.png'}"
+        image.save(path)
+        print(f"{path}: {stats['method']} NFE {stats['nfe']} for {stats['tokens']} tokens "
+              f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.2f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vispec", description="Many tokens per forward pass for visual AR models.")
     parser.add_argument("--version", action="version", version=f"vispec {__version__}")
@@ -115,6 +166,34 @@ def build_parser() -> argparse.ArgumentParser:
         sub_parser = trainers.add_parser(name, help=help_text)
         _add_dataclass_args(sub_parser, getattr(importlib.import_module(module), config_name))
         sub_parser.set_defaults(func=_cmd_train)
+    convert = sub.add_parser("convert", help="convert official checkpoints").add_subparsers(dest="convert", metavar="FAMILY")
+    llamagen = convert.add_parser("llamagen", help="LlamaGen GPT + VQ checkpoints -> a LlamaGenPipeline folder")
+    llamagen.add_argument("--gpt", required=True, help="GPT checkpoint (.pt, any official layout, or .safetensors)")
+    llamagen.add_argument("--vq", required=True, help="VQ checkpoint (vq_ds16_*.pt)")
+    llamagen.add_argument("--out", required=True, help="output pipeline folder")
+    llamagen.add_argument("--gpt-model", default=None, help="GPT-B, GPT-L, GPT-XL, ... (read from the checkpoint's args if absent)")
+    llamagen.add_argument("--n-head", type=int, default=None, help="head count, for GPT names vispec does not know")
+    llamagen.add_argument("--image-size", type=int, default=None, help="image size (needed for raw checkpoints)")
+    llamagen.add_argument("--num-classes", type=int, default=None)
+    llamagen.add_argument("--cls-token-num", type=int, default=None)
+    llamagen.add_argument("--vq-variant", default="VQ-16", help="VQ-16 or VQ-8")
+    llamagen.add_argument("--trust-pickle", action="store_true",
+                          help="allow checkpoints that pickle Python objects (official DDP files pickle their args); runs the pickle")
+    llamagen.set_defaults(func=_cmd_convert_llamagen)
+    generate = sub.add_parser("generate", help="generate samples").add_subparsers(dest="generate", metavar="KIND")
+    image = generate.add_parser("image", help="class-conditional images from a LlamaGen pipeline")
+    image.add_argument("--model", default="tiny-c2i", help="embedded model name or a pipeline folder (default: %(default)s)")
+    image.add_argument("--class", dest="class_label", type=int, required=True)
+    image.add_argument("--decoding", default=None, help="ar, sjd[-init], mc-sjd[-coupling] (default: the pipeline's)")
+    image.add_argument("--seed", type=int, default=0)
+    image.add_argument("--num-images", type=int, default=1)
+    image.add_argument("--guidance-scale", type=float, default=None)
+    image.add_argument("--temperature", type=float, default=None)
+    image.add_argument("--top-k", type=int, default=None)
+    image.add_argument("--top-p", type=float, default=None)
+    image.add_argument("--out", default="image.png")
+    image.add_argument("--quiet", action="store_true", help="no progress bar")
+    image.set_defaults(func=_cmd_generate_image)
     demo = sub.add_parser("demo", help="the main job: compare the decoders and write a report")
     demo.add_argument("--out", default="out/demo", help="report folder (default: %(default)s)")
     demo.set_defaults(func=_cmd_demo)
