@@ -64,6 +64,25 @@ def _cmd_bench_decoders(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_image(args: argparse.Namespace) -> int:
+    from vispec.eval.bench_decoders import write_json
+    from vispec.eval.bench_image import ImageBenchConfig, format_image_table, run_image_bench
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not methods:
+        raise ValueError("--methods is empty")
+    cfg = ImageBenchConfig(model=args.model, methods=methods, num_images=args.num_images, batch_size=args.batch_size,
+                           latency_images=args.latency_images, real_images=args.real_images, seed=args.seed,
+                           guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, evaluator=args.evaluator, device=args.device)
+    result = run_image_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_image_table(result))
+    write_json(result, args.json_path)
+    if args.json_path:
+        print(f"wrote {args.json_path}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from vispec.eval.demo import run_demo
 
@@ -158,6 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
     decoders = bench.add_parser("decoders", help="AR vs SJD vs MC-SJD on a randomly initialised LlamaGen GPT")
     _add_decoder_bench_args(decoders)
     decoders.set_defaults(func=_cmd_bench_decoders)
+    image_bench = bench.add_parser("image", help="speed, accuracy and FID of the decoders on a LlamaGen pipeline")
+    image_bench.add_argument("--model", default="tiny-c2i", help="embedded model or pipeline folder (default: %(default)s)")
+    image_bench.add_argument("--methods", default="ar,sjd,mc-sjd")
+    image_bench.add_argument("--num-images", type=int, default=1000, help="images per method for accuracy and FID")
+    image_bench.add_argument("--batch-size", type=int, default=32)
+    image_bench.add_argument("--latency-images", type=int, default=8, help="images decoded one at a time for batch-1 latency")
+    image_bench.add_argument("--real-images", type=int, default=1000, help="held-out real crops for FID")
+    image_bench.add_argument("--seed", type=int, default=0)
+    image_bench.add_argument("--guidance-scale", type=float, default=None)
+    image_bench.add_argument("--temperature", type=float, default=None)
+    image_bench.add_argument("--top-k", type=int, default=None)
+    image_bench.add_argument("--top-p", type=float, default=None)
+    image_bench.add_argument("--evaluator", default=None, help="CropClassifier folder (default: <model>/evaluator)")
+    image_bench.add_argument("--device", default="cpu")
+    image_bench.add_argument("--json", dest="json_path", default=None)
+    image_bench.set_defaults(func=_cmd_bench_image)
     train = sub.add_parser("train", help="train the embedded models (needs vispec[train])")
     trainers = train.add_subparsers(dest="train", metavar="MODEL")
     for name, (module, config_name, _, help_text) in TRAINERS.items():
