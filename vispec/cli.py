@@ -95,6 +95,7 @@ TRAINERS = {
     "vq": ("vispec.eval.train_vq", "VQTrainConfig", "train_vq", "the tiny-c2i VQ tokenizer"),
     "evaluator": ("vispec.eval.evaluator", "EvaluatorTrainConfig", "train_evaluator", "the tiny-c2i crop classifier (accuracy, FID features)"),
     "gpt": ("vispec.eval.train_gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
+    "assemble": ("vispec.eval.assemble", "AssembleConfig", "assemble", "write the trained parts as the embedded tiny-c2i pipeline"),
 }
 
 
