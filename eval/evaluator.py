@@ -79,7 +79,9 @@ class FIDFeatures(nn.Module):
 class EvaluatorTrainConfig:
     out: str = "out/tiny-c2i/evaluator"
     steps: int = 1500
-    batch_size: int = 64
+    batch_size: int = 32
+    width: int = 16
+    feature_dim: int = 128
     lr: float = 2e-3
     weight_decay: float = 0.05
     eval_images: int = 1400
@@ -93,7 +95,7 @@ def train_evaluator(cfg: EvaluatorTrainConfig) -> dict:
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     train, held_out = CropSampler("train"), CropSampler("eval")
-    model = CropClassifier(num_classes=train.num_classes).train()
+    model = CropClassifier(num_classes=train.num_classes, width=cfg.width, feature_dim=cfg.feature_dim).train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
     os.makedirs(cfg.out, exist_ok=True)

@@ -79,3 +79,27 @@ def test_fid_features_plug_into_torchmetrics():
     fid.update(real, real=True)
     fid.update(noise, real=False)
     assert abs(same) < 1e-2 < float(fid.compute())
+
+
+def test_assemble_and_bench_image_on_the_trained_parts(trained, tmp_path):
+    from vispec.eval.assemble import AssembleConfig, assemble
+    from vispec.eval.bench_image import ImageBenchConfig, format_image_table, run_image_bench
+    from vispec.pipelines import LlamaGenPipeline
+
+    root = trained[0]
+    folder = tmp_path / "tiny-c2i"
+    assemble(AssembleConfig(vq=str(root / "vq"), gpt=str(root / "gpt"), evaluator=str(root / "ev"), out=str(folder),
+                            guidance_scale=2.5, window=8))
+    assert (folder / "evaluator").is_dir() and "Training records" in (folder / "README.md").read_text()
+    pipe = LlamaGenPipeline.from_pretrained(folder)
+    assert pipe.decoding_config.sampling().guidance_scale == 2.5
+    result = run_image_bench(ImageBenchConfig(model=str(folder), methods=("ar", "mc-sjd"), num_images=4, batch_size=2,
+                                              latency_images=1, real_images=16), progress=lambda msg: None)
+    assert set(result["methods"]) == {"ar", "mc-sjd", "ar-reseed"}
+    for name in ("ar", "mc-sjd"):
+        row = result["methods"][name]
+        assert {"nfe", "step_compression", "latency_s", "speedup", "images_per_s", "accuracy", "fid", "peak_mem_mb"} <= set(row)
+        assert 0.0 <= row["accuracy"] <= 1.0 and row["nfe"] <= 256
+    assert result["methods"]["ar"]["step_compression"] == 1.0
+    assert set(result["noise"]) == {"fid_ar_vs_ar_reseed", "accuracy_ar_vs_ar_reseed"}
+    assert "ar-reseed" in format_image_table(result)
