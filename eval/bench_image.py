@@ -18,6 +18,7 @@ on held-out crops and the FID between two disjoint sets of held-out crops (the f
 
 from __future__ import annotations
 
+import copy
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -70,8 +71,8 @@ def _fid(evaluator, real: torch.Tensor, fake: torch.Tensor) -> float:
 
     from vispec.eval.evaluator import FIDFeatures
 
-    metric = FrechetInceptionDistance(feature=FIDFeatures(evaluator))
-    metric.set_dtype(torch.float64)
+    metric = FrechetInceptionDistance(feature=FIDFeatures(copy.deepcopy(evaluator)))
+    metric.set_dtype(torch.float64)  # casts the (copied) feature module too
     for lo in range(0, real.shape[0], 256):
         metric.update(real[lo : lo + 256], real=True)
     for lo in range(0, fake.shape[0], 256):

@@ -47,7 +47,7 @@ def decode_ar(
         draws = torch.full((batch,), t, dtype=torch.long, device=device)
         noise = exponentials(seeds, positions, Stream.SAMPLE, draws, vocab)
         tokens[:, t] = sample_from_weights(probs, noise)[:, 0]
-        if callback is not None:
+        if callback is not None and t > 0:  # step = forward passes after the prefill, as in SJD
             progress = torch.where(torch.arange(num_tokens, device=device) <= t, tokens, torch.full_like(tokens, -1))
             callback(t, torch.full((batch,), t + 1, dtype=torch.long, device=device), progress)
     elapsed = clock.now()
