@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from diffusers import VQModel
 
 from vispec.decoding import DecodingConfig
+from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.eval.data import CLASS_NAMES
 from vispec.eval.evaluator import CropClassifier
 from vispec.models.llamagen_gpt import LlamaGenGPT
@@ -47,9 +48,9 @@ def _train_metrics(folder: str) -> dict:
 def assemble(cfg: AssembleConfig) -> dict:
     from vispec.pipelines import LlamaGenPipeline
 
-    transformer = LlamaGenGPT.from_pretrained(cfg.gpt).eval()
-    vqvae = VQModel.from_pretrained(cfg.vq).eval()
-    evaluator = CropClassifier.from_pretrained(cfg.evaluator).eval()
+    transformer = LlamaGenGPT.from_pretrained(cfg.gpt, **diffusers_load_kwargs()).eval()
+    vqvae = VQModel.from_pretrained(cfg.vq, **diffusers_load_kwargs()).eval()
+    evaluator = CropClassifier.from_pretrained(cfg.evaluator, **diffusers_load_kwargs()).eval()
     if vqvae.config.num_vq_embeddings != transformer.config.vocab_size:
         raise ValueError(f"VQ codebook ({vqvae.config.num_vq_embeddings}) != GPT vocabulary ({transformer.config.vocab_size})")
     decoding = DecodingConfig(strategy="mc-sjd", window=cfg.window, init=cfg.init, guidance_scale=cfg.guidance_scale,

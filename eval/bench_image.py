@@ -85,6 +85,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
 
     from vispec.eval.data import CropSampler
     from vispec.eval.evaluator import CropClassifier, classify_accuracy
+    from vispec.models.checkpoints import diffusers_load_kwargs
     from vispec.pipelines import LlamaGenPipeline
     from vispec.pipelines.llamagen import resolve_model_path
 
@@ -97,7 +98,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     evaluator_path = cfg.evaluator or os.path.join(folder, "evaluator")
     if not os.path.isdir(evaluator_path):
         raise ValueError(f"no evaluator at {evaluator_path}: pass --evaluator (a CropClassifier folder)")
-    evaluator = CropClassifier.from_pretrained(evaluator_path).eval()
+    evaluator = CropClassifier.from_pretrained(evaluator_path, **diffusers_load_kwargs()).eval()
     num_classes = pipe.transformer.config.num_classes
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))
     for method in methods:

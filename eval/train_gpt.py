@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from diffusers import VQModel
 from tqdm.auto import tqdm
 
+from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.eval.data import CropSampler, to_model_range
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import encode_to_tokens
@@ -66,7 +67,7 @@ def build_gpt(cfg: GPTTrainConfig, vocab_size: int, num_classes: int) -> LlamaGe
 
 def train_gpt(cfg: GPTTrainConfig) -> dict:
     torch.manual_seed(cfg.seed)
-    vq = VQModel.from_pretrained(cfg.vq).eval()
+    vq = VQModel.from_pretrained(cfg.vq, **diffusers_load_kwargs()).eval()
     os.makedirs(cfg.out, exist_ok=True)
     cache = os.path.join(cfg.out, f"tokens_{cfg.num_sequences}_{cfg.seed}.pt")
     if os.path.exists(cache):

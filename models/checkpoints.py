@@ -80,3 +80,11 @@ def _unwrap_state_dict(obj: Any, path: str) -> dict[str, torch.Tensor]:
             f"found keys {sorted(map(str, obj))[:10]}"
         )
     return tensors
+
+
+def diffusers_load_kwargs() -> dict[str, Any]:
+    """Keyword arguments for diffusers ``from_pretrained`` calls: without ``accelerate`` installed,
+    ``low_cpu_mem_usage=False`` (what diffusers falls back to anyway, minus a warning on every load)."""
+    import importlib.util
+
+    return {} if importlib.util.find_spec("accelerate") is not None else {"low_cpu_mem_usage": False}

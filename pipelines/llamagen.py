@@ -14,7 +14,6 @@ decoder and returns images with per-image decoding statistics.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -28,6 +27,7 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
 from vispec.decoding import DecodingConfig, decode
+from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
 
@@ -39,11 +39,13 @@ def resolve_model_path(name_or_path: Union[str, os.PathLike]) -> str:
     """A local pipeline folder for an embedded model name (``"vispec/tiny-c2i"`` or ``"tiny-c2i"``) or a path."""
     name = os.fspath(name_or_path)
     if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "model_index.json")):
+            raise ValueError(f"{name} is not a pipeline folder (no model_index.json)")
         return name
     key = name if name in EMBEDDED_MODELS else f"vispec/{name}"
     if key in EMBEDDED_MODELS:
         path = resources.files("vispec.models") / "pretrained" / EMBEDDED_MODELS[key]
-        if not path.is_dir():
+        if not (path / "model_index.json").is_file():
             raise ValueError(f"embedded model {name!r} is not installed with this copy of vispec (expected {path})")
         return str(path)
     raise ValueError(
@@ -74,8 +76,7 @@ class LlamaGenPipeline(DiffusionPipeline):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "LlamaGenPipeline":
         """Load a saved pipeline folder, or an embedded model by name (``"vispec/tiny-c2i"``), offline."""
-        if importlib.util.find_spec("accelerate") is None:
-            kwargs.setdefault("low_cpu_mem_usage", False)  # diffusers would warn on every load otherwise
+        kwargs = {**diffusers_load_kwargs(), **kwargs}
         return super().from_pretrained(resolve_model_path(pretrained_model_name_or_path), **kwargs)
 
     # ------------------------------------------------------------------ inputs
