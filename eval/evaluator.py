@@ -12,10 +12,9 @@ Two uses:
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +22,8 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import Tensor, nn
 from tqdm.auto import tqdm
+
+from vispec.eval.training import warmup_cosine, write_record
 
 
 def _block(cin: int, cout: int) -> nn.Sequential:
@@ -97,7 +98,7 @@ def train_evaluator(cfg: EvaluatorTrainConfig) -> dict:
     train, held_out = CropSampler("train"), CropSampler("eval")
     model = CropClassifier(num_classes=train.num_classes, width=cfg.width, feature_dim=cfg.feature_dim).train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
+    sched = warmup_cosine(opt, cfg.steps, warmup=100)
     os.makedirs(cfg.out, exist_ok=True)
     start = time.time()
     with open(os.path.join(cfg.out, "train_log.jsonl"), "w") as log:
@@ -115,8 +116,7 @@ def train_evaluator(cfg: EvaluatorTrainConfig) -> dict:
     accuracy = classify_accuracy(model, *held_out.sample(cfg.eval_images, torch.Generator().manual_seed(cfg.seed + 1), labels=torch.arange(cfg.eval_images) % held_out.num_classes))
     metrics = {"train_minutes": round((time.time() - start) / 60, 1), "held_out_accuracy": accuracy, "held_out_images": cfg.eval_images}
     model.save_pretrained(cfg.out)
-    with open(os.path.join(cfg.out, "train_config.json"), "w") as handle:
-        json.dump({"config": asdict(cfg), "metrics": metrics}, handle, indent=2)
+    write_record(cfg.out, cfg, metrics)
     return metrics
 
 

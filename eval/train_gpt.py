@@ -9,15 +9,16 @@ crops (scale jitter, flips) encoded by the trained VQ tokenizer.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from diffusers import VQModel
 from tqdm.auto import tqdm
+
+from vispec.eval.training import warmup_cosine, write_record
 
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.eval.data import CropSampler, to_model_range
@@ -81,7 +82,7 @@ def train_gpt(cfg: GPTTrainConfig) -> dict:
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))))
+    sched = warmup_cosine(opt, cfg.steps, warmup=100, floor=0.1)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     start = time.time()
     with open(os.path.join(cfg.out, "train_log.jsonl"), "w") as log:
@@ -104,6 +105,5 @@ def train_gpt(cfg: GPTTrainConfig) -> dict:
     metrics = {"train_minutes": round((time.time() - start) / 60, 1), "final_loss": loss.item(),
                "parameters": sum(p.numel() for p in gpt.parameters())}
     gpt.save_pretrained(cfg.out)
-    with open(os.path.join(cfg.out, "train_config.json"), "w") as handle:
-        json.dump({"config": asdict(cfg), "metrics": metrics}, handle, indent=2)
+    write_record(cfg.out, cfg, metrics)
     return metrics

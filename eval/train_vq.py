@@ -19,12 +19,14 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from diffusers import VQModel
 from tqdm.auto import tqdm
+
+from vispec.eval.training import warmup_cosine, write_record
 
 from vispec.eval.data import CropSampler, to_model_range
 from vispec.models.llamagen_vq import llamagen_vq_config
@@ -95,7 +97,7 @@ def train_vq(cfg: VQTrainConfig) -> dict:
     train, held_out = CropSampler("train"), CropSampler("eval")
     vq = build_vq(cfg).train()
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
+    sched = warmup_cosine(opt, cfg.steps, warmup=200)
     os.makedirs(cfg.out, exist_ok=True)
     log_path = os.path.join(cfg.out, "train_log.jsonl")
     last_used = torch.zeros(cfg.codebook_size, dtype=torch.long)
@@ -133,6 +135,5 @@ def train_vq(cfg: VQTrainConfig) -> dict:
         vq.quantize.embedding.weight.copy_(F.normalize(vq.quantize.embedding.weight, dim=1))
     metrics = {"train_minutes": round((time.time() - start) / 60, 1), "held_out": evaluate(vq, held_out, cfg.eval_images, cfg.seed + 1)}
     vq.save_pretrained(cfg.out)
-    with open(os.path.join(cfg.out, "train_config.json"), "w") as handle:
-        json.dump({"config": asdict(cfg), "metrics": metrics}, handle, indent=2)
+    write_record(cfg.out, cfg, metrics)
     return metrics
