@@ -16,6 +16,14 @@ from typing import Optional, Sequence
 from vispec.version import __version__
 
 
+def _method_list(text: str) -> tuple[str, ...]:
+    """``--methods a,b,c`` as a tuple; an empty list is a user error."""
+    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not methods:
+        raise ValueError("--methods is empty")
+    return methods
+
+
 def _add_decoder_bench_args(parser: argparse.ArgumentParser) -> None:
     from vispec.eval.bench_decoders import ALL_METHODS, DecoderBenchConfig
 
@@ -42,9 +50,7 @@ def _add_decoder_bench_args(parser: argparse.ArgumentParser) -> None:
 def _decoder_bench_config(args: argparse.Namespace):
     from vispec.eval.bench_decoders import DecoderBenchConfig
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    if not methods:
-        raise ValueError("--methods is empty")
+    methods = _method_list(args.methods)
     return DecoderBenchConfig(
         model=args.model, vocab_size=args.vocab_size, image_tokens=args.image_tokens, num_classes=args.num_classes,
         init_std=args.init_std, methods=methods, window=args.window, num_images=args.num_images,
@@ -68,9 +74,7 @@ def _cmd_bench_image(args: argparse.Namespace) -> int:
     from vispec.eval.bench_decoders import write_json
     from vispec.eval.bench_image import ImageBenchConfig, format_image_table, run_image_bench
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    if not methods:
-        raise ValueError("--methods is empty")
+    methods = _method_list(args.methods)
     cfg = ImageBenchConfig(model=args.model, methods=methods, num_images=args.num_images, batch_size=args.batch_size,
                            latency_images=args.latency_images, real_images=args.real_images, seed=args.seed,
                            guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
