@@ -10,10 +10,18 @@ Per method:
   ``FrechetInceptionDistance(feature=...)``; only comparable within this benchmark);
 * peak memory (RSS on CPU, max allocated on CUDA).
 
-Sampling noise: SJD and MC-SJD are exact, so their quality must match AR up to sampling noise. The row
-``ar-reseed`` repeats AR with other seeds, and ``noise`` reports |FID(ar) - FID(ar-reseed)| and the
-accuracy difference: the yardstick for differences between methods. ``real`` reports the evaluator
-on held-out crops and the FID between two disjoint sets of held-out crops (the floor).
+Sampling noise: SJD and MC-SJD are exact, so their quality must match AR up to sampling noise. AR is
+repeated ``noise_repeats`` more times with disjoint seeds (rows ``ar-reseed-k``); ``noise`` holds the
+mean and standard deviation of FID and accuracy over the ``1 + noise_repeats`` AR runs and the
+half-width of the 95% prediction interval for one further run at the same settings,
+``t_{0.975, R} * sd * sqrt(1 + 1 / (R + 1))`` with ``R + 1`` AR runs. Each method's row gets its
+distance from the AR mean in standard deviations (``fid_z``, ``accuracy_z``) and whether it lies
+inside that interval (``fid_within_noise``, ``accuracy_within_noise``): the yardstick for
+differences between methods. ``real`` reports the evaluator on held-out crops and the FID between
+two disjoint sets of held-out crops (the floor).
+
+Method labels follow :meth:`vispec.decoding.DecodingConfig.parse`; ``:window=N`` compares windows
+(e.g. ``sjd:window=4``).
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ import torch
 from vispec.eval.memory import PeakMemory
 
 SEED_STRIDE = 1_000_003
+RESEED_OFFSET = 2**40  # AR re-seed k uses seeds + k * RESEED_OFFSET: disjoint from every benchmark seed
+# two-sided 95% Student t quantiles t_{0.975, df}, df = 1..10 (beyond: the normal 1.96 is within 10%)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
 @dataclass
@@ -37,8 +48,9 @@ class ImageBenchConfig:
     methods: tuple[str, ...] = ("ar", "sjd", "mc-sjd")
     num_images: int = 1000
     batch_size: int = 32
-    latency_images: int = 8
+    latency_images: int = 16
     real_images: int = 1000
+    noise_repeats: int = 3
     seed: int = 0
     guidance_scale: Optional[float] = None
     temperature: Optional[float] = None
@@ -49,7 +61,7 @@ class ImageBenchConfig:
     extra: dict = field(default_factory=dict)
 
 
-def _generate(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_size: int, cfg: ImageBenchConfig):
+def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_size: int, cfg: ImageBenchConfig):
     """uint8 images, per-image stats, wall time."""
     from vispec.models.llamagen_vq import decode_tokens, to_uint8
 
@@ -66,7 +78,7 @@ def _generate(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_s
     return torch.cat(images), stats, time.perf_counter() - start
 
 
-def _fid(evaluator, real: torch.Tensor, fake: torch.Tensor) -> float:
+def fid_score(evaluator, real: torch.Tensor, fake: torch.Tensor) -> float:
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     from vispec.eval.evaluator import FIDFeatures
@@ -89,7 +101,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     from vispec.pipelines import LlamaGenPipeline
     from vispec.pipelines.llamagen import resolve_model_path
 
-    for name in ("num_images", "batch_size", "latency_images", "real_images"):
+    for name in ("num_images", "batch_size", "latency_images", "real_images", "noise_repeats"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     folder = resolve_model_path(cfg.model)
@@ -110,7 +122,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     real, _ = held_out.sample(2 * cfg.real_images, torch.Generator().manual_seed(cfg.seed + 7), labels=real_labels)
     real_a, real_b = real[: cfg.real_images], real[cfg.real_images :]
     real_stats = {"accuracy": classify_accuracy(evaluator, real_a, real_labels[: cfg.real_images]),
-                  "fid_real_vs_real": _fid(evaluator, real_a, real_b), "images": cfg.real_images}
+                  "fid_real_vs_real": fid_score(evaluator, real_a, real_b), "images": cfg.real_images}
     progress(f"real held-out crops: accuracy {real_stats['accuracy']:.3f}, FID real vs real {real_stats['fid_real_vs_real']:.3f}")
 
     labels = torch.arange(cfg.num_images) % num_classes
@@ -118,39 +130,46 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     results: dict[str, dict] = {}
     warm = pipe(class_labels=[0], decoding="sjd", output_type="latent")  # warm-up, not timed
     del warm
-    for method in methods + ["ar-reseed"]:
-        decoding = "ar" if method == "ar-reseed" else method
+    reseeds = [f"ar-reseed-{k}" for k in range(1, cfg.noise_repeats + 1)]
+    for method in methods + reseeds:
+        reseed = int(method.rsplit("-", 1)[1]) if method in reseeds else 0
+        decoding = "ar" if reseed else method
         row: dict = {}
         with PeakMemory(cfg.device) as memory:
-            if method != "ar-reseed":
+            if not reseed:
                 progress(f"{method}: batch-1 latency on {cfg.latency_images} images ...")
-                _, stats1, _ = _generate(pipe, decoding, labels[: cfg.latency_images], seeds[: cfg.latency_images], 1, cfg)
+                _, stats1, _ = generate_uint8(pipe, decoding, labels[: cfg.latency_images], seeds[: cfg.latency_images], 1, cfg)
                 row["nfe"] = sum(s["nfe"] for s in stats1) / len(stats1)
                 row["latency_s"] = sum(s["latency_s"] for s in stats1) / len(stats1)
                 row["images_per_s_batch1"] = 1.0 / row["latency_s"]
-            run_seeds = [s + SEED_STRIDE // 2 for s in seeds] if method == "ar-reseed" else seeds
+            run_seeds = [s + reseed * RESEED_OFFSET for s in seeds]
             progress(f"{method}: {cfg.num_images} images at batch {cfg.batch_size} ...")
-            images, stats, wall = _generate(pipe, decoding, labels, run_seeds, cfg.batch_size, cfg)
+            images, stats, wall = generate_uint8(pipe, decoding, labels, run_seeds, cfg.batch_size, cfg)
         row.update(
             nfe_batched=sum(s["nfe"] for s in stats) / len(stats),
             latency_s_batched=sum(s["latency_s"] for s in stats) / len(stats),
             images_per_s=cfg.num_images / wall,
             accuracy=classify_accuracy(evaluator, images, labels),
-            fid=_fid(evaluator, real_a, images),
+            fid=fid_score(evaluator, real_a, images),
             peak_mem_mb=memory.peak_mb,
         )
-        if method == "ar-reseed":
+        if reseed:
             row = {k: row[k] for k in ("accuracy", "fid", "nfe_batched", "images_per_s", "peak_mem_mb")}
         results[method] = row
         progress(f"{method}: accuracy {row['accuracy']:.3f}, FID {row['fid']:.3f}")
     ar = results["ar"]
+    noise = sampling_noise([results[m] for m in ["ar"] + reseeds])
     for method in methods:
         row = results[method]
         row["step_compression"] = ar["nfe"] / row["nfe"]
         row["speedup"] = ar["latency_s"] / row["latency_s"]
         row["speedup_batched"] = row["images_per_s"] / ar["images_per_s"]
-    noise = {"fid_ar_vs_ar_reseed": abs(ar["fid"] - results["ar-reseed"]["fid"]),
-             "accuracy_ar_vs_ar_reseed": abs(ar["accuracy"] - results["ar-reseed"]["accuracy"])}
+        row["speedup_vs_compression"] = row["speedup"] / row["step_compression"]
+        for metric in ("fid", "accuracy"):
+            deviation = row[metric] - noise[f"{metric}_mean"]
+            sd = noise[f"{metric}_sd"]
+            row[f"{metric}_z"] = deviation / sd if sd > 0 else 0.0
+            row[f"{metric}_within_noise"] = abs(deviation) <= noise[f"{metric}_interval"]
     sampling = pipe.decoding_config.sampling(guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     config = {k: v for k, v in asdict(cfg).items() if k != "extra"}
     config.update(methods=methods, sampling=sampling.to_dict(), window=pipe.decoding_config.config.window,
@@ -160,18 +179,36 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     return {"config": config, "methods": results, "noise": noise, "real": real_stats}
 
 
+def sampling_noise(ar_rows: list[dict]) -> dict:
+    """Mean, sd and 95% prediction half-width of FID and accuracy over repeated AR runs (module docstring)."""
+    runs = len(ar_rows)
+    t = _T975[runs - 2] if runs - 1 <= len(_T975) else 1.96
+    noise: dict = {"ar_runs": runs}
+    for metric in ("fid", "accuracy"):
+        values = torch.tensor([r[metric] for r in ar_rows], dtype=torch.float64)
+        sd = float(values.std(unbiased=True))
+        noise[f"{metric}_values"] = values.tolist()
+        noise[f"{metric}_mean"] = float(values.mean())
+        noise[f"{metric}_sd"] = sd
+        noise[f"{metric}_interval"] = t * sd * (1 + 1 / runs) ** 0.5
+    return noise
+
+
 def format_image_table(result: dict) -> str:
-    header = (f"{'method':<14} {'nfe':>7} {'step x':>7} {'lat s':>7} {'speedup':>8} {'img/s@B':>8} {'x@B':>6} "
-              f"{'acc':>6} {'FID':>8} {'MB':>6}")
+    header = (f"{'method':<18} {'nfe':>7} {'step x':>7} {'lat s':>7} {'speedup':>8} {'sp/step':>7} {'img/s@B':>8} {'x@B':>6} "
+              f"{'acc':>6} {'FID':>8} {'FID z':>6} {'MB':>6}")
     lines = [header, "-" * len(header)]
     for name, r in result["methods"].items():
-        if name == "ar-reseed":
-            lines.append(f"{name:<14} {'':>7} {'':>7} {'':>7} {'':>8} {r['images_per_s']:>8.2f} {'':>6} "
-                         f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {r['peak_mem_mb']:>6.0f}")
+        if name.startswith("ar-reseed"):
+            lines.append(f"{name:<18} {'':>7} {'':>7} {'':>7} {'':>8} {'':>7} {r['images_per_s']:>8.2f} {'':>6} "
+                         f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {'':>6} {r['peak_mem_mb']:>6.0f}")
             continue
-        lines.append(f"{name:<14} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>7.3f} {r['speedup']:>8.2f} "
-                     f"{r['images_per_s']:>8.2f} {r['speedup_batched']:>6.2f} {r['accuracy']:>6.3f} {r['fid']:>8.3f} {r['peak_mem_mb']:>6.0f}")
+        lines.append(f"{name:<18} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>7.3f} {r['speedup']:>8.2f} "
+                     f"{r['speedup_vs_compression']:>7.2f} {r['images_per_s']:>8.2f} {r['speedup_batched']:>6.2f} "
+                     f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {r['fid_z']:>6.2f} {r['peak_mem_mb']:>6.0f}")
     noise, real = result["noise"], result["real"]
-    lines.append(f"noise (AR vs AR, other seeds): |dFID| {noise['fid_ar_vs_ar_reseed']:.3f}, |dacc| {noise['accuracy_ar_vs_ar_reseed']:.3f}; "
-                 f"real held-out crops: acc {real['accuracy']:.3f}, FID real vs real {real['fid_real_vs_real']:.3f}")
+    lines.append(f"AR sampling noise over {noise['ar_runs']} runs: FID {noise['fid_mean']:.3f} +- {noise['fid_sd']:.3f} "
+                 f"(95% interval +-{noise['fid_interval']:.3f}), accuracy {noise['accuracy_mean']:.3f} +- {noise['accuracy_sd']:.3f} "
+                 f"(+-{noise['accuracy_interval']:.3f})")
+    lines.append(f"real held-out crops: accuracy {real['accuracy']:.3f}, FID real vs real {real['fid_real_vs_real']:.3f}")
     return "\n".join(lines)

@@ -51,20 +51,20 @@ def philox4x32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> 
     (two's complement), which keeps the bit pattern of the unsigned product, so ``(p >> 32) & M``
     is its high word and ``p & M`` its low word (pinned by the known-answer and Triton tests).
     """
-    k0 = seed & _MASK32  # keys stay at the seeds' (small) shape
-    k1 = (seed >> 32) & _MASK32
+    # key schedule for all rounds at once, at the seeds' (small) shape: [..., N_ROUNDS]
+    bumps = torch.arange(N_ROUNDS, dtype=torch.int64, device=seed.device)
+    k0s = ((seed & _MASK32)[..., None] + bumps * _KEY_A) & _MASK32
+    k1s = (((seed >> 32) & _MASK32)[..., None] + bumps * _KEY_B) & _MASK32
     x0, x1, x2, x3 = (c & _MASK32 for c in (c0, c1, c2, c3))
-    for _ in range(N_ROUNDS):
+    for r in range(N_ROUNDS):
         prod_b = x2 * _ROUND_B
         prod_a = x0 * _ROUND_A
-        x0 = ((prod_b >> 32) & _MASK32) ^ x1 ^ k0
-        x2 = ((prod_a >> 32) & _MASK32) ^ x3 ^ k1
+        x0 = ((prod_b >> 32) & _MASK32) ^ x1 ^ k0s[..., r]
+        x2 = ((prod_a >> 32) & _MASK32) ^ x3 ^ k1s[..., r]
         x1 = prod_b & _MASK32
         x3 = prod_a & _MASK32
-        k0 = (k0 + _KEY_A) & _MASK32
-        k1 = (k1 + _KEY_B) & _MASK32
-    shape = torch.broadcast_shapes(seed.shape, c0.shape, c1.shape, c2.shape, c3.shape)
-    return tuple(torch.broadcast_to(x, shape) for x in (x0, x1, x2, x3))  # type: ignore[return-value]
+    # ten rounds mix every input into every word, so all four already have the broadcast shape
+    return x0, x1, x2, x3
 
 
 def philox_uint32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> Tensor:
@@ -76,6 +76,7 @@ def vocab_words(seeds: Tensor, positions: Tensor, stream_t: Tensor, draws: Tenso
     """``[B, W, V]`` words for every vocabulary entry: entry ``v`` is word ``v % 4`` of the Philox
     block with ``c0 = v // 4`` (one Philox evaluation serves four entries, like ``tl.randint4x``)."""
     blocks = torch.arange((vocab_size + 3) // 4, dtype=torch.int64, device=positions.device)
+    stream_t = stream_t[..., None] if stream_t.dim() else stream_t
     words = philox4x32(seeds[:, None, None], blocks, positions[..., None], stream_t, draws[..., None])
     return torch.stack(words, dim=-1).flatten(-2)[..., :vocab_size]
 
@@ -90,13 +91,20 @@ def uniform_from_words(x: Tensor) -> Tensor:
     return ((x >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
 
 
-def uniforms(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vocab_size: int | None = None) -> Tensor:
+def _stream_tensor(stream: "Stream | Tensor", positions: Tensor) -> Tensor:
+    if isinstance(stream, Tensor):
+        return stream.to(device=positions.device, dtype=torch.int64).expand_as(positions)
+    return torch.tensor(int(stream), dtype=torch.int64, device=positions.device)
+
+
+def uniforms(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draws: Tensor, vocab_size: int | None = None) -> Tensor:
     """Uniforms keyed by sample seed, absolute position, stream and draw index.
 
     Args:
         seeds: ``[B]`` int64 seeds, one per sample.
         positions: ``[B, W]`` absolute token positions.
-        stream: the purpose (:class:`Stream`).
+        stream: the purpose (:class:`Stream`), or an int64 tensor broadcastable to ``positions``
+            with one stream per row (so one Philox evaluation serves rows of several purposes).
         draws: ``[B]`` or ``[B, W]`` draw counters (a sample's forward-pass count, so a position
             verified again in a later pass gets fresh numbers).
         vocab_size: if given, returns ``[B, W, V]`` (one number per vocabulary entry, from
@@ -107,7 +115,7 @@ def uniforms(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vo
     draws = draws.to(torch.int64)
     if draws.dim() == 1:
         draws = draws[:, None].expand_as(positions)
-    stream_t = torch.tensor(int(stream), dtype=torch.int64, device=positions.device)
+    stream_t = _stream_tensor(stream, positions)
     if vocab_size is None:
         words = philox_uint32(seeds[:, None], torch.zeros_like(positions), positions, stream_t, draws)
     else:
@@ -115,7 +123,7 @@ def uniforms(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vo
     return uniform_from_words(words)
 
 
-def exponentials(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, vocab_size: int) -> Tensor:
+def exponentials(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draws: Tensor, vocab_size: int) -> Tensor:
     """``[B, W, V]`` standard exponentials ``-log(u)`` (float32) for exponential-race sampling."""
     return -torch.log(uniforms(seeds, positions, stream, draws, vocab_size))
 

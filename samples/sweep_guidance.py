@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from vispec.eval.bench_image import ImageBenchConfig, _fid, _generate
+from vispec.eval.bench_image import ImageBenchConfig, fid_score, generate_uint8
 from vispec.eval.data import CropSampler
 from vispec.eval.evaluator import CropClassifier, classify_accuracy
 from vispec.pipelines import LlamaGenPipeline
@@ -37,10 +37,10 @@ def main() -> None:
     for temperature in (float(t) for t in args.temperatures.split(",")):
         for scale in (float(s) for s in args.scales.split(",")):
             cfg = ImageBenchConfig(guidance_scale=scale, temperature=temperature)
-            images, stats, _ = _generate(pipe, "mc-sjd", labels, list(range(args.images)), 70, cfg)
+            images, stats, _ = generate_uint8(pipe, "mc-sjd", labels, list(range(args.images)), 70, cfg)
             tpf = sum(s["tokens_per_forward"] for s in stats) / len(stats)
             print(f"{scale:>5.2f} {temperature:>5.2f} {classify_accuracy(evaluator, images, labels):>9.3f} "
-                  f"{_fid(evaluator, real, images):>8.3f} {tpf:>10.2f}", flush=True)
+                  f"{fid_score(evaluator, real, images):>8.3f} {tpf:>10.2f}", flush=True)
 
 
 if __name__ == "__main__":

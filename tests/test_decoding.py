@@ -171,3 +171,16 @@ def test_bfloat16_model_decodes(model):
     out = decode(bf16, LlamaGenCondition(class_labels=torch.tensor([0, 1])), num_tokens=16, sampling=SAMPLING,
                  decoding="mc-sjd", generator=_gens([0, 1]))
     assert out.tokens.shape == (2, 16) and bool(((out.tokens >= 0) & (out.tokens < 16)).all())
+
+
+def test_decoding_label_options():
+    from vispec.decoding import DecodingConfig
+
+    base = DecodingConfig(strategy="mc-sjd", window=16, guidance_scale=3.0)
+    cfg = DecodingConfig.parse("sjd-vertical:window=4", base=base)
+    assert (cfg.config.strategy, cfg.config.init, cfg.config.window, cfg.config.guidance_scale) == ("sjd", "vertical", 4, 3.0)
+    assert DecodingConfig.parse("mc-sjd:coupling=gumbel,window=8", base=base).name == "mc-sjd-gumbel"
+    for bad, words in (("sjd:window=x", "window must be an integer"), ("sjd:size=3", "options must be key=value"),
+                       ("sjd:window", "options must be key=value"), ("sjd:window=0", "window must be an integer >= 1")):
+        with pytest.raises(ValueError, match=words):
+            DecodingConfig.parse(bad, base=base)

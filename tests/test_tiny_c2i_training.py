@@ -93,13 +93,18 @@ def test_assemble_and_bench_image_on_the_trained_parts(trained, tmp_path):
     assert (folder / "evaluator").is_dir() and "Training records" in (folder / "README.md").read_text()
     pipe = LlamaGenPipeline.from_pretrained(folder)
     assert pipe.decoding_config.sampling().guidance_scale == 2.5
-    result = run_image_bench(ImageBenchConfig(model=str(folder), methods=("ar", "mc-sjd"), num_images=4, batch_size=2,
-                                              latency_images=1, real_images=16), progress=lambda msg: None)
-    assert set(result["methods"]) == {"ar", "mc-sjd", "ar-reseed"}
-    for name in ("ar", "mc-sjd"):
+    result = run_image_bench(ImageBenchConfig(model=str(folder), methods=("ar", "mc-sjd", "sjd:window=3"), num_images=4,
+                                              batch_size=2, latency_images=1, real_images=16, noise_repeats=2),
+                             progress=lambda msg: None)
+    assert set(result["methods"]) == {"ar", "mc-sjd", "sjd:window=3", "ar-reseed-1", "ar-reseed-2"}
+    for name in ("ar", "mc-sjd", "sjd:window=3"):
         row = result["methods"][name]
         assert {"nfe", "step_compression", "latency_s", "speedup", "images_per_s", "accuracy", "fid", "peak_mem_mb"} <= set(row)
         assert 0.0 <= row["accuracy"] <= 1.0 and row["nfe"] <= 256
     assert result["methods"]["ar"]["step_compression"] == 1.0
-    assert set(result["noise"]) == {"fid_ar_vs_ar_reseed", "accuracy_ar_vs_ar_reseed"}
-    assert "ar-reseed" in format_image_table(result)
+    noise = result["noise"]
+    assert noise["ar_runs"] == 3 and len(noise["fid_values"]) == 3
+    assert noise["fid_values"][0] == result["methods"]["ar"]["fid"]
+    assert noise["fid_sd"] > 0 and noise["fid_interval"] > noise["fid_sd"]
+    assert isinstance(result["methods"]["mc-sjd"]["fid_within_noise"], bool)
+    assert "ar-reseed-2" in format_image_table(result) and "AR sampling noise over 3 runs" in format_image_table(result)

@@ -76,7 +76,8 @@ def _cmd_bench_image(args: argparse.Namespace) -> int:
 
     methods = _method_list(args.methods)
     cfg = ImageBenchConfig(model=args.model, methods=methods, num_images=args.num_images, batch_size=args.batch_size,
-                           latency_images=args.latency_images, real_images=args.real_images, seed=args.seed,
+                           latency_images=args.latency_images, real_images=args.real_images,
+                           noise_repeats=args.noise_repeats, seed=args.seed,
                            guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, evaluator=args.evaluator, device=args.device)
     result = run_image_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -184,10 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     decoders.set_defaults(func=_cmd_bench_decoders)
     image_bench = bench.add_parser("image", help="speed, accuracy and FID of the decoders on a LlamaGen pipeline")
     image_bench.add_argument("--model", default="tiny-c2i", help="embedded model or pipeline folder (default: %(default)s)")
-    image_bench.add_argument("--methods", default="ar,sjd,mc-sjd")
+    image_bench.add_argument("--methods", default="ar,sjd,mc-sjd",
+                             help="decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4 (default: %(default)s)")
     image_bench.add_argument("--num-images", type=int, default=1000, help="images per method for accuracy and FID")
     image_bench.add_argument("--batch-size", type=int, default=32)
-    image_bench.add_argument("--latency-images", type=int, default=8, help="images decoded one at a time for batch-1 latency")
+    image_bench.add_argument("--latency-images", type=int, default=16, help="images decoded one at a time for batch-1 latency")
+    image_bench.add_argument("--noise-repeats", type=int, default=3, help="extra AR runs with other seeds for the FID/accuracy noise")
     image_bench.add_argument("--real-images", type=int, default=1000, help="held-out real crops for FID")
     image_bench.add_argument("--seed", type=int, default=0)
     image_bench.add_argument("--guidance-scale", type=float, default=None)

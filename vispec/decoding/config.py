@@ -82,20 +82,45 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         """A config from a config, a strategy name (``"sjd"``) or a label (``"sjd-vertical"``, ``"mc-sjd-gumbel"``).
 
         A name keeps ``base``'s other settings (window, initialisation, sampling defaults) but takes its
-        strategy and the strategy's default coupling unless the label names one.
+        strategy and the strategy's default coupling unless the label names one. A label may end in
+        ``:key=value`` options for the integer and string settings, e.g. ``"sjd:window=4"`` or
+        ``"mc-sjd-gumbel:window=8,init=vertical"`` (benchmarks compare windows this way).
         """
         if isinstance(value, DecodingConfig):
             return cls.from_config({**value.config, **overrides}) if overrides else value
         if not isinstance(value, str):
             raise ValueError(f"decoding must be a DecodingConfig or a string, got {type(value).__name__}")
+        label, _, options = value.partition(":")
         settings = {k: v for k, v in dict(base.config).items() if not k.startswith("_")} if base is not None else {}
         for strategy in ("mc-sjd", "sjd", "ar"):
-            if value == strategy or value.startswith(strategy + "-"):
+            if label == strategy or label.startswith(strategy + "-"):
                 settings.update(strategy=strategy, coupling=None)
-                suffix = value[len(strategy) + 1 :]
+                suffix = label[len(strategy) + 1 :]
                 if suffix:
                     settings["coupling" if strategy == "mc-sjd" else "init"] = suffix
                 if strategy == "ar" and suffix:
                     break
+                settings.update(_parse_options(value, options))
                 return cls(**{**settings, **overrides})
-        raise ValueError(f"unknown decoding {value!r}; expected ar, sjd[-random|-horizontal|-vertical] or mc-sjd[-maximal|-gumbel]")
+        raise ValueError(f"unknown decoding {value!r}; expected ar, sjd[-random|-horizontal|-vertical] or mc-sjd[-maximal|-gumbel], "
+                         "optionally followed by ':window=N'")
+
+
+_LABEL_OPTIONS = {"window": int, "init": str, "coupling": str}
+
+
+def _parse_options(value: str, options: str) -> dict:
+    """``"window=4,init=vertical"`` -> ``{"window": 4, "init": "vertical"}`` (``value`` is the whole label, for errors)."""
+    parsed: dict = {}
+    if not options:
+        return parsed
+    for item in options.split(","):
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or key not in _LABEL_OPTIONS:
+            raise ValueError(f"decoding {value!r}: options must be key=value with key in {tuple(_LABEL_OPTIONS)}, got {item!r}")
+        try:
+            parsed[key] = _LABEL_OPTIONS[key](text.strip())
+        except ValueError:
+            raise ValueError(f"decoding {value!r}: {key} must be an integer, got {text!r}") from None
+    return parsed

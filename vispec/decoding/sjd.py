@@ -64,22 +64,6 @@ def _resolve_grid_width(model: Any, num_tokens: int, grid_width: Optional[int], 
     return num_tokens
 
 
-def _sample_rows(
-    weights: Tensor, mask: Tensor, seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Race-sample ``weights [B, W, V]`` only where ``mask [B, W]``; the noise of row ``(b, j)`` is keyed by
-    ``(seeds[b], positions[b, j], stream, draws[b])``, so skipping rows changes no other row.
-
-    Returns ``(tokens [B, W] with -1 where not sampled, batch index, slot index)``.
-    """
-    b, j = mask.nonzero(as_tuple=True)
-    out = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
-    if b.numel():
-        noise = exponentials(seeds[b], positions[b, j][:, None], stream, draws[b], weights.shape[-1])
-        out[b, j] = sample_from_weights(weights[b, j][:, None], noise)[:, 0]
-    return out, b, j
-
-
 @torch.no_grad()
 def decode_sjd(
     model: SpeculativeARModel,
@@ -179,18 +163,11 @@ def decode_sjd(
             # residual samples where they are used: every rejected slot (maximal coupling), or the
             # first rejection only (SJD)
             if coupling == "maximal":
-                need = real & ~accept_flags
+                need_residual = real & ~accept_flags
             else:
-                need = real & (slot[None, :num_slots] == m[:, None])
-            residual = torch.full_like(drafts, -1)
-            b, j = need.nonzero(as_tuple=True)
-            if b.numel():
-                q_need = None if q_rows is None else q_rows[b, j][:, None]
-                residual[b, j] = residual_sample(
-                    probs[b, j][:, None], drafts[b, j][:, None], q_need, (~dense)[b, j][:, None],
-                    exponentials(seeds[b], dpos[b, j][:, None], Stream.RESIDUAL, nfe[b], vocab),
-                )[:, 0]
-            coupled = torch.where(accept_flags, drafts, residual)
+                need_residual = real & (slot[None, :num_slots] == m[:, None])
+        else:
+            need_residual = torch.zeros(active, 0, dtype=torch.bool, device=device)
 
         # samples from the outputs that become drafts or the bonus token: Gumbel-coupled, or fresh
         # (SJD; maximal coupling only needs its last output, which has no old draft to couple with)
@@ -199,8 +176,32 @@ def decode_sjd(
             need_fresh = slot[None, :] == (width_b - 1)[:, None]
         else:
             need_fresh = (slot[None, :] >= use_from[:, None]) & in_window
-        stream, draws = (Stream.GUMBEL, torch.zeros_like(nfe)) if coupling == "gumbel" else (Stream.SAMPLE, nfe)
-        fresh, _, _ = _sample_rows(probs, need_fresh, seeds, out_positions, stream, draws)
+
+        # one Philox evaluation for the residual rows and the fresh rows (counter-keyed, so batching
+        # them changes no number): residual rows at the draft positions, fresh rows at output positions
+        rb, rj = need_residual.nonzero(as_tuple=True)
+        fb, fj = need_fresh.nonzero(as_tuple=True)
+        fresh_stream, fresh_draws = (Stream.GUMBEL, torch.zeros_like(nfe)) if coupling == "gumbel" else (Stream.SAMPLE, nfe)
+        noise_rows = torch.cat([rb, fb])
+        noise = exponentials(
+            seeds[noise_rows],
+            torch.cat([positions[rb, rj + 1], out_positions[fb, fj]])[:, None],
+            torch.cat([torch.full_like(rb, int(Stream.RESIDUAL)), torch.full_like(fb, int(fresh_stream))])[:, None],
+            torch.cat([nfe[rb], fresh_draws[fb]]),
+            vocab,
+        )
+        residual_noise, fresh_noise = noise[: rb.numel()], noise[rb.numel() :]
+        if num_slots > 0:
+            residual = torch.full_like(drafts, -1)
+            if rb.numel():
+                q_need = None if q_rows is None else q_rows[rb, rj][:, None]
+                residual[rb, rj] = residual_sample(
+                    probs[rb, rj][:, None], drafts[rb, rj][:, None], q_need, (~dense)[rb, rj][:, None], residual_noise
+                )[:, 0]
+            coupled = torch.where(accept_flags, drafts, residual)
+        fresh = torch.full(need_fresh.shape, -1, dtype=torch.long, device=device)
+        if fb.numel():
+            fresh[fb, fj] = sample_from_weights(probs[fb, fj][:, None], fresh_noise)[:, 0]
 
         # 4. commit: d_1..d_m are already in buf; write the residual (rejection) or bonus token
         bonus = fresh.gather(1, m[:, None]).squeeze(1)
