@@ -38,6 +38,8 @@ class Stream(IntEnum):
     RESIDUAL = 3  # exponential race for the residual max(0, p - q)
     INIT = 4  # random draft initialisation
     GUMBEL = 5  # MC-SJD Gumbel coupling (same for every iteration at a position)
+    UNMASK = 6  # dLLM candidate sampling (float64 Gumbel-max over the vocabulary)
+    REMASK = 7  # dLLM random remasking (one uniform per position and step)
 
 
 def philox4x32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -121,6 +123,28 @@ def uniforms(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draws:
     else:
         words = vocab_words(seeds, positions, stream_t, draws, vocab_size)
     return uniform_from_words(words)
+
+
+def uniforms64(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draws: Tensor, vocab_size: int) -> Tensor:
+    """``[B, W, V]`` float64 uniforms strictly inside (0, 1) with 53 random bits, one per vocabulary entry.
+
+    Entry ``v`` uses words ``2 (v % 2)`` and ``2 (v % 2) + 1`` of the Philox block ``c0 = v // 2``:
+    ``u = ((a >> 5) * 2**26 + (b >> 6) + 1/2) / 2**53``, the float64 construction of Random123's
+    ``u01`` family. LLaDA draws its Gumbel noise in float64 because low-precision Gumbel-max hurts
+    quality (arXiv 2409.02908); this is the counter-based equivalent.
+    """
+    seeds = seeds.to(torch.int64)
+    positions = positions.to(torch.int64)
+    draws = draws.to(torch.int64)
+    if draws.dim() == 1:
+        draws = draws[:, None].expand_as(positions)
+    stream_t = _stream_tensor(stream, positions)
+    stream_t = stream_t[..., None] if stream_t.dim() else stream_t
+    blocks = torch.arange((vocab_size + 1) // 2, dtype=torch.int64, device=positions.device)
+    w0, w1, w2, w3 = philox4x32(seeds[:, None, None], blocks, positions[..., None], stream_t, draws[..., None])
+    high = torch.stack((w0, w2), dim=-1).flatten(-2)[..., :vocab_size]
+    low = torch.stack((w1, w3), dim=-1).flatten(-2)[..., :vocab_size]
+    return ((high >> 5) * 67108864 + (low >> 6)).to(torch.float64).add_(0.5).mul_(2.0**-53)
 
 
 def exponentials(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draws: Tensor, vocab_size: int) -> Tensor:

@@ -1,9 +1,12 @@
 """diffusers-style pipelines (``vispec.pipelines``).
 
-Pipelines stay thin: validate inputs, call a decoder from :mod:`vispec.decoding`, decode tokens to
-pixels, post-process.
+Pipelines stay thin: validate inputs, call a decoder (:mod:`vispec.decoding` for images,
+:mod:`vispec.dllm` for text), decode tokens to pixels or text, post-process.
 """
 
-from vispec.pipelines.llamagen import EMBEDDED_MODELS, LlamaGenPipeline, LlamaGenPipelineOutput
+from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path
+from vispec.pipelines.llamagen import LlamaGenPipeline, LlamaGenPipelineOutput
+from vispec.pipelines.masked_diffusion_lm import MaskedDiffusionLMPipeline, MaskedDiffusionLMPipelineOutput
 
-__all__ = ["EMBEDDED_MODELS", "LlamaGenPipeline", "LlamaGenPipelineOutput"]
+__all__ = ["EMBEDDED_MODELS", "LlamaGenPipeline", "LlamaGenPipelineOutput", "MaskedDiffusionLMPipeline",
+           "MaskedDiffusionLMPipelineOutput", "resolve_model_path"]

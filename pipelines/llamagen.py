@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -30,28 +29,9 @@ from vispec.decoding import DecodingConfig, decode
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
+from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path  # noqa: F401 (re-exported)
 
-EMBEDDED_MODELS = {"vispec/tiny-c2i": "tiny-c2i"}
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-
-
-def resolve_model_path(name_or_path: Union[str, os.PathLike]) -> str:
-    """A local pipeline folder for an embedded model name (``"vispec/tiny-c2i"`` or ``"tiny-c2i"``) or a path."""
-    name = os.fspath(name_or_path)
-    if os.path.isdir(name):
-        if not os.path.isfile(os.path.join(name, "model_index.json")):
-            raise ValueError(f"{name} is not a pipeline folder (no model_index.json)")
-        return name
-    key = name if name in EMBEDDED_MODELS else f"vispec/{name}"
-    if key in EMBEDDED_MODELS:
-        path = resources.files("vispec.models") / "pretrained" / EMBEDDED_MODELS[key]
-        if not (path / "model_index.json").is_file():
-            raise ValueError(f"embedded model {name!r} is not installed with this copy of vispec (expected {path})")
-        return str(path)
-    raise ValueError(
-        f"unknown model {name!r}: expected a local pipeline folder or one of {sorted(EMBEDDED_MODELS)} "
-        "(vispec never downloads weights; convert official checkpoints with `vispec convert llamagen`)"
-    )
 
 
 @dataclass

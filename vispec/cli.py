@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from vispec.cli_text import add_bench_text, add_generate_text
 from vispec.version import __version__
 
 
@@ -101,6 +102,7 @@ TRAINERS = {
     "evaluator": ("vispec.eval.evaluator", "EvaluatorTrainConfig", "train_evaluator", "the tiny-c2i crop classifier (accuracy, FID features)"),
     "gpt": ("vispec.eval.train_gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
     "assemble": ("vispec.eval.assemble", "AssembleConfig", "assemble", "write the trained parts as the embedded tiny-c2i pipeline"),
+    "mdlm": ("vispec.eval.train_mdlm", "MDLMTrainConfig", "train_mdlm", "the tiny-mdlm masked diffusion LM (task suite, tokenizer, SFT)"),
 }
 
 
@@ -176,7 +178,7 @@ def _cmd_generate_image(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vispec", description="Many tokens per forward pass for visual AR models.")
+    parser = argparse.ArgumentParser(prog="vispec", description="Many tokens per forward pass for visual AR models and masked diffusion LMs.")
     parser.add_argument("--version", action="version", version=f"vispec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", metavar="BENCH")
@@ -201,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     image_bench.add_argument("--device", default="cpu")
     image_bench.add_argument("--json", dest="json_path", default=None)
     image_bench.set_defaults(func=_cmd_bench_image)
+    add_bench_text(bench)
     train = sub.add_parser("train", help="train the embedded models (needs vispec[train])")
     trainers = train.add_subparsers(dest="train", metavar="MODEL")
     for name, (module, config_name, _, help_text) in TRAINERS.items():
@@ -237,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_argument("--out", default="image.png")
     image.add_argument("--quiet", action="store_true", help="no progress bar")
     image.set_defaults(func=_cmd_generate_image)
+    add_generate_text(generate)
     demo = sub.add_parser("demo", help="the main job: compare the decoders and write a report")
     demo.add_argument("--out", default="out/demo", help="report folder (default: %(default)s)")
     demo.set_defaults(func=_cmd_demo)

@@ -1,0 +1,138 @@
+"""``vispec bench text``: accuracy and speed of unmasking strategies and caches on a masked diffusion LM.
+
+For every task (test split of :mod:`vispec.eval.text_tasks`), strategy (``llada`` = one token per step,
+the baseline; ``threshold``; ``factor``; ``entropy``) and cache (``none``, ``prefix``, ``dual``), two runs:
+
+* batch 1: problems one at a time; accuracy (strict-match and flexible-extract for arithmetic, as
+  lm-eval scores GSM8K; exact match otherwise), NFE, tokens per forward, latency per problem and
+  tokens/s (generated tokens before EOS, EOS excluded, over the wall time of the whole loop:
+  tokenisation and decoding included, as Fast-dLLM measures);
+* batch ``batch_size``: the same problems in batches (rows advance on their own and leave the
+  forward when done): tokens/s and accuracy again (identical tokens up to float ties).
+
+Every run reports peak memory. All settings share ``gen_length``, ``block_length`` and temperature 0;
+the baseline runs ``steps = gen_length``. Speed-ups are against the ``llada`` + ``none`` run of the
+same task and batch size.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import torch
+
+from vispec.eval.memory import PeakMemory
+
+STRATEGIES = ("llada", "threshold", "factor", "entropy")
+
+
+@dataclass
+class TextBenchConfig:
+    model: str = "tiny-mdlm"
+    strategies: tuple[str, ...] = STRATEGIES
+    caches: tuple[str, ...] = ("none", "prefix", "dual")
+    tasks: tuple[str, ...] = ("arithmetic", "sort", "reverse")
+    num_problems: int = 100
+    batch_size: int = 16
+    gen_length: Optional[int] = None  # default: the pipeline's
+    block_length: Optional[int] = None
+    threshold: float = 0.9
+    factor: float = 1.0
+    entropy_bound: float = 0.1
+    early_stop_eos: bool = True
+    seed: int = 0
+    device: str = "cpu"
+
+
+def _scheduler(cfg: TextBenchConfig, strategy: str):
+    from vispec.dllm import make_scheduler
+
+    settings = {"threshold": {"threshold": cfg.threshold}, "factor": {"factor": cfg.factor},
+                "entropy": {"gamma": cfg.entropy_bound}}.get(strategy, {})
+    return make_scheduler(strategy, **settings)
+
+
+def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBenchConfig) -> dict:
+    """Decode ``items`` in batches of ``batch_size``; accuracy and speed."""
+    scores: dict[str, float] = {}
+    nfe, tokens, latency = [], [], []
+    with PeakMemory(cfg.device) as memory:
+        start = time.perf_counter()
+        for lo in range(0, len(items), batch_size):
+            chunk = items[lo : lo + batch_size]
+            out = pipe(prompt=[item.prompt for item in chunk], strategy=scheduler, cache=cache, gen_length=cfg.gen_length,
+                       block_length=cfg.block_length, early_stop_eos=cfg.early_stop_eos)
+            for item, text, stats in zip(chunk, out.texts, out.stats):
+                for name, value in task.score(text, item).items():
+                    scores[name] = scores.get(name, 0.0) + value
+                nfe.append(stats["nfe"])
+                tokens.append(stats["tokens"])
+                latency.append(stats["latency_s"])
+        wall = time.perf_counter() - start
+    n = len(items)
+    row = {name: value / n for name, value in scores.items()}
+    row.update(nfe=sum(nfe) / n, tokens=sum(tokens) / n, tokens_per_forward=sum(tokens) / max(sum(nfe), 1),
+               tokens_per_s=sum(tokens) / wall, latency_s=wall / n if batch_size == 1 else sum(latency) / n,
+               wall_s=wall, peak_mem_mb=memory.peak_mb)
+    return row
+
+
+def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print) -> dict:
+    from vispec.dllm import CACHES
+    from vispec.eval.text_tasks import get_task, split_items
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    for name in ("num_problems", "batch_size"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for strategy in cfg.strategies:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; expected some of {STRATEGIES}")
+    for cache in cfg.caches:
+        if cache not in CACHES:
+            raise ValueError(f"unknown cache {cache!r}; expected some of {CACHES}")
+    tasks = [get_task(t) for t in cfg.tasks]
+    pipe = MaskedDiffusionLMPipeline.from_pretrained(cfg.model).to(cfg.device)
+    pipe.set_progress_bar_config(disable=True)
+    cfg.gen_length = cfg.gen_length or pipe.config.default_gen_length
+    cfg.block_length = cfg.block_length or min(pipe.config.default_block_length, cfg.gen_length)
+    settings = [(s, c) for s in dict.fromkeys(("llada",) + tuple(cfg.strategies)) for c in dict.fromkeys(("none",) + tuple(cfg.caches))
+                if (s, c) == ("llada", "none") or (s in cfg.strategies and c in cfg.caches)]
+    pipe(prompt=split_items(tasks[0], "test", 1, cfg.seed)[0].prompt, strategy="threshold", gen_length=cfg.gen_length,
+         block_length=cfg.block_length)  # warm-up, not timed
+    runs = []
+    for task in tasks:
+        items = split_items(task, "test", cfg.num_problems, cfg.seed)
+        for strategy, cache in settings:
+            for batch_size in dict.fromkeys((1, cfg.batch_size)):
+                row = {"strategy": strategy, "cache": cache, "task": task.name, "batch_size": batch_size}
+                row.update(_run(pipe, items, task, _scheduler(cfg, strategy), cache, batch_size, cfg))
+                runs.append(row)
+                acc = " ".join(f"{k} {row[k]:.3f}" for k in task.metrics)
+                progress(f"{task.name} {strategy}+{cache} B={batch_size}: {acc}, NFE {row['nfe']:.1f}, "
+                         f"{row['tokens_per_s']:.1f} tok/s")
+    for row in runs:
+        base = next(r for r in runs if (r["task"], r["batch_size"], r["strategy"], r["cache"]) == (row["task"], row["batch_size"], "llada", "none"))
+        row["nfe_reduction"] = base["nfe"] / row["nfe"]
+        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
+    config = asdict(cfg)
+    config.update(torch=torch.__version__, threads=torch.get_num_threads(), machine=platform.machine(),
+                  device_name=torch.cuda.get_device_name() if cfg.device.startswith("cuda") else platform.processor() or "cpu",
+                  temperature=0.0, baseline_steps=cfg.gen_length)
+    return {"config": config, "runs": runs}
+
+
+def format_text_table(result: dict) -> str:
+    header = (f"{'task':<11} {'strategy':<10} {'cache':<7} {'B':>3} {'strict':>7} {'flex':>6} {'exact':>6} {'nfe':>7} "
+              f"{'NFE x':>6} {'tok/fwd':>7} {'tok/s':>8} {'speedup':>7} {'lat s':>7} {'MB':>6}")
+    lines = [header, "-" * len(header)]
+    for r in result["runs"]:
+        cell = lambda k: f"{r[k]:.3f}" if k in r else "-"
+        lines.append(f"{r['task']:<11} {r['strategy']:<10} {r['cache']:<7} {r['batch_size']:>3} {cell('strict_match'):>7} "
+                     f"{cell('flexible_extract'):>6} {cell('exact_match'):>6} {r['nfe']:>7.1f} {r['nfe_reduction']:>6.2f} "
+                     f"{r['tokens_per_forward']:>7.2f} {r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f} {r['latency_s']:>7.3f} "
+                     f"{r['peak_mem_mb']:>6.0f}")
+    return "\n".join(lines)

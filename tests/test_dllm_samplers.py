@@ -1,0 +1,226 @@
+"""dLLM samplers: LLaDA reference semantics, quota schedule, threshold / factor / entropy rules, caches, batching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dllm_reference import llada_reference
+
+from vispec.dllm import (
+    EntropyBoundScheduler,
+    FactorScheduler,
+    LLaDAScheduler,
+    ThresholdScheduler,
+    count_tokens,
+    generate,
+    make_scheduler,
+)
+from vispec.models.llada import LLaDAModelLM
+
+MASK, PAD, EOS, EOT = 60, 0, 1, 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = LLaDAModelLM(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=48, vocab_size=61, embedding_size=64,
+                     max_sequence_length=96, rope_theta=10000.0, mask_token_id=MASK, eos_token_id=EOS, eot_token_id=EOT,
+                     pad_token_id=PAD, bos_token_id=3, init_std=0.3)
+    return m.to(torch.float64).eval()  # float64: padded and unpadded rows agree to ~1e-15, so arg-max ties cannot flip
+
+
+def prompts(lengths=(7, 4, 5), seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 60, (n,), generator=gen) for n in lengths]
+
+
+def left_pad(rows):
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), PAD)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("gen_length,block_length,steps", [(16, 16, 16), (16, 4, 8), (12, 4, 6), (8, 4, 16)])
+@pytest.mark.parametrize("cfg_scale", [0.0, 1.5])
+def test_temperature_zero_equals_the_reference_pseudo_code(model, gen_length, block_length, steps, cfg_scale):
+    for prompt in prompts():
+        expected = llada_reference(model, prompt, steps=steps, gen_length=gen_length, block_length=block_length,
+                                   mask_id=MASK, cfg_scale=cfg_scale)
+        out = generate(model, prompt[None], scheduler=LLaDAScheduler(), steps=steps, gen_length=gen_length,
+                       block_length=block_length, cfg_scale=cfg_scale)
+        assert torch.equal(out.sequences[0], expected)
+
+
+@pytest.mark.parametrize("options", [dict(logits_eos_inf=True), dict(confidence_eos_eot_inf=True)])
+def test_eos_options_match_the_reference(model, options):
+    for prompt in prompts():
+        expected = llada_reference(model, prompt, steps=8, gen_length=8, block_length=8, mask_id=MASK, eos_id=EOS,
+                                   eot_id=EOT, **options)
+        out = generate(model, prompt[None], scheduler=LLaDAScheduler(), steps=8, gen_length=8, block_length=8, **options)
+        assert torch.equal(out.sequences[0], expected)
+        if options.get("logits_eos_inf"):
+            assert not (out.sequences == EOS).any()
+
+
+def test_confidence_eos_eot_inf_ranks_eos_last_at_any_temperature():
+    """Intended semantics (spec §1.3, LLaDA PR #139): EOS keeps its proposal but gets confidence 0."""
+    logits = torch.full((1, 2, 8), -5.0)
+    logits[0, 0, EOS] = 9.0  # position 0 proposes EOS with high confidence
+    logits[0, 1, 5] = 1.0  # position 1 proposes token 5 with low confidence
+    sample = torch.full((1, 2), MASK)
+    conf_mask = torch.zeros(8, dtype=torch.bool)
+    conf_mask[[EOS, EOT]] = True
+    sched = LLaDAScheduler()
+    sched.set_timesteps(2, 2, 2)
+    from vispec.dllm.schedulers import UnmaskNoise
+
+    noise = UnmaskNoise(torch.tensor([3]), torch.arange(2)[None], torch.tensor([0]))
+    for temperature in (0.0, 0.7):
+        out = sched.step(logits, 0, sample, mask_token_id=MASK, temperature=temperature, noise=noise,
+                         num_masked_at_block_start=torch.tensor([2]), confidence_mask=conf_mask)
+        assert out.sampled_tokens[0, 0] == EOS and out.confidence[0, 0] == 0.0
+        assert out.transfer_index.tolist() == [[False, True]]
+
+
+def test_quota_schedule_front_loads_the_remainder(model):
+    commits = []
+    generate(model, prompts()[0][None], scheduler=LLaDAScheduler(), steps=6, gen_length=14, block_length=7,
+             callback=lambda info: commits.append((info["block"], int(info["transfer_index"].sum()))))
+    # 7 masks over 3 steps per block: 3, 2, 2
+    assert commits == [(0, 3), (0, 2), (0, 2), (1, 3), (1, 2), (1, 2)]
+    sched = LLaDAScheduler()
+    sched.set_timesteps(8, 4, 4)
+    assert [int(sched.quota(torch.tensor([4]), i)) for i in range(8)] == [1, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_steps_beyond_the_masks_cost_no_forward(model):
+    out = generate(model, prompts()[0][None], scheduler=LLaDAScheduler(), steps=16, gen_length=8, block_length=4)
+    assert out.stats.nfe.tolist() == [8]  # 8 steps per block, 4 masks: the 4 empty steps are skipped
+    assert not (out.sequences == MASK).any()
+
+
+def _all_settings():
+    return [("llada", dict(), 16), ("llada", dict(remasking="random"), 16), ("threshold", dict(threshold=0.5), None),
+            ("factor", dict(factor=2.0), None), ("entropy", dict(gamma=2.0), None)]
+
+
+@pytest.mark.parametrize("strategy,settings,steps", _all_settings())
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_batch_with_padding_equals_one_by_one(model, strategy, settings, steps, cache):
+    rows = prompts()
+    ids, mask = left_pad(rows)
+    gens = lambda: [torch.Generator().manual_seed(10 + i) for i in range(len(rows))]
+    kwargs = dict(steps=steps, gen_length=16, block_length=8, cache=cache, temperature=0.8, cfg_scale=0.5,
+                  early_stop_eos=True)
+    batched = generate(model, ids, mask, scheduler=make_scheduler(strategy, **settings), generator=gens(), **kwargs)
+    for i, row in enumerate(rows):
+        alone = generate(model, row[None], scheduler=make_scheduler(strategy, **settings), generator=[gens()[i]], **kwargs)
+        assert torch.equal(batched.sequences[i], alone.sequences[0]), (strategy, cache, i)
+        assert batched.stats.nfe[i] == alone.stats.nfe[0]
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_caches_are_exact_when_each_block_takes_one_step(model, cache):
+    """At a block boundary the cache is refreshed by a full forward: a policy that completes every block in
+    its first step must give the cache-free tokens exactly."""
+    ids, mask = left_pad(prompts())
+    one_step = lambda: ThresholdScheduler(threshold=1e-12)
+    ref = generate(model, ids, mask, scheduler=one_step(), gen_length=16, block_length=4)
+    out = generate(model, ids, mask, scheduler=one_step(), gen_length=16, block_length=4, cache=cache)
+    assert torch.equal(out.sequences, ref.sequences) and out.stats.nfe.tolist() == [4, 4, 4]
+
+
+def test_caches_cost_the_same_forwards_and_approximate_within_a_block(model):
+    ids, mask = left_pad(prompts())
+    results = {c: generate(model, ids, mask, scheduler=LLaDAScheduler(), steps=16, gen_length=16, block_length=4, cache=c)
+               for c in ("none", "prefix", "dual")}
+    for out in results.values():
+        assert out.stats.nfe.tolist() == [16, 16, 16] and not (out.sequences == MASK).any()
+
+
+def test_threshold_rule_commits_confident_positions_and_at_least_one():
+    conf = torch.tensor([[0.95, 0.3, 0.91, float("-inf")], [0.2, 0.4, 0.1, 0.3]], dtype=torch.float64)
+    masked = torch.isfinite(conf)
+    got = ThresholdScheduler(threshold=0.9).transfer_index(conf, None, masked, 0, None, None)
+    assert got.tolist() == [[True, False, True, False], [False, True, False, False]]
+
+
+def test_factor_rule_per_rank_threshold():
+    # sorted: 0.99 (rank 1), 0.8 (rank 2: 3 * 0.2 = 0.6 <= 1), 0.7 (rank 3: 4 * 0.3 = 1.2 > 1): commit 2
+    conf = torch.tensor([[0.7, 0.99, 0.8, float("-inf")]], dtype=torch.float64)
+    got = FactorScheduler(factor=1.0).transfer_index(conf, None, torch.isfinite(conf), 0, None, None)
+    assert got.tolist() == [[False, True, True, False]]
+    low = torch.tensor([[0.1, 0.2]], dtype=torch.float64)  # rank 1 always passes
+    assert FactorScheduler(factor=1.0).transfer_index(low, None, torch.isfinite(low), 0, None, None).tolist() == [[False, True]]
+
+
+def test_entropy_bound_prefix():
+    entropy = torch.tensor([[0.5, 0.1, 0.3, float("inf")]], dtype=torch.float64)
+    masked = torch.isfinite(entropy)
+    conf = torch.zeros_like(entropy)
+    # ascending 0.1, 0.3, 0.5: spent 0, 0.1, 0.4 -> gamma 0.2 takes 2, gamma 0.4 takes 3, gamma 0 takes 1
+    for gamma, expected in ((0.2, [False, True, True, False]), (0.4, [True, True, True, False]), (0.0, [False, True, False, False])):
+        got = EntropyBoundScheduler(gamma=gamma).transfer_index(conf, entropy, masked, 0, None, None)
+        assert got.tolist() == [expected]
+
+
+def test_early_stop_fills_after_eos_and_counts_tokens_before_it():
+    from vispec.dllm.generate import _fill_after_eos
+
+    x = torch.tensor([[9, 5, EOS, MASK, 7, MASK], [9, MASK, 6, 6, MASK, MASK]])
+    _fill_after_eos(x, torch.arange(2), 1, EOS, MASK)
+    assert x.tolist() == [[9, 5, EOS, EOS, 7, EOS], [9, MASK, 6, 6, MASK, MASK]]
+    seqs = torch.tensor([[5, EOT, 6, EOS, 7], [5, 6, 7, 8, 9]])
+    assert count_tokens(seqs, EOS, EOT).tolist() == [2, 5]
+
+
+def test_early_stop_saves_forwards(model):
+    """A model that always proposes EOS confidently at the first generated position: with early stop the
+    rest of the canvas is filled after one forward."""
+
+    class EosFirst(torch.nn.Module):
+        config = type("C", (), dict(mask_token_id=MASK, eos_token_id=EOS, eot_token_id=None, pad_token_id=PAD,
+                                     vocab_size=64, max_sequence_length=None))()
+
+        def forward(self, input_ids, attention_mask=None):
+            logits = torch.zeros(*input_ids.shape, 64)
+            logits[:, :, 7] = 1.0
+            logits[:, 3, EOS] = 50.0
+            return type("O", (), {"logits": logits})()
+
+    ids = torch.tensor([[5, 6, 7]])
+    out = generate(EosFirst(), ids, scheduler=ThresholdScheduler(0.9), gen_length=12, block_length=4, early_stop_eos=True)
+    assert out.stats.nfe.tolist() == [1] and out.sequences[0].tolist() == [EOS] * 12 and out.stats.tokens.tolist() == [0]
+    slow = generate(EosFirst(), ids, scheduler=ThresholdScheduler(0.9), gen_length=12, block_length=4)
+    assert slow.stats.nfe.tolist() == [12]
+
+
+def test_bad_input(model):
+    p = prompts()[0][None]
+    cases = [
+        (dict(gen_length=10, block_length=4), "multiple of block_length"),
+        (dict(gen_length=8, block_length=4, steps=3), "divisible by the number of blocks"),
+        (dict(gen_length=200, block_length=8, steps=200), "exceeds the model's context"),
+        (dict(gen_length=8, block_length=8, steps=8, cache="paged"), "cache must be one of"),
+        (dict(gen_length=8, block_length=8, steps=8, temperature=-1.0), "temperature must be"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(ValueError, match=words):
+            generate(model, p, scheduler=LLaDAScheduler(), **kwargs)
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="threshold must be a number in \\(0, 1\\]"):
+            ThresholdScheduler(threshold=bad)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        make_scheduler("greedy")
+    with pytest.raises(ValueError, match="remasking must be"):
+        LLaDAScheduler(remasking="high_confidence")
+
+
+def test_scheduler_config_round_trip(tmp_path):
+    sched = ThresholdScheduler(threshold=0.8)
+    sched.save_pretrained(tmp_path)
+    assert ThresholdScheduler.from_pretrained(tmp_path).config.threshold == 0.8

@@ -1,0 +1,297 @@
+"""Semi-autoregressive block decoding of a masked diffusion LM, with optional block KV caches.
+
+The canvas is ``x = [prompt ; mask^L]`` (prompts left-padded, ``attention_mask`` marking real
+tokens). It is split into ``K = L / Lb`` blocks decoded left to right; inside a block, each step runs
+the model, and the scheduler (:mod:`vispec.dllm.schedulers`) commits some masked positions of the
+block. Fixed-step policies (LLaDA's quota) run ``steps / K`` steps per block; adaptive ones run until
+the block has no mask left. Steps that would commit nothing because a row's block is already
+complete are skipped (LLaDA's reference spends forwards on them when ``steps / K`` exceeds the
+block's masks; the tokens are the same).
+
+Caches (Fast-dLLM, Wu et al., arXiv 2505.22618, §3.1; spec ``dllm.md`` §4.3):
+
+* ``"none"``: every step is a full forward over the canvas;
+* ``"prefix"``: the block's first step is a full forward that also caches every position's K/V;
+  later steps forward ``x[block_start:]`` against the cached prefix;
+* ``"dual"``: as ``prefix``, but later steps forward only the block, against the cached prefix *and*
+  suffix (the masked future, stale within the block).
+
+Every forward counts one NFE for every row it serves, the cache-refreshing full forward included.
+
+Guidance is LLaDA's unsupervised CFG: the unconditional branch masks the prompt and
+``ℓ = ℓ_u + (w + 1)(ℓ_c - ℓ_u)``. ``early_stop_eos``: once a row commits EOS, its masked positions
+after that EOS become EOS and it spends no more forwards on them.
+
+Batching: all rows share the block index (so caches refresh together), but each row commits its own
+positions, keeps its own noise (Philox keyed by its seed, position and forward count) and leaves the
+forward as soon as its block is complete; a row's tokens are those it would get alone. Statistics
+per row: NFE, tokens (those before the first EOS, EOS and EoT excluded: spec §16.4), latency.
+
+Model protocol: ``model(input_ids, attention_mask).logits`` (``[B, N, V]``) and ``model.config`` with
+``mask_token_id`` (and ``eos_token_id``, ``eot_token_id``, ``vocab_size``, ``max_sequence_length``
+when present); the caches also need ``compute_kv_cache`` / ``forward_span`` and a cache with
+``select`` (:class:`vispec.models.llada.LLaDAModelLM`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from vispec.decoding.common import GeneratorArg, per_sample_seeds
+from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
+
+CACHES = ("none", "prefix", "dual")
+
+StepCallback = Callable[[dict], None]
+"""``f(info)`` after every step, ``info`` holding ``step`` (global), ``block``, ``step_in_block``,
+``rows`` (batch indices that took part), ``transfer_index [R, Lb]`` and ``sequences`` (a copy of the
+generated canvas ``[B, L]``, mask ids where not yet committed)."""
+
+
+@dataclass
+class TextDecodeStats:
+    """Per-row statistics (``[B]`` tensors)."""
+
+    nfe: Tensor
+    tokens: Tensor  # generated tokens before the first EOS, EOS / EoT excluded
+    latency_s: Tensor
+
+    @property
+    def tokens_per_forward(self) -> Tensor:
+        return self.tokens.double() / self.nfe.clamp_min(1).double()
+
+
+@dataclass
+class TextDecodeOutput:
+    """``sequences [B, L]``: the generated canvas (prompt excluded); ``stats`` per row."""
+
+    sequences: Tensor
+    stats: TextDecodeStats
+
+
+def _config_id(model: Any, name: str) -> Optional[int]:
+    value = getattr(getattr(model, "config", None), name, None)
+    return None if value is None else int(value)
+
+
+def _check_generate_args(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], gen_length: int, block_length: int,
+                         temperature: float, cfg_scale: float, cache: str, mask_token_id: Optional[int]) -> int:
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be a LongTensor [batch, prompt_length >= 1], got "
+                         f"{tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__}")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
+    for name, value in (("gen_length", gen_length), ("block_length", block_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if gen_length % block_length:
+        raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not isinstance(cfg_scale, (int, float)) or cfg_scale < 0:
+        raise ValueError(f"cfg_scale must be a number >= 0, got {cfg_scale!r}")
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if cache != "none" and not hasattr(model, "compute_kv_cache"):
+        raise ValueError(f"cache={cache!r} needs a model with compute_kv_cache/forward_span, got {type(model).__name__}")
+    mask_id = mask_token_id if mask_token_id is not None else _config_id(model, "mask_token_id")
+    if mask_id is None:
+        raise ValueError("mask_token_id is needed (the model config has none)")
+    pad_id = _config_id(model, "pad_token_id")
+    if pad_id is not None and pad_id == mask_id:
+        raise ValueError(f"the model's pad_token_id equals mask_token_id ({mask_id}); padding would read as masks")
+    context = _config_id(model, "max_sequence_length")
+    if context is not None and input_ids.shape[1] + gen_length > context:
+        raise ValueError(f"prompt length {input_ids.shape[1]} + gen_length {gen_length} exceeds the model's context "
+                         f"of {context} tokens")
+    return mask_id
+
+
+class _Forward:
+    """Runs the model for a subset of rows (with the guidance branch) and keeps the block cache."""
+
+    def __init__(self, model: Any, prompt_len: int, key_mask: Tensor, cfg_scale: float, mask_id: int, cache: str):
+        self.model, self.prompt_len, self.key_mask = model, prompt_len, key_mask
+        self.cfg_scale, self.mask_id, self.cache_mode = cfg_scale, mask_id, cache
+        self.cache = None
+        self.cache_rows: Optional[Tensor] = None  # batch rows the cache holds, in order
+
+    def _inputs(self, x: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+        ids, mask = x[rows], self.key_mask[rows]
+        if self.cfg_scale > 0:
+            uncond = ids.clone()
+            uncond[:, : self.prompt_len] = self.mask_id
+            ids, mask = torch.cat([ids, uncond]), torch.cat([mask, mask])
+        return ids, mask
+
+    def _guide(self, logits: Tensor) -> Tensor:
+        if self.cfg_scale <= 0:
+            return logits
+        cond, uncond = logits.chunk(2)
+        return uncond + (self.cfg_scale + 1) * (cond - uncond)
+
+    def _select_cache(self, rows: Tensor) -> None:
+        """Keep the cache rows of ``rows`` (a subset of ``cache_rows``, same order)."""
+        if self.cache_rows.numel() == rows.numel():
+            return
+        where = torch.searchsorted(self.cache_rows, rows)
+        if self.cfg_scale > 0:
+            where = torch.cat([where, where + self.cache_rows.numel()])
+        self.cache = self.cache.select(where)
+        self.cache_rows = rows
+
+    def block_logits(self, x: Tensor, rows: Tensor, start: int, end: int, first_step: bool) -> Tensor:
+        """Logits ``[R, end - start, V]`` of the block for batch ``rows`` (sorted)."""
+        if self.cache_mode == "none":
+            ids, mask = self._inputs(x, rows)
+            return self._guide(self.model(ids, attention_mask=mask).logits[:, start:end])
+        if first_step:
+            ids, mask = self._inputs(x, rows)
+            out = self.model.compute_kv_cache(ids, attention_mask=mask)
+            self.cache, self.cache_rows = out.kv_cache, rows
+            return self._guide(out.logits[:, start:end])
+        self._select_cache(rows)
+        ids, _ = self._inputs(x, rows)
+        if self.cache_mode == "prefix":
+            logits = self.model.forward_span(ids[:, start:], start, self.cache).logits[:, : end - start]
+        else:
+            logits = self.model.forward_span(ids[:, start:end], start, self.cache).logits
+        return self._guide(logits)
+
+
+def _token_masks(model: Any, vocab: int, mask_id: int, eos_id: Optional[int], eot_id: Optional[int], device: torch.device,
+                 confidence_eos_eot_inf: bool, suppress_mask_token: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    proposal = torch.zeros(vocab, dtype=torch.bool, device=device)
+    real_vocab = _config_id(model, "vocab_size")
+    if real_vocab is not None and real_vocab < vocab:
+        proposal[real_vocab:] = True  # padded embedding columns belong to no token
+    if suppress_mask_token and mask_id < vocab:
+        proposal[mask_id] = True
+    confidence = None
+    if confidence_eos_eot_inf:
+        ids = [i for i in (eos_id, eot_id) if i is not None]
+        if not ids:
+            raise ValueError("confidence_eos_eot_inf needs eos_token_id or eot_token_id")
+        confidence = torch.zeros(vocab, dtype=torch.bool, device=device)
+        confidence[ids] = True
+    return (proposal if bool(proposal.any()) else None), confidence
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Optional[Tensor] = None,
+    *,
+    scheduler: UnmaskingScheduler,
+    gen_length: int = 128,
+    block_length: int = 128,
+    steps: Optional[int] = None,
+    temperature: float = 0.0,
+    cfg_scale: float = 0.0,
+    cache: str = "none",
+    mask_token_id: Optional[int] = None,
+    eos_token_id: Optional[int] = None,
+    eot_token_id: Optional[int] = None,
+    logits_eos_inf: bool = False,
+    confidence_eos_eot_inf: bool = False,
+    early_stop_eos: bool = False,
+    suppress_mask_token: bool = True,
+    generator: GeneratorArg = None,
+    callback: Optional[StepCallback] = None,
+) -> TextDecodeOutput:
+    """Decode ``gen_length`` tokens after each prompt (module docstring).
+
+    Args:
+        input_ids: ``[B, P]`` left-padded prompts; ``attention_mask [B, P]`` marks real tokens.
+        scheduler: the unmasking policy; ``steps`` (total over blocks) is required by fixed-step ones.
+        temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
+        cfg_scale: unsupervised CFG weight ``w`` (0 = off).
+        cache: ``"none"``, ``"prefix"`` or ``"dual"``.
+        logits_eos_inf: never propose EOS. ``confidence_eos_eot_inf``: rank EOS/EoT proposals last.
+        early_stop_eos: fill the masked positions after a committed EOS with EOS.
+        suppress_mask_token: never propose the mask token (nor padded embedding columns).
+        generator: one ``torch.Generator`` or a list with one per row.
+    """
+    mask_id = _check_generate_args(model, input_ids, attention_mask, gen_length, block_length, temperature, cfg_scale,
+                                   cache, mask_token_id)
+    eos_id = eos_token_id if eos_token_id is not None else _config_id(model, "eos_token_id")
+    eot_id = eot_token_id if eot_token_id is not None else _config_id(model, "eot_token_id")
+    for flag, name in ((early_stop_eos, "early_stop_eos"), (logits_eos_inf, "logits_eos_inf")):
+        if flag and eos_id is None:
+            raise ValueError(f"{name} needs an eos_token_id (the model config has none)")
+    scheduler.set_timesteps(steps, gen_length, block_length)
+    device = input_ids.device
+    batch, prompt_len = input_ids.shape
+    total = prompt_len + gen_length
+    x = torch.cat([input_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long, device=device)], dim=1)
+    prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.to(device).bool()
+    key_mask = torch.cat([prompt_mask, torch.ones(batch, gen_length, dtype=torch.bool, device=device)], dim=1)
+    seeds = per_sample_seeds(generator, batch, device)
+    forward = _Forward(model, prompt_len, key_mask, float(cfg_scale), mask_id, cache)
+    nfe = torch.zeros(batch, dtype=torch.long, device=device)
+    finished_at = torch.full((batch,), float("nan"), dtype=torch.float64)
+    masks: Optional[tuple] = None
+    start_time = time.perf_counter()
+    global_step = 0
+    for block in range(gen_length // block_length):
+        start, end = prompt_len + block * block_length, prompt_len + (block + 1) * block_length
+        masked_at_start = (x[:, start:end] == mask_id).sum(dim=1)
+        step = 0
+        while True:
+            if scheduler.fixed_steps and step >= scheduler.steps_per_block:
+                break
+            rows = (x[:, start:end] == mask_id).any(dim=1).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                break
+            logits = forward.block_logits(x, rows, start, end, first_step=step == 0 or forward.cache_rows is None)
+            if logits_eos_inf:  # as LLaDA: EOS is gone from the logits, for the proposal and the confidence
+                logits[..., eos_id] = float("-inf")
+            if masks is None:
+                masks = _token_masks(model, logits.shape[-1], mask_id, eos_id, eot_id, device, confidence_eos_eot_inf,
+                                     suppress_mask_token)
+            # noise keyed by the position in the generated canvas (not the padded prompt width)
+            gen_positions = torch.arange(start - prompt_len, end - prompt_len, device=device)
+            noise = UnmaskNoise(seeds[rows], gen_positions.expand(rows.numel(), -1), nfe[rows])
+            out = scheduler.step(logits, step, x[rows, start:end], mask_token_id=mask_id, temperature=float(temperature),
+                                 noise=noise, num_masked_at_block_start=masked_at_start[rows],
+                                 proposal_mask=masks[0], confidence_mask=masks[1])
+            x[rows, start:end] = out.prev_sample
+            nfe[rows] += 1
+            if early_stop_eos:
+                _fill_after_eos(x, rows, prompt_len, eos_id, mask_id)
+            done = rows[~(x[rows, prompt_len:] == mask_id).any(dim=1)]
+            finished_at[done.cpu()] = time.perf_counter() - start_time
+            if callback is not None:
+                callback({"step": global_step, "block": block, "step_in_block": step, "rows": rows,
+                          "transfer_index": out.transfer_index, "sequences": x[:, prompt_len:].clone()})
+            step += 1
+            global_step += 1
+    elapsed = time.perf_counter() - start_time
+    finished_at = torch.where(torch.isnan(finished_at), torch.full_like(finished_at, elapsed), finished_at)
+    sequences = x[:, prompt_len:]
+    stats = TextDecodeStats(nfe=nfe.cpu(), tokens=count_tokens(sequences, eos_id, eot_id).cpu(), latency_s=finished_at)
+    return TextDecodeOutput(sequences=sequences, stats=stats)
+
+
+def _fill_after_eos(x: Tensor, rows: Tensor, prompt_len: int, eos_id: int, mask_id: int) -> None:
+    """Early stop: masked positions after each row's first committed EOS become EOS."""
+    canvas = x[rows, prompt_len:]
+    is_eos = canvas == eos_id
+    after = is_eos.long().cumsum(dim=1) - is_eos.long() > 0  # strictly after the first EOS
+    x[rows, prompt_len:] = torch.where(after & (canvas == mask_id), torch.full_like(canvas, eos_id), canvas)
+
+
+def count_tokens(sequences: Tensor, eos_id: Optional[int], eot_id: Optional[int]) -> Tensor:
+    """Generated tokens per row before the first EOS, EOS and EoT excluded (spec ``dllm.md`` §16.4)."""
+    keep = torch.ones_like(sequences, dtype=torch.bool)
+    if eos_id is not None:
+        keep &= (sequences == eos_id).long().cumsum(dim=1) == 0
+    if eot_id is not None:
+        keep &= sequences != eot_id
+    return keep.sum(dim=1)

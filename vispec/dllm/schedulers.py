@@ -1,0 +1,284 @@
+"""Unmasking policies for masked diffusion LMs, as diffusers-style schedulers.
+
+Every policy sees one semi-autoregressive block at a time (``[B, Lb]``; pure diffusion is one
+block over the whole canvas), proposes a candidate for every masked position
+(:func:`vispec.kernels.unmask.unmask_candidates`: arg-max or float64 Gumbel-max, confidence
+``softmax(ℓ)[x̂]`` without temperature, entropy) and decides which positions to commit
+("transfer"). A committed token is never re-masked. Policies (all batched: each row has its own
+commit set, no Python loop over rows):
+
+* :class:`LLaDAScheduler`: the LLaDA reference (Nie et al. 2025, arXiv 2502.09992;
+  ML-GSAI/LLaDA ``generate.py``). ``steps`` is the total over all blocks, ``s = steps / K`` per
+  block; step ``i`` of a block with ``M`` masked positions at its start commits exactly
+  ``n_i = ⌊M / s⌋ + 1[i < M mod s]`` positions (the remainder first): the top-``n_i`` by confidence
+  (``remasking="low_confidence"``) or by a uniform draw (``"random"``).
+* :class:`ThresholdScheduler`: Fast-dLLM's confidence-aware parallel decoding (Wu et al. 2025,
+  arXiv 2505.22618, §3.2): commit every masked position with ``c ≥ τ``, and always the most
+  confident one.
+* :class:`FactorScheduler`: Fast-dLLM's factor rule: with confidences sorted ``c_(1) ≥ c_(2) ≥ …``
+  commit the longest prefix whose ranks all pass ``c_(n) ≥ 1 - f / (n + 1)`` (rank 1 always passes).
+* :class:`EntropyBoundScheduler`: EB-Sampler (Ben-Hamu et al. 2025, arXiv 2505.24857): sort by
+  entropy (or confidence) and commit the largest prefix with ``Σ_{i≤k} H_i - max_{i≤k} H_i ≤ γ``,
+  at least one.
+
+``step`` follows diffusers' ``BlockRefinementScheduler.step`` (model output, timestep = step index in
+the block, current block tokens) and returns :class:`UnmaskSchedulerOutput`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils import BaseOutput
+from torch import Tensor
+
+from vispec.kernels.philox import Stream, uniforms, uniforms64
+from vispec.kernels.unmask import unmask_candidates
+
+
+@dataclass
+class UnmaskSchedulerOutput(BaseOutput):
+    """One unmasking step on a block.
+
+    Args:
+        prev_sample: ``[B, Lb]`` block tokens after the step.
+        transfer_index: ``[B, Lb]`` bool, positions committed in this step.
+        sampled_tokens: ``[B, Lb]`` candidates (``-1`` where the position was not masked).
+        confidence: ``[B, Lb]`` float64 confidences (``-inf`` where not masked).
+    """
+
+    prev_sample: Tensor
+    transfer_index: Tensor
+    sampled_tokens: Tensor
+    confidence: Tensor
+
+
+@dataclass
+class UnmaskNoise:
+    """The counter-based key of a step's randomness: Philox keyed by (row seed, absolute position, stream, draw).
+
+    ``seeds [B]`` come from each row's ``torch.Generator``; ``positions [B, Lb]`` are the block's
+    positions in the generated canvas (independent of the prompt's padded width); ``draws [B]`` is the row's forward count, so every step gets fresh noise
+    and a row's numbers do not depend on the rest of the batch.
+    """
+
+    seeds: Tensor
+    positions: Tensor
+    draws: Tensor
+
+
+def _check_probability(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 < value <= 1.0):
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+
+
+class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
+    """Base class: candidate proposal and the batched commit step; subclasses choose the commit set.
+
+    ``fixed_steps`` is True for policies with a step budget per block (the block loop runs exactly
+    ``steps_per_block`` steps); adaptive policies run until the block has no masked position.
+    """
+
+    config_name = "scheduler_config.json"
+    order = 1
+    fixed_steps = False
+    uses_remask_noise = False
+
+    def __init__(self) -> None:
+        self.num_blocks: Optional[int] = None
+        self.steps_per_block: Optional[int] = None
+        self.timesteps = torch.zeros(0, dtype=torch.long)
+
+    def set_timesteps(self, num_inference_steps: Optional[int], gen_length: int, block_length: int,
+                      device: "torch.device | str | None" = None) -> None:
+        """Validate the canvas split; fixed-step policies also need ``num_inference_steps`` (total over blocks)."""
+        for name, value in (("gen_length", gen_length), ("block_length", block_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if gen_length % block_length:
+            raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
+        self.num_blocks = gen_length // block_length
+        if self.fixed_steps:
+            steps = num_inference_steps
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+                raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+            if steps % self.num_blocks:
+                raise ValueError(f"steps ({steps}) must be divisible by the number of blocks "
+                                 f"(gen_length / block_length = {self.num_blocks})")
+            self.steps_per_block = steps // self.num_blocks
+            self.timesteps = torch.arange(self.steps_per_block, device=device)
+        else:
+            self.steps_per_block = None
+            self.timesteps = torch.zeros(0, dtype=torch.long, device=device)
+
+    def step(
+        self,
+        model_output: Tensor,
+        timestep: int,
+        sample: Tensor,
+        *,
+        mask_token_id: int,
+        temperature: float = 0.0,
+        noise: Optional[UnmaskNoise] = None,
+        num_masked_at_block_start: Optional[Tensor] = None,
+        proposal_mask: Optional[Tensor] = None,
+        confidence_mask: Optional[Tensor] = None,
+        return_dict: bool = True,
+    ) -> "UnmaskSchedulerOutput | tuple":
+        """Propose candidates for the masked positions of ``sample [B, Lb]`` from ``model_output [B, Lb, V]`` and commit.
+
+        Args:
+            timestep: step index within the block (``0, 1, ...``).
+            noise: the randomness key; needed for ``temperature > 0`` and random remasking.
+            num_masked_at_block_start: ``[B]`` masked positions when the block started (quota policies).
+            proposal_mask, confidence_mask: ``[V]`` bool token masks (:mod:`vispec.kernels.unmask`).
+        """
+        if model_output.shape[:2] != sample.shape:
+            raise ValueError(f"model_output must be [B, Lb, V] matching sample {tuple(sample.shape)}, got {tuple(model_output.shape)}")
+        if (temperature > 0 or self.uses_remask_noise) and noise is None:
+            raise ValueError("noise is needed for temperature > 0 and for random remasking")
+        masked = sample == mask_token_id
+        b, j = masked.nonzero(as_tuple=True)
+        rows_uniforms = None
+        if temperature > 0 and b.numel():
+            rows_uniforms = uniforms64(noise.seeds[b], noise.positions[b, j][:, None], Stream.UNMASK,
+                                       noise.draws[b], model_output.shape[-1])[:, 0]
+        cand = unmask_candidates(model_output[b, j], temperature, rows_uniforms, proposal_mask, confidence_mask)
+        tokens = torch.full_like(sample, -1)
+        tokens[b, j] = cand.tokens
+        confidence = torch.full(sample.shape, float("-inf"), dtype=torch.float64, device=sample.device)
+        confidence[b, j] = cand.confidence
+        entropy = torch.full(sample.shape, float("inf"), dtype=torch.float64, device=sample.device)
+        entropy[b, j] = cand.entropy
+        transfer = self.transfer_index(confidence, entropy, masked, timestep, num_masked_at_block_start, noise) & masked
+        prev = torch.where(transfer, tokens, sample)
+        if not return_dict:
+            return prev, transfer, tokens, confidence
+        return UnmaskSchedulerOutput(prev_sample=prev, transfer_index=transfer, sampled_tokens=tokens, confidence=confidence)
+
+    def transfer_index(self, confidence: Tensor, entropy: Tensor, masked: Tensor, timestep: int,
+                       num_masked_at_block_start: Optional[Tensor], noise: Optional[UnmaskNoise]) -> Tensor:
+        """``[B, Lb]`` bool commit set (subclasses). ``confidence`` is ``-inf`` and ``entropy`` ``+inf`` off ``masked``."""
+        raise NotImplementedError
+
+
+def top_n_by(score: Tensor, n: Tensor) -> Tensor:
+    """``[B, Lb]`` bool: the ``n[b]`` highest-scoring positions of each row (``-inf`` scores never count)."""
+    order = score.argsort(dim=-1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
+    return (rank < n[:, None]) & torch.isfinite(score)
+
+
+def most_confident(confidence: Tensor) -> Tensor:
+    """``[B, Lb]`` bool: the single most confident masked position per row (none if the row has none)."""
+    return top_n_by(confidence, torch.ones(confidence.shape[0], dtype=torch.long, device=confidence.device))
+
+
+class LLaDAScheduler(UnmaskingScheduler):
+    """The LLaDA reference policy: a fixed per-step quota, top-``n_i`` by confidence or at random (module docstring).
+
+    Args:
+        remasking: ``"low_confidence"`` (commit the most confident; LLaDA's name for throwing away the
+            rest) or ``"random"`` (commit ``n_i`` positions chosen uniformly at random).
+    """
+
+    fixed_steps = True
+
+    @register_to_config
+    def __init__(self, remasking: str = "low_confidence"):
+        super().__init__()
+        if remasking not in ("low_confidence", "random"):
+            raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
+        self.uses_remask_noise = remasking == "random"
+
+    def quota(self, num_masked: Tensor, timestep: int) -> Tensor:
+        """``n_i = ⌊M / s⌋ + 1[i < M mod s]`` per row (LLaDA ``get_num_transfer_tokens``)."""
+        if self.steps_per_block is None:
+            raise ValueError("call set_timesteps(steps, gen_length, block_length) before step")
+        s = self.steps_per_block
+        return num_masked // s + (timestep < num_masked % s).long()
+
+    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+        if num_masked_at_block_start is None:
+            raise ValueError("LLaDAScheduler.step needs num_masked_at_block_start")
+        score = confidence
+        if self.config.remasking == "random":
+            draws = uniforms(noise.seeds, noise.positions, Stream.REMASK, noise.draws).to(torch.float64)
+            score = torch.where(masked, draws, torch.full_like(draws, float("-inf")))
+        return top_n_by(score, self.quota(num_masked_at_block_start, timestep))
+
+
+class ThresholdScheduler(UnmaskingScheduler):
+    """Fast-dLLM threshold rule: commit ``c ≥ threshold``, and at least the most confident position."""
+
+    @register_to_config
+    def __init__(self, threshold: float = 0.9):
+        super().__init__()
+        _check_probability("threshold", threshold)
+
+    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+        return (masked & (confidence >= self.config.threshold)) | most_confident(confidence)
+
+
+class FactorScheduler(UnmaskingScheduler):
+    """Fast-dLLM factor rule: the longest confidence-sorted prefix with ``(n + 1)(1 - c_(n)) ≤ factor``."""
+
+    @register_to_config
+    def __init__(self, factor: float = 1.0):
+        super().__init__()
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+            raise ValueError(f"factor must be a number > 0, got {factor!r}")
+
+    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+        sorted_conf, order = confidence.sort(dim=-1, descending=True, stable=True)
+        rank = torch.arange(1, confidence.shape[-1] + 1, device=confidence.device, dtype=torch.float64)
+        passes = (rank + 1) * (1 - sorted_conf) <= self.config.factor
+        passes[:, 0] = True  # rank 1 always passes
+        passes &= torch.isfinite(sorted_conf)
+        count = passes.long().cumprod(dim=-1).sum(dim=-1)
+        return top_n_by(confidence, count)
+
+
+class EntropyBoundScheduler(UnmaskingScheduler):
+    """EB-Sampler: the largest error-sorted prefix with ``Σ H - max H ≤ gamma`` (at least one position).
+
+    Args:
+        gamma: entropy budget in nats (``≥ 0``; 0 commits one position per step unless entropies are 0).
+        order_by: ``"entropy"`` (ascending) or ``"confidence"`` (descending) as the error proxy.
+    """
+
+    @register_to_config
+    def __init__(self, gamma: float = 0.1, order_by: str = "entropy"):
+        super().__init__()
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or gamma < 0:
+            raise ValueError(f"gamma must be a number >= 0, got {gamma!r}")
+        if order_by not in ("entropy", "confidence"):
+            raise ValueError(f"order_by must be 'entropy' or 'confidence', got {order_by!r}")
+
+    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+        score = -entropy if self.config.order_by == "entropy" else confidence
+        order = score.argsort(dim=-1, descending=True, stable=True)
+        h = entropy.gather(-1, order).masked_fill(~masked.gather(-1, order), 0.0)
+        spent = h.cumsum(dim=-1) - h.cummax(dim=-1).values  # nondecreasing in k
+        count = ((spent <= self.config.gamma) & masked.gather(-1, order)).long().cumprod(dim=-1).sum(dim=-1).clamp_min(1)
+        return top_n_by(score.masked_fill(~masked, float("-inf")), count)
+
+
+SCHEDULERS = {
+    "llada": LLaDAScheduler,
+    "threshold": ThresholdScheduler,
+    "factor": FactorScheduler,
+    "entropy": EntropyBoundScheduler,
+}
+
+
+def make_scheduler(strategy: str, **settings) -> UnmaskingScheduler:
+    """A scheduler by strategy name (``llada``, ``threshold``, ``factor``, ``entropy``) with its settings."""
+    if strategy not in SCHEDULERS:
+        raise ValueError(f"strategy must be one of {tuple(SCHEDULERS)}, got {strategy!r}")
+    return SCHEDULERS[strategy](**settings)
