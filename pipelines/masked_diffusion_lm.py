@@ -24,6 +24,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from vispec.dllm import CACHES, UnmaskingScheduler, generate, make_scheduler
+from vispec.dllm.generate import check_generate_args
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.pipelines.embedded import resolve_model_path
 
@@ -227,6 +228,8 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline):
         batch = ids.shape[0]
         if isinstance(generator, list) and len(generator) != batch:
             raise ValueError(f"generator list has {len(generator)} entries, expected one per sequence ({batch})")
+        check_generate_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, self.mask_token_id)
+        scheduler.set_timesteps(steps, gen_length, block_length)  # validates steps against the blocks
 
         # 2. decode, with progress bars over blocks and committed tokens
         num_blocks = gen_length // block_length if isinstance(gen_length, int) and isinstance(block_length, int) and block_length > 0 else 1

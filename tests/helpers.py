@@ -65,3 +65,14 @@ def sequence_index(tokens: Tensor, vocab: int) -> Tensor:
     """Row-major index of each sequence in the enumeration order of :func:`exact_joint`."""
     weights = vocab ** torch.arange(tokens.shape[1] - 1, -1, -1)
     return (tokens.long() * weights).sum(dim=1)
+
+
+def left_padded(rows: list[Tensor], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Left-pad 1-D token rows into ``(ids [B, W], attention_mask [B, W])`` (1 = real token)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    return ids, mask

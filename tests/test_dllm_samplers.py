@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dllm_reference import llada_reference
+from helpers import left_padded
 
 from vispec.dllm import (
     EntropyBoundScheduler,
@@ -32,16 +33,6 @@ def model():
 def prompts(lengths=(7, 4, 5), seed=1):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(4, 60, (n,), generator=gen) for n in lengths]
-
-
-def left_pad(rows):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
-    return ids, mask
 
 
 @pytest.mark.parametrize("gen_length,block_length,steps", [(16, 16, 16), (16, 4, 8), (12, 4, 6), (8, 4, 16)])
@@ -112,7 +103,7 @@ def _all_settings():
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 def test_batch_with_padding_equals_one_by_one(model, strategy, settings, steps, cache):
     rows = prompts()
-    ids, mask = left_pad(rows)
+    ids, mask = left_padded(rows, PAD)
     gens = lambda: [torch.Generator().manual_seed(10 + i) for i in range(len(rows))]
     kwargs = dict(steps=steps, gen_length=16, block_length=8, cache=cache, temperature=0.8, cfg_scale=0.5,
                   early_stop_eos=True)
@@ -127,7 +118,7 @@ def test_batch_with_padding_equals_one_by_one(model, strategy, settings, steps, 
 def test_caches_are_exact_when_each_block_takes_one_step(model, cache):
     """At a block boundary the cache is refreshed by a full forward: a policy that completes every block in
     its first step must give the cache-free tokens exactly."""
-    ids, mask = left_pad(prompts())
+    ids, mask = left_padded(prompts(), PAD)
     one_step = lambda: ThresholdScheduler(threshold=1e-12)
     ref = generate(model, ids, mask, scheduler=one_step(), gen_length=16, block_length=4)
     out = generate(model, ids, mask, scheduler=one_step(), gen_length=16, block_length=4, cache=cache)
@@ -135,7 +126,7 @@ def test_caches_are_exact_when_each_block_takes_one_step(model, cache):
 
 
 def test_caches_cost_the_same_forwards_and_approximate_within_a_block(model):
-    ids, mask = left_pad(prompts())
+    ids, mask = left_padded(prompts(), PAD)
     results = {c: generate(model, ids, mask, scheduler=LLaDAScheduler(), steps=16, gen_length=16, block_length=4, cache=c)
                for c in ("none", "prefix", "dual")}
     for out in results.values():

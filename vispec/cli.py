@@ -103,6 +103,7 @@ TRAINERS = {
     "gpt": ("vispec.eval.train_gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
     "assemble": ("vispec.eval.assemble", "AssembleConfig", "assemble", "write the trained parts as the embedded tiny-c2i pipeline"),
     "mdlm": ("vispec.eval.train_mdlm", "MDLMTrainConfig", "train_mdlm", "the tiny-mdlm masked diffusion LM (task suite, tokenizer, SFT)"),
+    "assemble-mdlm": ("vispec.eval.assemble_mdlm", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as the embedded tiny-mdlm pipeline"),
 }
 
 

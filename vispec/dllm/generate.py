@@ -79,8 +79,9 @@ def _config_id(model: Any, name: str) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def _check_generate_args(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], gen_length: int, block_length: int,
+def check_generate_args(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], gen_length: int, block_length: int,
                          temperature: float, cfg_scale: float, cache: str, mask_token_id: Optional[int]) -> int:
+    """Validate :func:`generate`'s arguments (errors name the argument); returns the mask id."""
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids must be a LongTensor [batch, prompt_length >= 1], got "
                          f"{tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__}")
@@ -218,7 +219,7 @@ def generate(
         suppress_mask_token: never propose the mask token (nor padded embedding columns).
         generator: one ``torch.Generator`` or a list with one per row.
     """
-    mask_id = _check_generate_args(model, input_ids, attention_mask, gen_length, block_length, temperature, cfg_scale,
+    mask_id = check_generate_args(model, input_ids, attention_mask, gen_length, block_length, temperature, cfg_scale,
                                    cache, mask_token_id)
     eos_id = eos_token_id if eos_token_id is not None else _config_id(model, "eos_token_id")
     eot_id = eot_token_id if eot_token_id is not None else _config_id(model, "eot_token_id")

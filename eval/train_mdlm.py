@@ -1,0 +1,267 @@
+"""Training a small LLaDA on the synthetic text tasks with LLaDA's SFT objective, and a greedy evaluator.
+
+Objective (Nie et al., arXiv 2502.09992, SFT; spec ``dllm.md`` §1.2): a sequence is ``prompt ; answer``
+where the answer is ``answer <|eot_id|>`` padded with EOS to a fixed ``answer_length`` (the padding is
+trained too, as LLaDA does). Per sequence draw ``t ~ U(0, 1)``, set ``p = (1 - eps) t + eps`` and mask
+each answer token independently with probability ``p``; the prompt is never masked. The loss is
+
+    L = 1 / (B * answer_length) * sum_b sum_{i masked in b} CE(x_i, f(x_t)_i) / p_b,
+
+an upper bound on the negative log-likelihood of the answer. ``stratified_t`` draws the batch's ``t`` one
+per stratum ``[k/B, (k+1)/B)`` (each still uniform on its own), which lowers the variance of the batch loss.
+
+:func:`evaluate_greedy` decodes the whole answer as one block, one token per step (``steps =
+answer_length``): each step commits the masked position whose argmax has the highest probability
+(LLaDA "low_confidence" remasking, temperature 0) and reports the task's metrics on its test split.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Union
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerFast
+
+from vispec.eval.text_tasks import TextItem, TextTask, get_task, split_items, train_stream
+from vispec.eval.text_tokenizer import answer_ids, decode_answer, eot_token_id, prompt_ids, train_task_tokenizer
+from vispec.eval.training import warmup_cosine, write_record
+from vispec.models.llada import LLaDAModelLM
+
+
+@dataclass
+class MDLMTrainConfig:
+    """Defaults sized for ~70 minutes on the 2-core CPU: 3.5M parameters, 0.33 s per step of 32 sequences of
+    <= 71 tokens with 2 threads (0.61 s with one), 11000 steps ~ 61 min, plus a few minutes of evaluation.
+    Arithmetic (the task with an accuracy target) gets most of the batch."""
+
+    out: str = "out/tiny-mdlm"
+    tasks: tuple[str, ...] = ("arithmetic", "sort", "reverse")
+    task_weights: tuple[float, ...] = (0.8, 0.1, 0.1)
+    task_options: dict = field(default_factory=dict)  # per task name, e.g. {"arithmetic": {"operand_max": 5}}
+    answer_length: int = 32  # the generation canvas: answer, <|eot_id|>, EOS padding
+    steps: int = 11000
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    warmup: int = 200
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int = 0  # 0: n_heads (no grouped-query attention)
+    mlp_hidden_size: int = 768
+    rope_theta: float = 10000.0
+    mask_eps: float = 1e-3
+    stratified_t: bool = True
+    seed: int = 0
+    log_every: int = 25
+    eval_every: int = 2000  # greedy accuracy on eval_n test items of tasks[0] every this many steps (0: never)
+    eval_n: int = 100
+    final_eval_n: int = 500  # per task, after training (0: skip)
+    tokenizer_corpus: int = 2000  # train items per task for the tokenizer
+    max_minutes: float = 0.0  # > 0: stop early once this much training time has passed (pilots)
+    threads: int = 2  # > 0: torch.set_num_threads(threads); 0 leaves it as is
+
+
+# ------------------------------------------------------------------------------------------ data
+def encode_items(
+    tokenizer: PreTrainedTokenizerFast, items: list[TextItem], answer_length: int, with_answers: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` ``[B, P + answer_length]``: prompts left-padded to the longest, then
+    the answer canvas (EOS-padded answers, or all mask tokens when ``with_answers=False``)."""
+    prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
+    width = max(len(p) for p in prompts)
+    rows, masks = [], []
+    for item, prompt in zip(items, prompts):
+        canvas = answer_ids(tokenizer, item.answer, answer_length) if with_answers else [tokenizer.mask_token_id] * answer_length
+        pad = width - len(prompt)
+        rows.append([tokenizer.pad_token_id] * pad + prompt + canvas)
+        masks.append([0] * pad + [1] * (len(prompt) + answer_length))
+    return torch.tensor(rows), torch.tensor(masks)
+
+
+def sft_loss(
+    model: LLaDAModelLM,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    answer_length: int,
+    generator: torch.Generator,
+    eps: float = 1e-3,
+    stratified_t: bool = True,
+    per_row: bool = False,
+) -> torch.Tensor:
+    """LLaDA SFT loss (module docstring) for a batch whose last ``answer_length`` columns are the answer;
+    ``per_row=True`` returns each row's term ``[B]`` (their mean is the loss)."""
+    batch = input_ids.shape[0]
+    if stratified_t:
+        t = (torch.randperm(batch, generator=generator) + torch.rand(batch, generator=generator)) / batch
+    else:
+        t = torch.rand(batch, generator=generator)
+    p_mask = (1 - eps) * t + eps
+    masked = torch.rand(batch, answer_length, generator=generator) < p_mask[:, None]
+    targets = input_ids[:, -answer_length:]
+    noisy = input_ids.clone()
+    noisy[:, -answer_length:] = torch.where(masked, model.config.mask_token_id, targets)
+    logits = model(noisy.to(model.device), attention_mask.to(model.device)).logits[:, -answer_length:]
+    masked = masked.to(model.device)
+    ce = F.cross_entropy(logits.transpose(1, 2), targets.to(model.device), reduction="none")  # [B, L]
+    rows = (ce * masked).sum(dim=1) / (p_mask.to(model.device) * answer_length)
+    return rows if per_row else rows.mean()
+
+
+# ------------------------------------------------------------------------------------------ decoding
+@torch.no_grad()
+def decode_low_confidence(
+    model: LLaDAModelLM, input_ids: torch.Tensor, attention_mask: torch.Tensor, answer_length: int
+) -> torch.Tensor:
+    """Fill the last ``answer_length`` (masked) columns, one token per step per row, highest-confidence
+    position first (LLaDA ``low_confidence``, temperature 0, one block). Returns the answers ``[B, L]``."""
+    x = input_ids.clone().to(model.device)
+    attention_mask = attention_mask.to(model.device)
+    mask_id, rows = model.config.mask_token_id, torch.arange(x.shape[0], device=x.device)
+    start = x.shape[1] - answer_length
+    for _ in range(answer_length):
+        still = x[:, start:] == mask_id
+        if not bool(still.any()):
+            break
+        logits = model(x, attention_mask).logits[:, start:]
+        confidence, prediction = torch.softmax(logits, dim=-1).max(dim=-1)
+        confidence = confidence.masked_fill(~still, -math.inf)
+        pick = confidence.argmax(dim=-1)
+        active = still.any(dim=-1)
+        x[rows[active], start + pick[active]] = prediction[rows, pick][active]
+    return x[:, start:]
+
+
+@torch.no_grad()
+def evaluate_greedy(
+    model: LLaDAModelLM,
+    tokenizer: PreTrainedTokenizerFast,
+    task: Union[str, TextTask],
+    n: int = 500,
+    *,
+    answer_length: int = 32,
+    batch_size: int = 64,
+    seed: int = 0,
+    examples: int = 2,
+) -> dict:
+    """Metrics of one-token-per-step greedy decoding on the first ``n`` test items of ``task``:
+    ``{"task", "n", <metric>: mean, ..., "examples": [{"prompt", "completion", "target"}, ...]}``."""
+    task = get_task(task)
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"n and batch_size must be >= 1, got n={n}, batch_size={batch_size}")
+    was_training = model.training
+    model.eval()
+    items = split_items(task, "test", n, seed)
+    totals = {metric: 0.0 for metric in task.metrics}
+    shown = []
+    for lo in range(0, n, batch_size):
+        chunk = items[lo : lo + batch_size]
+        ids, mask = encode_items(tokenizer, chunk, answer_length, with_answers=False)
+        answers = decode_low_confidence(model, ids, mask, answer_length).cpu()
+        for item, row in zip(chunk, answers):
+            completion = decode_answer(tokenizer, row.tolist())
+            for metric, value in task.score(completion, item).items():
+                totals[metric] += value
+            if len(shown) < examples:
+                shown.append({"prompt": item.prompt, "completion": completion, "target": item.answer})
+    model.train(was_training)
+    return {"task": task.name, "n": n, **{k: v / n for k, v in totals.items()}, "examples": shown}
+
+
+# ------------------------------------------------------------------------------------------ training
+def make_tasks(cfg: MDLMTrainConfig) -> list[TextTask]:
+    """The configured tasks: ``cfg.tasks`` by name, with ``cfg.task_options[name]`` overriding their fields."""
+    unknown = sorted(set(cfg.task_options) - set(cfg.tasks))
+    if unknown:
+        raise ValueError(f"task_options names tasks that are not trained: {unknown} (tasks: {list(cfg.tasks)})")
+    tasks = [get_task(name) for name in cfg.tasks]
+    return [type(t)(**cfg.task_options[t.name]) if t.name in cfg.task_options else t for t in tasks]
+
+
+def build_model(cfg: MDLMTrainConfig, tokenizer: PreTrainedTokenizerFast) -> LLaDAModelLM:
+    vocab = len(tokenizer)
+    return LLaDAModelLM(
+        d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads or None, n_layers=cfg.n_layers,
+        mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=vocab, embedding_size=vocab,
+        max_sequence_length=256, rope_theta=cfg.rope_theta, mask_token_id=tokenizer.mask_token_id,
+        eos_token_id=tokenizer.eos_token_id, eot_token_id=eot_token_id(tokenizer), pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+
+
+def train_mdlm(cfg: MDLMTrainConfig) -> dict:
+    """Train (seeded), log to ``out/train_log.jsonl``, save ``out/transformer`` (diffusers folder),
+    ``out/tokenizer`` and ``out/train_config.json``; returns the metrics."""
+    if len(cfg.tasks) != len(cfg.task_weights) or not cfg.tasks:
+        raise ValueError(f"tasks and task_weights must be non-empty and of equal length, got {cfg.tasks}, {cfg.task_weights}")
+    if cfg.steps < 1 or cfg.batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1, got steps={cfg.steps}, batch_size={cfg.batch_size}")
+    tasks = make_tasks(cfg)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    os.makedirs(cfg.out, exist_ok=True)
+    tokenizer = train_task_tokenizer(tasks, cfg.tokenizer_corpus, cfg.seed)
+    tokenizer.save_pretrained(os.path.join(cfg.out, "tokenizer"))
+    model = build_model(cfg, tokenizer).train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(0.9, 0.95))
+    sched = warmup_cosine(opt, cfg.steps, warmup=cfg.warmup, floor=0.1)
+    streams = [train_stream(task, cfg.seed) for task in tasks]
+    picker = random.Random(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    start, train_s, step = time.time(), 0.0, -1
+    evals: list[dict] = []
+    with open(os.path.join(cfg.out, "train_log.jsonl"), "w") as log:
+        bar = tqdm(range(cfg.steps), desc="train mdlm", mininterval=5)
+        for step in bar:
+            tick = time.time()
+            choice = picker.choices(range(len(streams)), weights=cfg.task_weights, k=cfg.batch_size)
+            ids, mask = encode_items(tokenizer, [next(streams[c]) for c in choice], cfg.answer_length)
+            rows = sft_loss(model, ids, mask, cfg.answer_length, gen, cfg.mask_eps, cfg.stratified_t, per_row=True)
+            loss = rows.mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            train_s += time.time() - tick
+            last = step == cfg.steps - 1 or (cfg.max_minutes > 0 and train_s > 60 * cfg.max_minutes)
+            if step % cfg.log_every == 0 or last:
+                picked = torch.tensor(choice)
+                by_task = {t: round(rows[picked == i].mean().item(), 4) for i, t in enumerate(cfg.tasks) if (picked == i).any()}
+                record = {"step": step, "loss": round(loss.item(), 4), "loss_by_task": by_task, "lr": sched.get_last_lr()[0],
+                          "train_s": round(train_s, 1), "elapsed_s": round(time.time() - start, 1)}
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+            if cfg.eval_every and step > 0 and step % cfg.eval_every == 0:
+                result = evaluate_greedy(model, tokenizer, tasks[0], cfg.eval_n, answer_length=cfg.answer_length)
+                evals.append({"step": step, **{k: v for k, v in result.items() if k != "examples"}})
+                log.write(json.dumps({"step": step, "eval": result}) + "\n")
+                log.flush()
+            if last:
+                break
+    model.eval()
+    metrics = {"train_minutes": round(train_s / 60, 1), "steps_done": step + 1, "final_loss": loss.item(),
+               "seconds_per_step": round(train_s / (step + 1), 3), "parameters": sum(p.numel() for p in model.parameters())}
+    model.save_pretrained(os.path.join(cfg.out, "transformer"))
+    metrics["progress"] = evals
+    if cfg.final_eval_n:
+        metrics["eval"] = {
+            task.name: {k: v for k, v in evaluate_greedy(model, tokenizer, task, cfg.final_eval_n,
+                                                        answer_length=cfg.answer_length).items() if k != "examples"}
+            for task in tasks
+        }
+    write_record(cfg.out, cfg, metrics)
+    return metrics

@@ -1,0 +1,378 @@
+"""LLaDA, a masked diffusion language model (Nie et al., "Large Language Diffusion Models", arXiv 2502.09992).
+
+A Llama-style Transformer *encoder* (the causal mask removed), state-dict compatible with the official
+``GSAI-ML/LLaDA-8B-*`` checkpoints (``modeling_llada.py``, OLMo-derived, ``block_type="llama"``):
+
+* blocks ``h = x + attn_out(Attn(RMSNorm(x)))``, ``y = h + ff_out(silu(ff_proj(z)) * up_proj(z))`` with
+  ``z = RMSNorm(h)``; separate ``q_proj``/``k_proj``/``v_proj``; no biases; untied LM head;
+* RoPE (base ``rope_theta``) on half-split pairs: dimension ``i`` pairs with ``i + head_dim / 2``,
+  ``x' = x cos(p w) + rotate_half(x) sin(p w)``, ``w_i = rope_theta^(-2i / head_dim)``, in float32;
+* grouped-query attention when ``n_kv_heads < n_heads`` (each key head serves ``n_heads / n_kv_heads``
+  query heads);
+* logits have ``embedding_size`` columns (the padded embedding width, >= ``vocab_size``) exactly like
+  the original; columns ``>= vocab_size`` belong to no token. Parameter names are the official ones
+  (``model.transformer.wte``, ``model.transformer.blocks.{i}.q_proj``, ..., ``model.transformer.ln_f``,
+  ``model.transformer.ff_out``), so official state dicts load with no renaming.
+
+**Forward contract** (every sampler uses it)::
+
+    out = model(input_ids, attention_mask)    # input_ids [B, N]; attention_mask [B, N] (1 = real) or None
+    out.logits                                # [B, N, embedding_size], float32
+
+Padding is a real bidirectional key-padding mask (use left padding; pad id != mask id): padded keys are
+hidden from every query. RoPE positions are ``cumsum(attention_mask) - 1`` clamped at 0, so a left-padded
+row gives the same logits at its real tokens as the row alone. (The original remote code used absolute
+positions and, before Oct 2025, ignored the mask; spec ``dllm.md`` §1.1.) With ``logits_shift=True``
+(Dream-style models) output ``i`` holds the logits computed at position ``i - 1`` (output 0 keeps its own).
+
+**Block KV cache** (Fast-dLLM, Wu et al., arXiv 2505.22618; spec ``dllm.md`` §4.3)::
+
+    out = model.compute_kv_cache(x, attention_mask)      # one full forward: out.logits, out.kv_cache
+    cache = out.kv_cache                                 # per layer K (RoPE applied) and V, all N positions
+    # DualCache: forward only the block [s, e); prefix and suffix K/V come from the cache
+    logits = model.forward_span(x[:, s:e], s, cache).logits                  # [B, e - s, V]
+    # PrefixCache: forward the block and everything after it against the cached prefix
+    logits = model.forward_span(x[:, s:], s, cache).logits
+
+``forward_span`` writes the span's fresh K/V into ``cache`` at ``[s, e)`` (as the DualCache does in place)
+and attends to ``cache[:, :N]`` (``use_suffix=True``) or ``cache[:, :e]`` (``use_suffix=False``: the span
+ignores positions after it). Keys are stored after RoPE together with each row's positions, so rows keep
+their own padding and positions (batch > 1 with different left padding is exact). With a cache computed
+from the current sequence the span logits equal the full forward's; with a stale cache only the cached
+positions' contributions are stale: the approximation Fast-dLLM makes on purpose. Refresh the cache (one
+full forward, counted as an NFE) at block boundaries.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from diffusers.utils import BaseOutput
+from torch import Tensor, nn
+
+from vispec.models.llamagen_gpt import RMSNorm
+
+# The official GSAI-ML/LLaDA-8B-{Base,Instruct} configuration (spec dllm.md §1.1).
+LLADA_8B_CONFIG: dict[str, object] = dict(
+    d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288, vocab_size=126464,
+    embedding_size=126464, max_sequence_length=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
+    mask_token_id=126336, eos_token_id=126081, eot_token_id=126348, pad_token_id=126081, bos_token_id=126080,
+)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """``(cos, sin)`` of shape ``[B, T, head_dim]`` (float32) for integer ``positions [B, T]``."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim / 2]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x [B, H, T, hd]`` (half-split pairs, as LLaDA / GPT-NeoX) by ``cos, sin [B, T, hd]``."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (xf * cos[:, None] + rotated * sin[:, None]).type_as(x)
+
+
+def position_ids_from_mask(attention_mask: Optional[Tensor], batch: int, length: int, device: torch.device) -> Tensor:
+    """RoPE positions ``[B, N]``: ``cumsum(mask) - 1`` clamped at 0 (left padding invariant), else ``arange``."""
+    if attention_mask is None:
+        return torch.arange(length, device=device)[None].expand(batch, -1)
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class LLaDABlock(nn.Module):
+    """One pre-norm encoder block with the official parameter names (module docstring)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, hidden: int, eps: float):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.attn_norm = RMSNorm(d_model, eps)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.attn_out = nn.Linear(d_model, d_model, bias=False)
+        self.ff_norm = RMSNorm(d_model, eps)
+        self.ff_proj = nn.Linear(d_model, hidden, bias=False)  # gate
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.ff_out = nn.Linear(hidden, d_model, bias=False)  # down
+
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries ``[B, H, T, hd]``, keys and values ``[B, Hkv, T, hd]``; RoPE applied to q and k."""
+        bsz, length, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(bsz, length, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(bsz, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(bsz, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def finish(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """Attention of ``q`` over ``k, v`` (``mask`` bool ``[B, 1, 1, Tk]``, True = visible), then the MLP."""
+        if self.n_kv_heads != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
+        h = x + self.attn_out(att.transpose(1, 2).reshape(x.shape))
+        z = self.ff_norm(h)
+        return h + self.ff_out(F.silu(self.ff_proj(z)) * self.up_proj(z))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Optional[Tensor]) -> Tensor:
+        q, k, v = self.project(x, cos, sin)
+        return self.finish(x, q, k, v, mask)
+
+
+class LLaDABackbone(nn.Module):
+    """Holds ``transformer = {wte, blocks, ln_f, ff_out}`` so that names read ``model.transformer.*``."""
+
+    def __init__(self, d_model, n_heads, n_kv_heads, n_layers, hidden, embedding_size, eps):
+        super().__init__()
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(embedding_size, d_model),
+                blocks=nn.ModuleList(LLaDABlock(d_model, n_heads, n_kv_heads, hidden, eps) for _ in range(n_layers)),
+                ln_f=RMSNorm(d_model, eps),
+                ff_out=nn.Linear(d_model, embedding_size, bias=False),
+            )
+        )
+
+
+@dataclass
+class LLaDAKVCache:
+    """Per-layer keys (RoPE applied) and values of a full sequence, for block-cached decoding.
+
+    ``keys[l]``, ``values[l]``: ``[B, n_kv_heads, N, head_dim]``. ``input_ids [B, N]`` are the tokens the
+    entries come from (``forward_span`` writes its span into them too), ``positions [B, N]`` the RoPE
+    positions and ``key_mask [B, N]`` (True = real token; None = no padding) the padding mask.
+    """
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    input_ids: Tensor
+    positions: Tensor
+    key_mask: Optional[Tensor]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def select(self, index: Tensor) -> "LLaDAKVCache":
+        """Keep only rows ``index`` (e.g. drop finished sequences from the batch)."""
+        index = index.to(self.input_ids.device)
+        return LLaDAKVCache(
+            [k[index] for k in self.keys], [v[index] for v in self.values], self.input_ids[index],
+            self.positions[index], None if self.key_mask is None else self.key_mask[index],
+        )
+
+    def clone(self) -> "LLaDAKVCache":
+        """An independent copy (``forward_span`` writes into the cache in place)."""
+        return LLaDAKVCache(
+            [k.clone() for k in self.keys], [v.clone() for v in self.values], self.input_ids.clone(),
+            self.positions.clone(), None if self.key_mask is None else self.key_mask.clone(),
+        )
+
+
+@dataclass
+class LLaDAOutput(BaseOutput):
+    """``logits`` ``[B, T, embedding_size]`` float32; ``kv_cache`` only from :meth:`LLaDAModelLM.compute_kv_cache`."""
+
+    logits: Tensor
+    kv_cache: Optional[LLaDAKVCache] = None
+
+
+class LLaDAModelLM(ModelMixin, ConfigMixin):
+    """LLaDA mask predictor (module docstring). Config fields use the official ``config.json`` names.
+
+    Defaults are the LLaDA-8B configuration; token ids that are not None must lie below ``embedding_size``.
+    """
+
+    _no_split_modules = ["LLaDABlock"]
+
+    @register_to_config
+    def __init__(
+        self,
+        d_model: int = 4096,
+        n_heads: int = 32,
+        n_kv_heads: Optional[int] = None,
+        n_layers: int = 32,
+        mlp_hidden_size: int = 12288,
+        vocab_size: int = 126464,
+        embedding_size: Optional[int] = 126464,
+        max_sequence_length: int = 4096,
+        rope_theta: float = 500000.0,
+        rms_norm_eps: float = 1e-5,
+        mask_token_id: int = 126336,
+        eos_token_id: Optional[int] = 126081,
+        eot_token_id: Optional[int] = 126348,
+        pad_token_id: Optional[int] = 126081,
+        bos_token_id: Optional[int] = 126080,
+        logits_shift: bool = False,
+        init_std: float = 0.02,
+    ):
+        super().__init__()
+        n_kv_heads = n_kv_heads or n_heads
+        if d_model % n_heads != 0 or (d_model // n_heads) % 2 != 0:
+            raise ValueError(f"d_model={d_model} must split into n_heads={n_heads} heads of even size (RoPE pairs)")
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        width = embedding_size or vocab_size
+        if width < vocab_size:
+            raise ValueError(f"embedding_size={embedding_size} must be at least vocab_size={vocab_size}")
+        for name, value in [("mask_token_id", mask_token_id), ("eos_token_id", eos_token_id), ("eot_token_id", eot_token_id),
+                            ("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id)]:
+            if value is not None and not 0 <= value < width:
+                raise ValueError(
+                    f"{name}={value} must lie in [0, {width}) (the embedding size); pass {name}= for this vocabulary"
+                )
+        if pad_token_id is not None and pad_token_id == mask_token_id:
+            raise ValueError(f"pad_token_id must differ from mask_token_id (both {mask_token_id})")
+        self.model = LLaDABackbone(d_model, n_heads, n_kv_heads, n_layers, mlp_hidden_size, width, rms_norm_eps)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def device(self) -> torch.device:
+        """Device of the weights (cheaper than ModelMixin's walk over all modules, used per step)."""
+        return self.model.transformer.wte.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.transformer.wte.weight.dtype
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.d_model // self.config.n_heads
+
+    def _check_ids(self, input_ids: Tensor, name: str, batch: Optional[int] = None) -> None:
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+            got = f"{tuple(input_ids.shape)} {input_ids.dtype}" if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"{name} must be an integer tensor of shape [batch, length], got {got}")
+        if batch is not None and input_ids.shape[0] != batch:
+            raise ValueError(f"{name} must have {batch} rows (the cache's batch), got {input_ids.shape[0]}")
+        if input_ids.shape[1] < 1:
+            raise ValueError(f"{name} must hold at least one position, got shape {tuple(input_ids.shape)}")
+
+    def _key_mask(self, attention_mask: Optional[Tensor], shape: torch.Size) -> Optional[Tensor]:
+        """``attention_mask [B, N]`` (0/1 or bool) -> bool, or None when there is nothing to hide."""
+        if attention_mask is None:
+            return None
+        if attention_mask.shape != shape:
+            raise ValueError(f"attention_mask must have shape {tuple(shape)} like input_ids, got {tuple(attention_mask.shape)}")
+        mask = attention_mask.to(self.device).bool()
+        if bool(mask.all()):
+            return None
+        return mask | ~mask.any(-1, keepdim=True)  # an all-padding row attends to everything (finite garbage)
+
+    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(positions, self.head_dim, self.config.rope_theta)
+
+    def _head(self, h: Tensor) -> Tensor:
+        t = self.model.transformer
+        return t.ff_out(t.ln_f(h)).float()
+
+    # ------------------------------------------------------------------ full forward
+    def forward(
+        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None
+    ) -> LLaDAOutput:
+        """Logits ``[B, N, embedding_size]`` (float32) for ``input_ids [B, N]`` (mask token at masked positions).
+
+        ``attention_mask [B, N]``: 1/True for real tokens, 0/False for (left) padding, hidden from all queries.
+        ``position_ids [B, N]`` override the RoPE positions (default ``cumsum(attention_mask) - 1``).
+        """
+        return self._full(input_ids, attention_mask, position_ids, keep_kv=False)
+
+    @torch.no_grad()
+    def compute_kv_cache(
+        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None
+    ) -> LLaDAOutput:
+        """One full forward returning ``logits`` (as :meth:`forward`) and ``kv_cache`` for :meth:`forward_span`."""
+        return self._full(input_ids, attention_mask, position_ids, keep_kv=True)
+
+    def _full(
+        self, input_ids: Tensor, attention_mask: Optional[Tensor], position_ids: Optional[Tensor], keep_kv: bool
+    ) -> LLaDAOutput:
+        self._check_ids(input_ids, "input_ids")
+        input_ids = input_ids.to(self.device)
+        bsz, length = input_ids.shape
+        mask = self._key_mask(attention_mask, input_ids.shape)
+        if position_ids is None:
+            given = None if attention_mask is None else attention_mask.to(self.device)
+            position_ids = position_ids_from_mask(given, bsz, length, self.device)
+        elif position_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"position_ids must have shape {tuple(input_ids.shape)} like input_ids, got {tuple(position_ids.shape)}"
+            )
+        position_ids = position_ids.to(self.device)
+        cos, sin = self._rope(position_ids)
+        attn_mask = None if mask is None else mask[:, None, None, :]
+        h = self.model.transformer.wte(input_ids)
+        keys, values = [], []
+        for block in self.model.transformer.blocks:
+            q, k, v = block.project(h, cos, sin)
+            if keep_kv:
+                keys.append(k.contiguous())
+                values.append(v.contiguous())
+            h = block.finish(h, q, k, v, attn_mask)
+        logits = self._head(h)
+        if self.config.logits_shift:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        cache = LLaDAKVCache(keys, values, input_ids.clone(), position_ids.clone(), mask) if keep_kv else None
+        return LLaDAOutput(logits=logits, kv_cache=cache)
+
+    # ------------------------------------------------------------------ block-cached forward
+    @torch.no_grad()
+    def forward_span(self, span_ids: Tensor, start: int, cache: LLaDAKVCache, *, use_suffix: bool = True) -> LLaDAOutput:
+        """Logits ``[B, S, embedding_size]`` for positions ``[start, start + S)`` given ``span_ids [B, S]``.
+
+        The span's queries attend to the cached K/V of positions ``[0, start)`` (and ``[start + S, N)`` with
+        ``use_suffix``; DualCache) plus the span's fresh K/V, which are written into ``cache`` at the span's
+        positions (in place). Padding and RoPE positions come from the cache, so every row keeps its own.
+        With ``logits_shift`` the position before the span is recomputed too (from ``cache.input_ids``).
+        """
+        if not isinstance(cache, LLaDAKVCache):
+            raise ValueError(f"cache must be a LLaDAKVCache from compute_kv_cache, got {type(cache).__name__}")
+        self._check_ids(span_ids, "span_ids", cache.batch_size)
+        width, total = span_ids.shape[1], cache.seq_len
+        try:
+            start = operator.index(start)
+        except TypeError:
+            raise ValueError(f"start must be an integer, got {type(start).__name__}") from None
+        if start < 0 or start + width > total:
+            raise ValueError(f"start must satisfy 0 <= start and start + span length ({width}) <= {total}, got {start}")
+        end = start + width
+        lo = start - 1 if self.config.logits_shift and start > 0 else start
+        span_ids = span_ids.to(self.device)
+        cache.input_ids[:, start:end] = span_ids
+        ids = cache.input_ids[:, lo:end]
+        cos, sin = self._rope(cache.positions[:, lo:end])
+        kv_end = total if use_suffix else end
+        attn_mask = None if cache.key_mask is None else cache.key_mask[:, None, None, :kv_end]
+        h = self.model.transformer.wte(ids)
+        for block, keys, values in zip(self.model.transformer.blocks, cache.keys, cache.values):
+            q, k, v = block.project(h, cos, sin)
+            keys[:, :, start:end] = k[:, :, start - lo :]
+            values[:, :, start:end] = v[:, :, start - lo :]
+            h = block.finish(h, q, keys[:, :, :kv_end], values[:, :, :kv_end], attn_mask)
+        logits = self._head(h)
+        if self.config.logits_shift:
+            logits = logits[:, :-1] if lo < start else torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return LLaDAOutput(logits=logits)

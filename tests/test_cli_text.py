@@ -1,0 +1,72 @@
+"""The text half of the CLI: train mdlm -> assemble-mdlm -> generate text -> bench text, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vispec.cli import main
+
+
+@pytest.fixture(scope="module")
+def pipeline_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mdlm")
+    args = ["train", "mdlm", "--out", str(root / "trained"), "--steps", "2", "--batch-size", "4", "--d-model", "32",
+            "--n-layers", "1", "--n-heads", "2", "--mlp-hidden-size", "48", "--warmup", "1", "--eval-every", "0",
+            "--final-eval-n", "0", "--tokenizer-corpus", "100", "--answer-length", "32", "--threads", "1"]
+    assert main(args) == 0
+    assert main(["train", "assemble-mdlm", "--trained", str(root / "trained"), "--out", str(root / "pipe"),
+                 "--block-length", "8"]) == 0
+    return root / "pipe"
+
+
+def test_assembled_folder_loads_with_its_defaults(pipeline_folder):
+    from vispec.dllm import ThresholdScheduler
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    pipe = MaskedDiffusionLMPipeline.from_pretrained(pipeline_folder)
+    assert pipe.config.default_gen_length == 32 and pipe.config.default_block_length == 8
+    assert isinstance(pipe.scheduler, ThresholdScheduler) and pipe.scheduler.config.threshold == 0.9
+    assert "Training record" in (pipeline_folder / "README.md").read_text()
+    assert (pipeline_folder / "logs" / "model.jsonl").is_file()
+
+
+def test_generate_text(pipeline_folder, capsys):
+    assert main(["generate", "text", "--model", str(pipeline_folder), "--prompt", "sort the numbers : 3 1 2",
+                 "--strategy", "threshold", "--threshold", "0.9", "--cache", "dual", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "threshold + dual cache: NFE" in captured.err
+
+
+def test_bench_text_writes_table_and_json(pipeline_folder, tmp_path, capsys):
+    path = tmp_path / "bench-text.json"
+    assert main(["bench", "text", "--model", str(pipeline_folder), "--strategies", "llada,threshold", "--cache", "none,dual",
+                 "--tasks", "arithmetic,sort", "--num-problems", "2", "--batch-size", "2", "--no-early-stop", "--json", str(path)]) == 0
+    assert "tok/s" in capsys.readouterr().out
+    result = json.loads(path.read_text())
+    runs = result["runs"]
+    settings = {(r["strategy"], r["cache"], r["task"], r["batch_size"]) for r in runs}
+    assert len(runs) == len(settings) == 2 * 2 * 2 * 2
+    for r in runs:
+        assert {"strict_match", "flexible_extract"} <= set(r) if r["task"] == "arithmetic" else "exact_match" in r
+        assert {"nfe", "tokens_per_forward", "tokens_per_s", "latency_s", "peak_mem_mb", "speedup", "latency_speedup",
+                "nfe_reduction"} <= set(r)
+        assert 1 <= r["nfe"] <= 32
+    base = next(r for r in runs if (r["strategy"], r["cache"], r["batch_size"]) == ("llada", "none", 1))
+    assert base["nfe"] == 32 and base["latency_speedup"] == 1.0 and result["config"]["early_stop_eos"] is False
+    assert result["config"]["gen_length"] == 32 and result["config"]["block_length"] == 8
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["generate", "text", "--model", "tiny-nothing", "--prompt", "x"], "unknown model"),
+    (["bench", "text", "--model", "PIPE", "--strategies", "llada,warp"], "unknown strategy 'warp'"),
+    (["bench", "text", "--model", "PIPE", "--cache", "paged"], "unknown cache 'paged'"),
+    (["generate", "text", "--model", "PIPE", "--prompt", "x", "--strategy", "threshold", "--threshold", "1.5"], "threshold must be"),
+    (["generate", "text", "--model", "PIPE", "--prompt", "x", "--gen-length", "30", "--block-length", "8"], "multiple of block_length"),
+])
+def test_user_errors_are_one_line(pipeline_folder, capsys, argv, words):
+    argv = [str(pipeline_folder) if a == "PIPE" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vispec: error:") and words in err[0]
