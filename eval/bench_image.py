@@ -37,7 +37,9 @@ import torch
 from vispec.eval.memory import PeakMemory
 
 SEED_STRIDE = 1_000_003
-RESEED_OFFSET = 2**40  # AR re-seed k uses seeds + k * RESEED_OFFSET: disjoint from every benchmark seed
+# AR re-seed k uses seeds + k * RESEED_OFFSET. torch's CPU generator keeps only the low 32 bits of a seed, so
+# the offset must change them: k * RESEED_OFFSET < 2**32 for k <= 40, far from the benchmark seeds.
+RESEED_OFFSET = 100_000_007
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..10 (beyond: the normal 1.96 is within 10%)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
@@ -104,6 +106,8 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     for name in ("num_images", "batch_size", "latency_images", "real_images", "noise_repeats"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.noise_repeats > 40:
+        raise ValueError(f"noise_repeats must be <= 40 (distinct 32-bit seeds), got {cfg.noise_repeats}")
     folder = resolve_model_path(cfg.model)
     pipe = LlamaGenPipeline.from_pretrained(folder).to(cfg.device)
     pipe.set_progress_bar_config(disable=True)

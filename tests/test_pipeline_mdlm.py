@@ -130,3 +130,11 @@ def test_tokenizer_without_mask_token(pipe):
     bad = MaskedDiffusionLMPipeline(model=pipe.model, tokenizer=tokenizer, scheduler=LLaDAScheduler())
     with pytest.raises(ValueError, match="no mask token"):
         bad(prompt="a")
+
+
+def test_tokenizer_whose_pad_is_the_mask(pipe):
+    tokenizer = train_word_tokenizer(["a b"])
+    tokenizer.pad_token = tokenizer.mask_token
+    bad = MaskedDiffusionLMPipeline(model=pipe.model, tokenizer=tokenizer, scheduler=LLaDAScheduler())
+    with pytest.raises(ValueError, match="pad_token_id equals its mask_token_id"):
+        bad(prompt="a")

@@ -245,8 +245,8 @@ def generate(
         masked_at_start = (x[:, start:end] == mask_id).sum(dim=1)
         step = 0
         while True:
-            if scheduler.fixed_steps and step >= scheduler.steps_per_block:
-                break
+            if step >= (scheduler.steps_per_block if scheduler.fixed_steps else block_length):
+                break  # adaptive policies commit >= 1 token per step: block_length steps always suffice
             rows = (x[:, start:end] == mask_id).any(dim=1).nonzero().squeeze(1)
             if rows.numel() == 0:
                 break
