@@ -99,6 +99,15 @@ def _stream_tensor(stream: "Stream | Tensor", positions: Tensor) -> Tensor:
     return torch.tensor(int(stream), dtype=torch.int64, device=positions.device)
 
 
+def _counters(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draws: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """int64 ``(seeds, positions, stream, draws)`` with ``draws`` (and a per-row stream) at ``positions``' shape."""
+    positions = positions.to(torch.int64)
+    draws = draws.to(torch.int64)
+    if draws.dim() == 1:
+        draws = draws[:, None].expand_as(positions)
+    return seeds.to(torch.int64), positions, _stream_tensor(stream, positions), draws
+
+
 def uniforms(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draws: Tensor, vocab_size: int | None = None) -> Tensor:
     """Uniforms keyed by sample seed, absolute position, stream and draw index.
 
@@ -112,12 +121,7 @@ def uniforms(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draws:
         vocab_size: if given, returns ``[B, W, V]`` (one number per vocabulary entry, from
             :func:`vocab_words`); otherwise ``[B, W]`` (first word of the block ``c0 = 0``).
     """
-    seeds = seeds.to(torch.int64)
-    positions = positions.to(torch.int64)
-    draws = draws.to(torch.int64)
-    if draws.dim() == 1:
-        draws = draws[:, None].expand_as(positions)
-    stream_t = _stream_tensor(stream, positions)
+    seeds, positions, stream_t, draws = _counters(seeds, positions, stream, draws)
     if vocab_size is None:
         words = philox_uint32(seeds[:, None], torch.zeros_like(positions), positions, stream_t, draws)
     else:
@@ -133,12 +137,7 @@ def uniforms64(seeds: Tensor, positions: Tensor, stream: "Stream | Tensor", draw
     ``u01`` family. LLaDA draws its Gumbel noise in float64 because low-precision Gumbel-max hurts
     quality (arXiv 2409.02908); this is the counter-based equivalent.
     """
-    seeds = seeds.to(torch.int64)
-    positions = positions.to(torch.int64)
-    draws = draws.to(torch.int64)
-    if draws.dim() == 1:
-        draws = draws[:, None].expand_as(positions)
-    stream_t = _stream_tensor(stream, positions)
+    seeds, positions, stream_t, draws = _counters(seeds, positions, stream, draws)
     stream_t = stream_t[..., None] if stream_t.dim() else stream_t
     blocks = torch.arange((vocab_size + 1) // 2, dtype=torch.int64, device=positions.device)
     w0, w1, w2, w3 = philox4x32(seeds[:, None, None], blocks, positions[..., None], stream_t, draws[..., None])
