@@ -1,0 +1,366 @@
+"""Triton kernels for speculative verification and sampling from logits (SJD, MC-SJD, draft-model SD).
+
+Rows are a flattened ragged batch: row ``t`` belongs to sample ``row_sample[t]`` (``-1``: padding,
+skipped), and sample ``b``'s draft rows are ``row_start[b] .. row_start[b] + num_drafts[b] - 1``
+(vLLM-style offsets; a padded ``[B, W]`` window is the case ``row_start[b] = b W``).
+
+Each row's target ``p`` is the processed distribution of :func:`vispec.sampling.process_logits`,
+computed on the fly from raw logits and never stored:
+
+* guidance ``l = l_u + s (l_c - l_u)`` on rows where ``guide[t]`` (else ``l = l_c``);
+* greedy (``T = 0``): ``p`` is one-hot on the first arg-max of ``l``;
+* otherwise ``w = l / T``, tokens below the row's top-k/top-p threshold ``tau[t]`` (computed by
+  :func:`_threshold_kernel`) get ``-inf``, and ``p_v = exp(w_v - m) / s`` with the online
+  log-sum-exp pair ``(m, s)`` of the row (``s = Σ_v exp(w_v - m)``).
+
+Kernels (launchers in :mod:`vispec.kernels.target`):
+
+* :func:`_threshold_kernel`: ``tau`` per row. Top-k: the k-th largest ``w`` (ties kept), found by
+  bisection over the order-preserving integer image of float32; top-p: the smallest ``w`` value
+  ``x`` whose strictly-larger mass ``Σ_{w_v > x} p_v`` is below ``top_p`` (the token that crosses
+  the threshold is kept), by the same bisection on the renormalised top-k distribution. 32 + 32
+  passes over the row, no sort.
+* :func:`_accept_kernel`: one pass: ``(m, s)`` (or the arg-max), ``p(d)`` at the draft token, and
+  the speculative test ``u q(d) < p(d)`` (Leviathan et al. 2023; acceptance probability
+  ``min(1, p/q)``). ``u`` is Philox noise keyed by (seed, position, ACCEPT, draw), or injected.
+* :func:`_first_rejection_kernel`: per sample, the number of leading accepted drafts.
+* :func:`_sample_kernel`: one pass: exponential races ``argmax_v w_v / E_v`` (``E ~ Exp(1)``) for
+  the residual ``max(0, p - q)`` and/or a fresh sample from ``p``; optionally stores ``p`` (the
+  next draft's ``q``). The noise is recomputed from Philox counters tile by tile, so MC-SJD's
+  Gumbel coupling needs no ``[B, positions, V]`` table.
+
+Draft distributions ``q`` are one-hot on the draft token (initialised drafts) or dense rows of a
+``[Nq, V]`` tensor selected by ``q_index[t] >= 0``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from vispec.kernels.philox import Stream
+from vispec.kernels.philox_triton import scalar_uniform, tile_exponentials
+
+ACCEPT_STREAM: tl.constexpr = tl.constexpr(int(Stream.ACCEPT))
+RESIDUAL_STREAM: tl.constexpr = tl.constexpr(int(Stream.RESIDUAL))
+MODE_RESIDUAL: tl.constexpr = tl.constexpr(1)
+MODE_FRESH: tl.constexpr = tl.constexpr(2)
+STATUS_NAN: tl.constexpr = tl.constexpr(1)
+STATUS_NO_MASS: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau,
+                    HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, HAS_TAU: tl.constexpr):
+    """Processed logits of one vocabulary tile (``-inf`` outside the vocabulary and below ``tau``)."""
+    logits = tl.load(cond_row + offs, mask=valid, other=0.0).to(tl.float32)
+    if HAS_UNCOND:
+        uncond = tl.load(uncond_row + offs, mask=valid, other=0.0).to(tl.float32)
+        guided = uncond + scale * (logits - uncond)
+        logits = tl.where(guide != 0, guided, logits)
+    if not GREEDY:
+        logits = logits / temperature
+        if HAS_TAU:
+            logits = tl.where(logits >= tau, logits, float("-inf"))
+    return tl.where(valid, logits, float("-inf"))
+
+
+@triton.jit
+def _ordered_key(x):
+    """Order-preserving int32 image of float32 (negative floats: flip the 31 value bits)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _key_to_float(key):
+    key32 = key.to(tl.int32)
+    bits = tl.where(key32 < 0, key32 ^ 0x7FFFFFFF, key32)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _threshold_kernel(
+    cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, scale, temperature, sample_ptr, tau_ptr,
+    V, top_k, top_p,
+    HAS_UNCOND: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    sample = tl.load(sample_ptr + row)
+    if sample >= 0:
+        cond_row = cond_ptr + row * stride_c
+        uncond_row = uncond_ptr + row * stride_u
+        guide = 0
+        if HAS_UNCOND:
+            guide = tl.load(guide_ptr + row)
+        tau_k = float("-inf")
+        if USE_TOP_K:
+            # largest key x with #{v : key(w_v) >= x} >= k is the key of the k-th largest w
+            lo = tl.full((), -2147483648, tl.int64)
+            hi = tl.full((), 2147483647, tl.int64)
+            for _ in range(32):
+                mid = lo + (hi - lo + 1) // 2
+                count = 0
+                for start in range(0, V, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    valid = offs < V
+                    w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, 0.0,
+                                        HAS_UNCOND, False, False)
+                    count += tl.sum(((_ordered_key(w).to(tl.int64) >= mid) & valid).to(tl.int32))
+                ok = count >= top_k
+                lo = tl.where(ok, mid, lo)
+                hi = tl.where(ok, hi, mid - 1)
+            tau_k = _key_to_float(lo)
+        tau = tau_k
+        if USE_TOP_P:
+            m = float("-inf")
+            s = 0.0
+            for start in range(0, V, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                valid = offs < V
+                w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau_k,
+                                    HAS_UNCOND, False, USE_TOP_K)
+                new_m = tl.maximum(m, tl.max(w, axis=0))
+                alpha = tl.where(new_m == float("-inf"), 1.0, tl.exp(m - new_m))
+                s = s * alpha + tl.sum(tl.where(w == float("-inf"), 0.0, tl.exp(w - new_m)), axis=0)
+                m = new_m
+            # smallest key x with mass(w > x) < top_p is the key of the last kept token
+            lo = tl.full((), -2147483648, tl.int64)
+            hi = tl.full((), 2147483647, tl.int64)
+            for _ in range(32):
+                mid = lo + (hi - lo) // 2
+                above = 0.0
+                for start in range(0, V, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    valid = offs < V
+                    w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau_k,
+                                        HAS_UNCOND, False, USE_TOP_K)
+                    big = (_ordered_key(w).to(tl.int64) > mid) & (w > float("-inf"))
+                    above += tl.sum(tl.where(big, tl.exp(w - m), 0.0), axis=0)
+                ok = above / s < top_p
+                hi = tl.where(ok, mid, hi)
+                lo = tl.where(ok, lo, mid + 1)
+            neg_inf_key = -2139095041  # _ordered_key(-inf)
+            tau_p = tl.where(hi <= neg_inf_key, float("-inf"), _key_to_float(hi))
+            tau = tl.maximum(tau_k, tau_p)
+        tl.store(tau_ptr + row, tau)
+
+
+@triton.jit
+def _accept_kernel(
+    cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, scale, temperature, tau_ptr,
+    draft_ptr, q_ptr, stride_q, q_index_ptr,
+    sample_ptr, seed_ptr, pos_ptr, draw_ptr, uniform_ptr,
+    accepted_ptr, m_ptr, s_ptr, amax_ptr, status_ptr,
+    V,
+    HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, HAS_TAU: tl.constexpr, HAS_DENSE: tl.constexpr,
+    INJECTED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    sample = tl.load(sample_ptr + row)
+    if sample >= 0:
+        cond_row = cond_ptr + row * stride_c
+        uncond_row = uncond_ptr + row * stride_u
+        guide = 0
+        if HAS_UNCOND:
+            guide = tl.load(guide_ptr + row)
+        tau = float("-inf")
+        if HAS_TAU:
+            tau = tl.load(tau_ptr + row)
+        draft = tl.load(draft_ptr + row)
+        m = float("-inf")
+        s = 0.0
+        best = float("-inf")
+        best_idx = tl.full((), 0, tl.int64)
+        w_draft = float("-inf")
+        nan_seen = 0
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            valid = offs < V
+            w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau,
+                                HAS_UNCOND, GREEDY, HAS_TAU)
+            nan_seen = tl.maximum(nan_seen, tl.max((w != w).to(tl.int32), axis=0))
+            w_draft = tl.maximum(w_draft, tl.max(tl.where(offs == draft, w, float("-inf")), axis=0))
+            if GREEDY:
+                tile_best = tl.max(w, axis=0)
+                tile_idx = tl.argmax(w, axis=0).to(tl.int64) + start
+                better = tile_best > best
+                best_idx = tl.where(better, tile_idx, best_idx)
+                best = tl.where(better, tile_best, best)
+            else:
+                new_m = tl.maximum(m, tl.max(w, axis=0))
+                alpha = tl.where(new_m == float("-inf"), 1.0, tl.exp(m - new_m))
+                s = s * alpha + tl.sum(tl.where(w == float("-inf"), 0.0, tl.exp(w - new_m)), axis=0)
+                m = new_m
+        if GREEDY:
+            p_draft = tl.where(draft == best_idx, 1.0, 0.0)
+            status = tl.where(nan_seen != 0, STATUS_NAN, 0)
+        else:
+            p_draft = tl.where(w_draft == float("-inf"), 0.0, tl.exp(w_draft - m) / s)
+            status = tl.where(nan_seen != 0, STATUS_NAN, tl.where(s > 0.0, 0, STATUS_NO_MASS))
+        accepted = 0
+        if draft >= 0:
+            if INJECTED:
+                u = tl.load(uniform_ptr + row)
+            else:
+                u = scalar_uniform(tl.load(seed_ptr + sample), tl.load(pos_ptr + row), ACCEPT_STREAM,
+                                   tl.load(draw_ptr + row))
+            q_draft = 1.0
+            if HAS_DENSE:
+                q_row = tl.load(q_index_ptr + row)
+                if q_row >= 0:
+                    q_draft = tl.load(q_ptr + q_row * stride_q + draft).to(tl.float32)
+            accepted = (u * q_draft < p_draft).to(tl.int32)
+        tl.store(accepted_ptr + row, accepted.to(tl.int8))
+        tl.store(m_ptr + row, m)
+        tl.store(s_ptr + row, s)
+        tl.store(amax_ptr + row, best_idx)
+        tl.store(status_ptr + row, status.to(tl.int8))
+
+
+@triton.jit
+def _first_rejection_kernel(accepted_ptr, row_start_ptr, num_drafts_ptr, out_ptr):
+    """``out[b]`` = number of leading accepted rows among sample ``b``'s draft rows (no ``break``)."""
+    b = tl.program_id(0)
+    start = tl.load(row_start_ptr + b)
+    count = tl.load(num_drafts_ptr + b)
+    alive = 1
+    leading = 0
+    for j in range(0, count):
+        alive = alive * tl.load(accepted_ptr + start + j).to(tl.int32)
+        leading += alive
+    tl.store(out_ptr + b, leading.to(tl.int64))
+
+
+@triton.jit
+def _race_update(key, start, best, best_idx):
+    """Running ``(max, first arg-max)`` of race keys over tiles (strictly greater replaces)."""
+    tile_best = tl.max(key, axis=0)
+    tile_idx = tl.argmax(key, axis=0).to(tl.int64) + start
+    better = tile_best > best
+    return tl.where(better, tile_best, best), tl.where(better, tile_idx, best_idx)
+
+
+@triton.jit
+def _sample_kernel(
+    cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, scale, temperature, tau_ptr,
+    draft_ptr, q_ptr, stride_q, q_index_ptr,
+    m_ptr, s_ptr, amax_ptr, mode_ptr,
+    sample_ptr, seed_ptr, pos_ptr, residual_draw_ptr, fresh_stream_ptr, fresh_draw_ptr,
+    residual_noise_ptr, fresh_noise_ptr, stride_noise,
+    store_ptr, probs_out_ptr, stride_out,
+    residual_out_ptr, fresh_out_ptr,
+    V,
+    HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, HAS_TAU: tl.constexpr, HAS_DENSE: tl.constexpr,
+    INJECTED: tl.constexpr, STORE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    sample = tl.load(sample_ptr + row)
+    mode = tl.load(mode_ptr + row).to(tl.int32)
+    dest = tl.full((), -1, tl.int64)
+    if STORE:
+        dest = tl.load(store_ptr + row)
+    if (sample >= 0) & ((mode != 0) | (dest >= 0)):
+        cond_row = cond_ptr + row * stride_c
+        uncond_row = uncond_ptr + row * stride_u
+        guide = 0
+        if HAS_UNCOND:
+            guide = tl.load(guide_ptr + row)
+        tau = float("-inf")
+        if HAS_TAU:
+            tau = tl.load(tau_ptr + row)
+        m = tl.load(m_ptr + row)
+        s = tl.load(s_ptr + row)
+        amax = tl.load(amax_ptr + row)
+        draft = tl.load(draft_ptr + row)
+        q_row = tl.full((), -1, tl.int64)
+        if HAS_DENSE:
+            q_row = tl.load(q_index_ptr + row)
+        seed = tl.load(seed_ptr + sample)
+        pos = tl.load(pos_ptr + row)
+        residual_draw = tl.load(residual_draw_ptr + row)
+        fresh_stream = tl.load(fresh_stream_ptr + row)
+        fresh_draw = tl.load(fresh_draw_ptr + row)
+        best_r = -1.0
+        idx_r = tl.full((), 0, tl.int64)
+        best_f = -1.0
+        idx_f = tl.full((), 0, tl.int64)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            valid = offs < V
+            w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau,
+                                HAS_UNCOND, GREEDY, HAS_TAU)
+            if GREEDY:
+                p = tl.where(offs == amax, 1.0, 0.0)
+            else:
+                p = tl.where(w == float("-inf"), 0.0, tl.exp(w - m) / s)
+            if (mode & MODE_RESIDUAL) != 0:
+                q = tl.where(offs == draft, 1.0, 0.0)
+                if HAS_DENSE:
+                    if q_row >= 0:
+                        q = tl.load(q_ptr + q_row * stride_q + offs, mask=valid, other=0.0).to(tl.float32)
+                if INJECTED:
+                    noise = tl.load(residual_noise_ptr + row * stride_noise + offs, mask=valid, other=1.0)
+                else:
+                    noise = tile_exponentials(seed, start, pos, RESIDUAL_STREAM, residual_draw, BLOCK)
+                key = tl.where(valid, tl.maximum(p - q, 0.0) / noise, -1.0)
+                best_r, idx_r = _race_update(key, start, best_r, idx_r)
+            if (mode & MODE_FRESH) != 0:
+                if INJECTED:
+                    noise = tl.load(fresh_noise_ptr + row * stride_noise + offs, mask=valid, other=1.0)
+                else:
+                    noise = tile_exponentials(seed, start, pos, fresh_stream, fresh_draw, BLOCK)
+                key = tl.where(valid, p / noise, -1.0)
+                best_f, idx_f = _race_update(key, start, best_f, idx_f)
+            if STORE:
+                if dest >= 0:
+                    tl.store(probs_out_ptr + dest * stride_out + offs, p, mask=valid)
+        tl.store(residual_out_ptr + row, tl.where((mode & MODE_RESIDUAL) != 0, idx_r, -1))
+        tl.store(fresh_out_ptr + row, tl.where((mode & MODE_FRESH) != 0, idx_f, -1))
+
+
+def _signature(names_types: str) -> dict[str, str]:
+    return dict(item.split(":") for item in names_types.split())
+
+
+_TARGET_ARGS = "cond_ptr:*fp32 uncond_ptr:*fp32 stride_c:i64 stride_u:i64 guide_ptr:*i8 scale:fp32 temperature:fp32"
+_DRAFT_ARGS = "draft_ptr:*i64 q_ptr:*fp32 stride_q:i64 q_index_ptr:*i64"
+
+
+def compile_configs() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
+    """Every kernel and constexpr configuration, as ``(name, kernel, signature, constexprs)`` for
+    ``triton.compile(ASTSource(...), target=GPUTarget(...))`` (the compile tests and ``vispec bench kernels``)."""
+    configs = []
+    for dtype in ("fp32", "bf16"):
+        target_args = _TARGET_ARGS.replace("cond_ptr:*fp32 uncond_ptr:*fp32", f"cond_ptr:*{dtype} uncond_ptr:*{dtype}")
+        for has_uncond in (False, True):
+            for use_k, use_p in ((True, False), (False, True), (True, True)):
+                sig = _signature(f"{target_args} sample_ptr:*i64 tau_ptr:*fp32 V:i32 top_k:i32 top_p:fp32 "
+                                 "HAS_UNCOND:constexpr USE_TOP_K:constexpr USE_TOP_P:constexpr BLOCK:constexpr")
+                consts = {"HAS_UNCOND": has_uncond, "USE_TOP_K": use_k, "USE_TOP_P": use_p, "BLOCK": 1024}
+                configs.append((f"threshold[{dtype},uncond={has_uncond},k={use_k},p={use_p}]", _threshold_kernel, sig, consts))
+            for greedy in (False, True):
+                for has_tau in ((False,) if greedy else (False, True)):
+                    for dense in (False, True):
+                        for injected in (False, True):
+                            flags = {"HAS_UNCOND": has_uncond, "GREEDY": greedy, "HAS_TAU": has_tau, "HAS_DENSE": dense,
+                                     "INJECTED": injected, "BLOCK": 1024}
+                            sig = _signature(
+                                f"{target_args} tau_ptr:*fp32 {_DRAFT_ARGS} sample_ptr:*i64 seed_ptr:*i64 pos_ptr:*i64 "
+                                "draw_ptr:*i64 uniform_ptr:*fp32 accepted_ptr:*i8 m_ptr:*fp32 s_ptr:*fp32 amax_ptr:*i64 "
+                                "status_ptr:*i8 V:i32 " + " ".join(f"{k}:constexpr" for k in flags))
+                            label = ",".join(f"{k.lower()}={v}" for k, v in flags.items() if k != "BLOCK")
+                            configs.append((f"accept[{dtype},{label}]", _accept_kernel, sig, flags))
+                            for store in (False, True):
+                                sflags = dict(flags, STORE=store)
+                                sig = _signature(
+                                    f"{target_args} tau_ptr:*fp32 {_DRAFT_ARGS} m_ptr:*fp32 s_ptr:*fp32 amax_ptr:*i64 "
+                                    "mode_ptr:*i8 sample_ptr:*i64 seed_ptr:*i64 pos_ptr:*i64 residual_draw_ptr:*i64 "
+                                    "fresh_stream_ptr:*i64 fresh_draw_ptr:*i64 residual_noise_ptr:*fp32 "
+                                    "fresh_noise_ptr:*fp32 stride_noise:i64 store_ptr:*i64 probs_out_ptr:*fp32 "
+                                    "stride_out:i64 residual_out_ptr:*i64 fresh_out_ptr:*i64 V:i32 "
+                                    + " ".join(f"{k}:constexpr" for k in sflags))
+                                configs.append((f"sample[{dtype},{label},store={store}]", _sample_kernel, sig, sflags))
+    configs.append(("first_rejection", _first_rejection_kernel,
+                    _signature("accepted_ptr:*i8 row_start_ptr:*i64 num_drafts_ptr:*i64 out_ptr:*i64"), {}))
+    return configs
