@@ -74,6 +74,9 @@ class Target:
         processors: per-position logits processors (applied in PyTorch before the kernels).
         backend: ``"auto"``, ``"triton"`` or ``"reference"``.
         block: vocabulary tile of the kernels (default :func:`block_size`).
+        validate: check index arguments against their ranges (token ids, row indices). Each check
+            reads a value back from the device; decoders that build the indices themselves turn
+            it off. Kernels do not bounds-check these indices.
     """
 
     def __init__(
@@ -88,7 +91,9 @@ class Target:
         *,
         backend: str = "auto",
         block: Optional[int] = None,
+        validate: bool = True,
     ):
+        self.validate = validate
         if cond.dim() != 2:
             raise ValueError(f"cond must be [rows, vocab], got shape {tuple(cond.shape)}")
         rows, vocab = cond.shape
@@ -98,7 +103,7 @@ class Target:
         self.row_sample = _long(row_sample, "row_sample", (rows,))
         if seeds.dim() != 1:
             raise ValueError(f"seeds must be [batch], got shape {tuple(seeds.shape)}")
-        if rows and int(self.row_sample.max()) >= seeds.shape[0]:
+        if validate and rows and int(self.row_sample.max()) >= seeds.shape[0]:
             raise ValueError(f"row_sample refers to sample {int(self.row_sample.max())} but seeds has {seeds.shape[0]} entries")
         self.seeds = seeds.to(torch.int64).contiguous()
         self.sampling = sampling
@@ -155,7 +160,7 @@ class Target:
 
     def _check_drafts(self, draft_tokens: Tensor, q: Optional[Tensor], q_index: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
         draft_tokens = _long(draft_tokens, "draft_tokens", (self.num_rows,))
-        if self.num_rows and int(draft_tokens.max()) >= self.vocab:
+        if self.validate and self.num_rows and int(draft_tokens.max()) >= self.vocab:
             raise ValueError(f"draft_tokens must be < the vocabulary ({self.vocab}) or -1 (no draft), got {int(draft_tokens.max())}")
         if (q is None) != (q_index is None):
             raise ValueError("q and q_index must be given together (dense draft rows and which row each draft uses)")
@@ -163,7 +168,7 @@ class Target:
             if q.dim() != 2 or q.shape[1] != self.vocab:
                 raise ValueError(f"q must be [rows, {self.vocab}], got shape {tuple(q.shape)}")
             q_index = _long(q_index, "q_index", (self.num_rows,))
-            if self.num_rows and int(q_index.max()) >= q.shape[0]:
+            if self.validate and self.num_rows and int(q_index.max()) >= q.shape[0]:
                 raise ValueError(f"q_index refers to row {int(q_index.max())} but q has {q.shape[0]} rows")
             if q.stride(-1) != 1:
                 q = q.contiguous()
@@ -222,7 +227,7 @@ class Target:
         batch = num_drafts.shape[0] if num_drafts.dim() == 1 else -1
         row_start = _long(row_start, "row_start", (batch,))
         num_drafts = _long(num_drafts, "num_drafts", (batch,))
-        if batch and (int((row_start + num_drafts).max()) > self.num_rows or int(num_drafts.min()) < 0 or int(row_start.min()) < 0):
+        if self.validate and batch and (int((row_start + num_drafts).max()) > self.num_rows or int(num_drafts.min()) < 0 or int(row_start.min()) < 0):
             raise ValueError(f"row_start + num_drafts must describe rows inside [0, {self.num_rows}] with num_drafts >= 0")
         if self.backend == "triton":
             return _triton_first_rejection(accepted, row_start, num_drafts)
@@ -289,7 +294,7 @@ class Target:
             store_rows = _long(store_rows, "store_rows", (rows,))
             if store_out.dim() != 2 or store_out.shape[1] != self.vocab:
                 raise ValueError(f"store_out must be [N, {self.vocab}], got shape {tuple(store_out.shape)}")
-            if rows and int(store_rows.max()) >= store_out.shape[0]:
+            if self.validate and rows and int(store_rows.max()) >= store_out.shape[0]:
                 raise ValueError(f"store_rows refers to row {int(store_rows.max())} but store_out has {store_out.shape[0]} rows")
         residual = residual & (self.row_sample >= 0) & (draft_tokens >= 0)
         fresh = fresh & (self.row_sample >= 0)
@@ -496,6 +501,7 @@ def _triton_sample(target: Target, residual, fresh, draft_tokens, q, q_index, re
 def window_target(
     cond: Tensor, uncond: Optional[Tensor], positions: Tensor, num_rows: Tensor, seeds: Tensor, sampling: SamplingConfig,
     processors: tuple[PositionProcessor, ...] = (), *, backend: str = "auto", block: Optional[int] = None,
+    validate: bool = True,
 ) -> Target:
     """A :class:`Target` over padded windows: ``cond [B, W, V]``, ``positions [B, W]``, sample ``b`` owning
     rows ``b W .. b W + num_rows[b] - 1`` (the rest are padding). Row ``b W + j`` is ``cond[b, j]``."""
@@ -509,4 +515,4 @@ def window_target(
     row_sample = torch.where(slots[None, :] < num_rows.to(cond.device)[:, None], owner, torch.full_like(owner, -1))
     flat = lambda x: None if x is None else x.reshape(batch * width, vocab)  # noqa: E731
     return Target(flat(cond), flat(uncond), positions.reshape(-1), row_sample.reshape(-1), seeds, sampling, processors,
-                  backend=backend, block=block)
+                  backend=backend, block=block, validate=validate)

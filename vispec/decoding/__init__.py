@@ -27,12 +27,15 @@ def decode(
     processors: tuple[PositionProcessor, ...] = (),
     grid_width: Optional[int] = None,
     callback: Optional[StepCallback] = None,
+    backend: str = "auto",
 ) -> DecodeOutput:
     """Generate ``num_tokens`` image tokens per sample with the chosen decoder.
 
     ``decoding`` is a :class:`DecodingConfig` or a name (``"ar"``, ``"sjd"``, ``"sjd-vertical"``,
     ``"mc-sjd"``, ``"mc-sjd-gumbel"``). ``generator``: one ``torch.Generator`` for the batch or a list
     with one per sample (then each sample's output is independent of the batch it runs in).
+    ``backend``: ``"auto"`` (Triton kernels for CUDA tensors, the PyTorch reference otherwise),
+    ``"triton"`` or ``"reference"`` (:mod:`vispec.kernels.backend`).
     """
     if not isinstance(model, SpeculativeARModel):
         raise ValueError(f"model must implement prefill/forward_window/rollback/select, got {type(model).__name__}")
@@ -43,11 +46,11 @@ def decode(
     if config.config.strategy == "ar":
         return decode_ar(
             model, condition, num_tokens=num_tokens, sampling=sampling, generator=generator,
-            processors=processors, grid_width=grid_width, callback=callback,
+            processors=processors, grid_width=grid_width, callback=callback, backend=backend,
         )
     return decode_sjd(
         model, condition, num_tokens=num_tokens, sampling=sampling, decoding=config, generator=generator,
-        processors=processors, grid_width=grid_width, callback=callback,
+        processors=processors, grid_width=grid_width, callback=callback, backend=backend,
     )
 
 

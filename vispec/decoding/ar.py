@@ -2,7 +2,7 @@
 
 The baseline every speed-up is measured against (LlamaGen ``generate``, arXiv 2406.06525): the
 prefill's last logits give token 0; each further pass feeds the newest token and samples the next
-from the processed target ``p`` (:func:`vispec.sampling.process_logits`). Sampling is the
+from the processed target ``p`` (:func:`vispec.sampling.process_logits`, through :class:`vispec.kernels.target.Target`). Sampling is the
 exponential race ``argmax_v p_v / E_v`` with ``E`` keyed by (sample seed, position), so a sample's
 tokens do not depend on the rest of the batch.
 """
@@ -14,10 +14,10 @@ from typing import Any, Optional
 import torch
 
 from vispec.decoding.common import DecodeOutput, DecodeStats, GeneratorArg, StepCallback, start_decoding
-from vispec.kernels.philox import Stream, exponentials
-from vispec.kernels.verify import sample_from_weights
+from vispec.kernels.philox import Stream
+from vispec.kernels.target import window_target
 from vispec.protocol import SpeculativeARModel
-from vispec.sampling import PositionProcessor, SamplingConfig, process_logits
+from vispec.sampling import PositionProcessor, SamplingConfig
 
 
 @torch.no_grad()
@@ -31,22 +31,26 @@ def decode_ar(
     processors: tuple[PositionProcessor, ...] = (),
     grid_width: Optional[int] = None,
     callback: Optional[StepCallback] = None,
+    backend: str = "auto",
 ) -> DecodeOutput:
-    """Sample ``num_tokens`` image tokens per sample, one per forward pass."""
+    """Sample ``num_tokens`` image tokens per sample, one per forward pass.
+
+    ``backend`` picks the sampling kernels (:mod:`vispec.kernels.backend`)."""
     start = start_decoding(model, condition, num_tokens=num_tokens, grid_width=grid_width or num_tokens,
                            sampling=sampling, generator=generator, window=1)
     state, logits, seeds, clock, vocab = start.state, start.logits, start.seeds, start.clock, start.vocab
     batch, device = start.batch, start.device
     tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
+    ones = torch.ones(batch, dtype=torch.long, device=device)
+    every_row = torch.ones(batch, dtype=torch.bool, device=device)
     for t in range(num_tokens):
         if t > 0:
             logits = model.forward_window(state, tokens[:, t - 1 : t])
-            model.rollback(state, torch.ones(batch, dtype=torch.long, device=device))
+            model.rollback(state, ones)
         positions = torch.full((batch, 1), t, dtype=torch.long, device=device)
-        probs = process_logits(logits.cond, logits.uncond, positions, sampling, processors)
-        draws = torch.full((batch,), t, dtype=torch.long, device=device)
-        noise = exponentials(seeds, positions, Stream.SAMPLE, draws, vocab)
-        tokens[:, t] = sample_from_weights(probs, noise)[:, 0]
+        target = window_target(logits.cond, logits.uncond, positions, ones, seeds, sampling, processors, backend=backend,
+                               validate=False)
+        tokens[:, t] = target.sample(fresh=every_row, fresh_stream=Stream.SAMPLE, fresh_draws=ones * t)[1]
         if callback is not None and t > 0:  # step = forward passes after the prefill, as in SJD
             progress = torch.where(torch.arange(num_tokens, device=device) <= t, tokens, torch.full_like(tokens, -1))
             callback(t, torch.full((batch,), t + 1, dtype=torch.long, device=device), progress)

@@ -45,10 +45,10 @@ from torch import Tensor
 from vispec.decoding.common import DecodeOutput, DecodeStats, GeneratorArg, StepCallback, start_decoding
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
-from vispec.kernels.philox import Stream, exponentials, uniforms
-from vispec.kernels.verify import accept_drafts, residual_sample, sample_from_weights
+from vispec.kernels.philox import Stream
+from vispec.kernels.target import window_target
 from vispec.protocol import SpeculativeARModel
-from vispec.sampling import PositionProcessor, SamplingConfig, process_logits
+from vispec.sampling import PositionProcessor, SamplingConfig
 
 
 def _resolve_grid_width(model: Any, num_tokens: int, grid_width: Optional[int], init: str) -> int:
@@ -76,8 +76,12 @@ def decode_sjd(
     processors: tuple[PositionProcessor, ...] = (),
     grid_width: Optional[int] = None,
     callback: Optional[StepCallback] = None,
+    backend: str = "auto",
 ) -> DecodeOutput:
-    """Decode ``num_tokens`` tokens per sample with SJD or MC-SJD (module docstring)."""
+    """Decode ``num_tokens`` tokens per sample with SJD or MC-SJD (module docstring).
+
+    ``backend`` picks the verification kernels (:mod:`vispec.kernels.backend`): Triton for CUDA
+    tensors by default, the PyTorch reference otherwise."""
     cfg = decoding.config
     if cfg.strategy not in ("sjd", "mc-sjd"):
         raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")
@@ -90,8 +94,9 @@ def decode_sjd(
     zeros = torch.zeros(batch, dtype=torch.long, device=device)
 
     # token 0 from the prefill
-    p0 = process_logits(logits.cond, logits.uncond, zeros[:, None], sampling, processors)
-    first = sample_from_weights(p0, exponentials(seeds, zeros[:, None], Stream.SAMPLE, zeros, vocab))[:, 0]
+    first_target = window_target(logits.cond, logits.uncond, zeros[:, None], torch.ones_like(zeros), seeds, sampling,
+                                 processors, backend=backend)
+    first = first_target.sample(fresh=torch.ones(batch, dtype=torch.bool, device=device), fresh_draws=zeros)[1]
 
     # results in the caller's batch order
     result = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)
@@ -106,7 +111,8 @@ def decode_sjd(
     buf[:, 0] = first
     n = torch.ones(batch, dtype=torch.long, device=device)  # committed tokens
     draft_count = zeros.clone()  # valid drafts at positions n .. n + draft_count - 1
-    draft_q = torch.zeros(batch, max(window - 1, 1), vocab, dtype=p0.dtype, device=device)  # q of draft i (position n + i)
+    q_dtype = torch.float64 if logits.cond.dtype == torch.float64 else torch.float32
+    draft_q = torch.zeros(batch, max(window - 1, 1), vocab, dtype=q_dtype, device=device)  # q of draft i (position n + i)
     draft_dense = torch.zeros(batch, max(window - 1, 1), dtype=torch.bool, device=device)
     nfe = torch.ones(batch, dtype=torch.long, device=device)
     accepted = zeros.clone()
@@ -143,31 +149,34 @@ def decode_sjd(
             buf.scatter_(1, positions, torch.where(need_init, init, buf.gather(1, positions)))
         window_tokens = buf.gather(1, positions)
 
-        # 2. forward and target
+        # 2. forward and target (row j of a sample predicts position n + j and verifies window token j + 1)
         out = model.forward_window(state, window_tokens)
-        out_positions = positions + 1  # output j predicts position n + j
-        probs = process_logits(out.cond, out.uncond, out_positions, sampling, processors)
-
-        # 3. acceptance for every draft slot at once; m = leading accepted drafts
+        out_positions = positions + 1
+        target = window_target(out.cond, out.uncond, out_positions, width_b, seeds, sampling, processors, backend=backend,
+                               validate=False)
         num_slots = width - 1
         num_drafts = width_b - 1
-        m = torch.zeros(active, dtype=torch.long, device=device)
-        coupled = None
-        if num_slots > 0:
-            dpos = positions[:, 1:]
-            drafts = window_tokens[:, 1:]
-            real = slot[None, :num_slots] < num_drafts[:, None]
-            dense = draft_dense[:, :num_slots] & (slot[None, :num_slots] < draft_count[:, None])
-            q_rows = draft_q[:, :num_slots] if bool(dense.any()) else None
-            accept_flags, m = accept_drafts(probs[:, :num_slots], drafts, q_rows, ~dense, num_drafts, uniforms(seeds, dpos, Stream.ACCEPT, nfe))
-            # residual samples where they are used: every rejected slot (maximal coupling), or the
-            # first rejection only (SJD)
-            if coupling == "maximal":
-                need_residual = real & ~accept_flags
-            else:
-                need_residual = real & (slot[None, :num_slots] == m[:, None])
+        q_width = draft_q.shape[1]
+        row_drafts = torch.cat([window_tokens[:, 1:], torch.full_like(window_tokens[:, :1], -1)], dim=1)
+        row_drafts = torch.where(slot[None, :] < num_drafts[:, None], row_drafts, torch.full_like(row_drafts, -1))
+        dense = torch.zeros(active, width, dtype=torch.bool, device=device)
+        dense[:, : min(width, q_width)] = draft_dense[:, : min(width, q_width)]
+        dense &= slot[None, :] < draft_count[:, None]
+        q_index = torch.where(dense, torch.arange(active, device=device)[:, None] * q_width + slot.clamp(max=q_width - 1),
+                              torch.full_like(row_drafts, -1)).reshape(-1)
+        q_flat = draft_q.reshape(-1, vocab)
+        row_nfe = nfe[:, None].expand(-1, width).reshape(-1)
+
+        # 3. acceptance for every draft row at once; m = leading accepted drafts
+        accept_flags = target.accept(row_drafts.reshape(-1), q=q_flat, q_index=q_index, draws=row_nfe).view(active, width)
+        m = target.first_rejection(accept_flags.reshape(-1), torch.arange(active, device=device) * width, num_drafts)
+        # residual samples where they are used: every rejected slot (maximal coupling), or the
+        # first rejection only (SJD)
+        real = slot[None, :] < num_drafts[:, None]
+        if coupling == "maximal":
+            need_residual = real & ~accept_flags
         else:
-            need_residual = torch.zeros(active, 0, dtype=torch.bool, device=device)
+            need_residual = real & (slot[None, :] == m[:, None])
 
         # samples from the outputs that become drafts or the bonus token: Gumbel-coupled, or fresh
         # (SJD; maximal coupling only needs its last output, which has no old draft to couple with)
@@ -176,32 +185,23 @@ def decode_sjd(
             need_fresh = slot[None, :] == (width_b - 1)[:, None]
         else:
             need_fresh = (slot[None, :] >= use_from[:, None]) & in_window
-
-        # one Philox evaluation for the residual rows and the fresh rows (counter-keyed, so batching
-        # them changes no number): residual rows at the draft positions, fresh rows at output positions
-        rb, rj = need_residual.nonzero(as_tuple=True)
-        fb, fj = need_fresh.nonzero(as_tuple=True)
         fresh_stream, fresh_draws = (Stream.GUMBEL, torch.zeros_like(nfe)) if coupling == "gumbel" else (Stream.SAMPLE, nfe)
-        noise_rows = torch.cat([rb, fb])
-        noise = exponentials(
-            seeds[noise_rows],
-            torch.cat([positions[rb, rj + 1], out_positions[fb, fj]])[:, None],
-            torch.cat([torch.full_like(rb, int(Stream.RESIDUAL)), torch.full_like(fb, int(fresh_stream))])[:, None],
-            torch.cat([nfe[rb], fresh_draws[fb]]),
-            vocab,
+
+        # the rows after m become the next drafts (position n + j is draft j - m - 1 of the next pass):
+        # their p is stored as q
+        becomes_draft = (slot[None, :] > m[:, None]) & in_window
+        store_rows = torch.where(becomes_draft, torch.arange(active, device=device)[:, None] * q_width + slot[None, :] - m[:, None] - 1,
+                                 torch.full_like(row_drafts, -1))
+        next_q = torch.zeros_like(draft_q)
+        residual, fresh = target.sample(
+            residual=need_residual.reshape(-1), fresh=need_fresh.reshape(-1), draft_tokens=row_drafts.reshape(-1),
+            q=q_flat, q_index=q_index, residual_draws=row_nfe, fresh_stream=fresh_stream,
+            fresh_draws=fresh_draws[:, None].expand(-1, width).reshape(-1),
+            store_rows=store_rows.reshape(-1), store_out=next_q.view(-1, vocab),
         )
-        residual_noise, fresh_noise = noise[: rb.numel()], noise[rb.numel() :]
-        if num_slots > 0:
-            residual = torch.full_like(drafts, -1)
-            if rb.numel():
-                q_need = None if q_rows is None else q_rows[rb, rj][:, None]
-                residual[rb, rj] = residual_sample(
-                    probs[rb, rj][:, None], drafts[rb, rj][:, None], q_need, (~dense)[rb, rj][:, None], residual_noise
-                )[:, 0]
-            coupled = torch.where(accept_flags, drafts, residual)
-        fresh = torch.full(need_fresh.shape, -1, dtype=torch.long, device=device)
-        if fb.numel():
-            fresh[fb, fj] = sample_from_weights(probs[fb, fj][:, None], fresh_noise)[:, 0]
+        residual, fresh = residual.view(active, width), fresh.view(active, width)
+        coupled = torch.where(accept_flags, row_drafts, residual)[:, :num_slots] if num_slots > 0 else None
+        accept_flags = accept_flags[:, :num_slots]
 
         # 4. commit: d_1..d_m are already in buf; write the residual (rejection) or bonus token
         bonus = fresh.gather(1, m[:, None]).squeeze(1)
@@ -222,9 +222,8 @@ def decode_sjd(
         write = (slot[None, :] > m[:, None]) & in_window
         buf.scatter_(1, out_pos_n, torch.where(write, next_tokens, buf.gather(1, out_pos_n)))
         draft_count = width_b - 1 - m
-        gather_at = (m[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)).clamp(max=width - 1)
-        draft_q = probs.gather(1, gather_at[..., None].expand(-1, -1, vocab))
-        draft_dense = torch.arange(draft_q.shape[1], device=device)[None, :] < draft_count[:, None]
+        draft_q = next_q
+        draft_dense = torch.arange(q_width, device=device)[None, :] < draft_count[:, None]
 
         # 5. cache: keep z and the accepted drafts
         model.rollback(state, m + 1)
