@@ -98,3 +98,15 @@ def _scalar_uniform_kernel(out_ptr, seed_ptr, pos_ptr, stream_ptr, draw_ptr):
     row = tl.program_id(0)
     u = scalar_uniform(tl.load(seed_ptr + row), tl.load(pos_ptr + row), tl.load(stream_ptr + row), tl.load(draw_ptr + row))
     tl.store(out_ptr + row, u)
+
+
+def compile_configs() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
+    """The noise kernels' configurations for ``triton.compile`` (see :func:`vispec.kernels.verify_triton.compile_configs`)."""
+    configs = []
+    for kind, dtype in ((0, "fp32"), (1, "fp32"), (2, "fp64"), (3, "i64")):
+        signature = {"out_ptr": f"*{dtype}", "seed_ptr": "*i64", "pos_ptr": "*i64", "stream_ptr": "*i64", "draw_ptr": "*i64",
+                     "V": "i32", "stride_row": "i64", "KIND": "constexpr", "BLOCK": "constexpr"}
+        configs.append((f"vocab_noise[kind={kind}]", _vocab_noise_kernel, signature, {"KIND": kind, "BLOCK": 1024}))
+    signature = {"out_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64", "stream_ptr": "*i64", "draw_ptr": "*i64"}
+    configs.append(("scalar_uniform", _scalar_uniform_kernel, signature, {}))
+    return configs

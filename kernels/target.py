@@ -421,7 +421,7 @@ def _triton_threshold(target: Target) -> Tensor:
         cond, uncond, stride_c, stride_u, guide, scale, temperature, target.row_sample, tau,
         target.vocab, top_k, float(top_p),
         HAS_UNCOND=target.uncond is not None, USE_TOP_K=0 < top_k < target.vocab, USE_TOP_P=top_p < 1.0,
-        BLOCK=target.block, num_warps=_num_warps(target.block),
+        BLOCK=target.block, num_warps=_num_warps(target.block), enable_fp_fusion=False,
     )
     return tau
 
@@ -447,7 +447,7 @@ def _triton_accept(target: Target, draft_tokens, q, q_index, draws, accept_unifo
             accepted, m, s, amax, status, target.vocab,
             HAS_UNCOND=target.uncond is not None, GREEDY=target.sampling.greedy, HAS_TAU=target.tau is not None,
             HAS_DENSE=q is not None, INJECTED=accept_uniforms is not None, BLOCK=target.block,
-            num_warps=_num_warps(target.block),
+            num_warps=_num_warps(target.block), enable_fp_fusion=False,
         )
     target._stats = (m, s, amax)
     return accepted.bool(), status
@@ -456,7 +456,8 @@ def _triton_accept(target: Target, draft_tokens, q, q_index, draws, accept_unifo
 def _triton_first_rejection(accepted: Tensor, row_start: Tensor, num_drafts: Tensor) -> Tensor:
     out = torch.zeros(num_drafts.shape[0], dtype=torch.int64, device=accepted.device)
     if out.numel():
-        _kernels()._first_rejection_kernel[(out.numel(),)](accepted.to(torch.int8).contiguous(), row_start, num_drafts, out, num_warps=1)
+        _kernels()._first_rejection_kernel[(out.numel(),)](accepted.to(torch.int8).contiguous(), row_start, num_drafts, out, num_warps=1,
+                                                        enable_fp_fusion=False)
     return out
 
 
@@ -493,7 +494,7 @@ def _triton_sample(target: Target, residual, fresh, draft_tokens, q, q_index, re
         residual_out, fresh_out, target.vocab,
         HAS_UNCOND=target.uncond is not None, GREEDY=target.sampling.greedy, HAS_TAU=target.tau is not None,
         HAS_DENSE=q is not None, INJECTED=injected, STORE=store, BLOCK=target.block,
-        num_warps=_num_warps(target.block),
+        num_warps=_num_warps(target.block), enable_fp_fusion=False,
     )
     return residual_out, fresh_out
 

@@ -47,6 +47,7 @@ MODE_RESIDUAL: tl.constexpr = tl.constexpr(1)
 MODE_FRESH: tl.constexpr = tl.constexpr(2)
 STATUS_NAN: tl.constexpr = tl.constexpr(1)
 STATUS_NO_MASS: tl.constexpr = tl.constexpr(2)
+LOWEST: tl.constexpr = tl.constexpr(-3.4028234663852886e38)  # lowest finite float32
 
 
 @triton.jit
@@ -63,6 +64,18 @@ def _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature
         if HAS_TAU:
             logits = tl.where(logits >= tau, logits, float("-inf"))
     return tl.where(valid, logits, float("-inf"))
+
+
+@triton.jit
+def _online_lse(w, m, s):
+    """One tile of the online log-sum-exp: ``(m, s)`` with ``s = Σ exp(w - m)``.
+
+    ``m`` starts at the lowest finite float32 (not ``-inf``), so ``exp(m_old - m_new)`` is never
+    ``exp(-inf + inf)``; ``exp(-inf - m) = 0`` drops masked entries. A row whose entries are all
+    ``-inf`` ends with ``s = 0``."""
+    new_m = tl.maximum(m, tl.max(w, axis=0))
+    s = s * tl.exp(m - new_m) + tl.sum(tl.exp(w - new_m), axis=0)
+    return new_m, s
 
 
 @triton.jit
@@ -113,17 +126,14 @@ def _threshold_kernel(
             tau_k = _key_to_float(lo)
         tau = tau_k
         if USE_TOP_P:
-            m = float("-inf")
+            m = LOWEST
             s = 0.0
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 valid = offs < V
                 w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau_k,
                                     HAS_UNCOND, False, USE_TOP_K)
-                new_m = tl.maximum(m, tl.max(w, axis=0))
-                alpha = tl.where(new_m == float("-inf"), 1.0, tl.exp(m - new_m))
-                s = s * alpha + tl.sum(tl.where(w == float("-inf"), 0.0, tl.exp(w - new_m)), axis=0)
-                m = new_m
+                m, s = _online_lse(w, m, s)
             # smallest key x with mass(w > x) < top_p is the key of the last kept token
             lo = tl.full((), -2147483648, tl.int64)
             hi = tl.full((), 2147483647, tl.int64)
@@ -168,7 +178,7 @@ def _accept_kernel(
         if HAS_TAU:
             tau = tl.load(tau_ptr + row)
         draft = tl.load(draft_ptr + row)
-        m = float("-inf")
+        m = LOWEST
         s = 0.0
         best = float("-inf")
         best_idx = tl.full((), 0, tl.int64)
@@ -188,10 +198,7 @@ def _accept_kernel(
                 best_idx = tl.where(better, tile_idx, best_idx)
                 best = tl.where(better, tile_best, best)
             else:
-                new_m = tl.maximum(m, tl.max(w, axis=0))
-                alpha = tl.where(new_m == float("-inf"), 1.0, tl.exp(m - new_m))
-                s = s * alpha + tl.sum(tl.where(w == float("-inf"), 0.0, tl.exp(w - new_m)), axis=0)
-                m = new_m
+                m, s = _online_lse(w, m, s)
         if GREEDY:
             p_draft = tl.where(draft == best_idx, 1.0, 0.0)
             status = tl.where(nan_seen != 0, STATUS_NAN, 0)

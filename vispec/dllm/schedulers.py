@@ -36,8 +36,8 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 from torch import Tensor
 
-from vispec.kernels.philox import Stream, uniforms, uniforms64
-from vispec.kernels.unmask import unmask_candidates
+from vispec.kernels.philox import Stream, uniforms
+from vispec.kernels.unmask import RowNoise, unmask_candidates
 
 
 @dataclass
@@ -142,12 +142,15 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
         if (temperature > 0 or self.uses_remask_noise) and noise is None:
             raise ValueError("noise is needed for temperature > 0 and for random remasking")
         masked = sample == mask_token_id
-        b, j = masked.nonzero(as_tuple=True)
-        rows_uniforms = None
-        if temperature > 0 and b.numel():
-            rows_uniforms = uniforms64(noise.seeds[b], noise.positions[b, j][:, None], Stream.UNMASK,
-                                       noise.draws[b], model_output.shape[-1])[:, 0]
-        cand = unmask_candidates(model_output[b, j], temperature, rows_uniforms, proposal_mask, confidence_mask)
+        # the masked positions as row indices into model_output viewed as [B * Lb, V]: the kernel reads
+        # them in place, and draws their Gumbel noise from the Philox keys (no [R, V] uniforms)
+        rows = masked.reshape(-1).nonzero().squeeze(-1)
+        b, j = rows // sample.shape[1], rows % sample.shape[1]
+        row_noise = None
+        if temperature > 0:
+            row_noise = RowNoise(noise.seeds[b], noise.positions[b, j], noise.draws[b])
+        cand = unmask_candidates(model_output, temperature, None, proposal_mask, confidence_mask,
+                                 noise=row_noise, rows=rows)
         tokens = torch.full_like(sample, -1)
         tokens[b, j] = cand.tokens
         confidence = torch.full(sample.shape, float("-inf"), dtype=torch.float64, device=sample.device)

@@ -1,0 +1,81 @@
+"""Compile every Triton kernel configuration for NVIDIA targets without a GPU.
+
+``python -m vispec.kernels.compile_check --arch 80 --arch 90 [--json FILE]`` runs
+``triton.compile`` (Triton IR -> PTX -> cubin with the bundled ``ptxas``) for each entry of the
+kernel modules' ``compile_configs()``. This catches what Triton's interpreter accepts but the
+compiler rejects (``break``, non-power-of-two ``arange``, type errors). It must run with the
+interpreter off (the interpreter replaces kernels before they can be compiled), so tests call it
+in a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+
+KERNEL_MODULES = ("vispec.kernels.philox_triton", "vispec.kernels.verify_triton", "vispec.kernels.unmask_triton")
+COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the launches use the same option (bitwise-stable rounding)
+
+
+def kernel_configs() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
+    """``(name, kernel, signature, constexprs)`` of every configuration of every kernel module."""
+    configs = []
+    for module_name in KERNEL_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name == module_name:
+                continue
+            raise
+        prefix = module_name.rsplit(".", 1)[-1].removesuffix("_triton")
+        configs += [(f"{prefix}.{name}", fn, sig, consts) for name, fn, sig, consts in module.compile_configs()]
+    return configs
+
+
+def compile_all(arch: int) -> list[dict]:
+    """Compile each configuration for ``GPUTarget("cuda", arch, 32)``; one record per configuration."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from vispec.kernels.backend import interpreter_enabled
+
+    if interpreter_enabled():
+        raise RuntimeError("TRITON_INTERPRET=1 is set: kernels are interpreted and cannot be compiled; unset it")
+    records = []
+    for name, fn, signature, constexprs in kernel_configs():
+        start = time.perf_counter()
+        try:
+            compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                                      target=GPUTarget("cuda", arch, 32), options=COMPILE_OPTIONS)
+            ok, error = bool(compiled.asm.get("cubin")), None
+        except Exception as exc:  # report every failure, not just the first
+            ok, error = False, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        records.append({"kernel": name, "arch": f"sm_{arch}", "ok": ok, "seconds": round(time.perf_counter() - start, 3),
+                        "error": error})
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vispec.kernels.compile_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, action="append", help="compute capability x10 (80 = A100, 90 = H100); repeatable")
+    parser.add_argument("--json", help="write the records to this file")
+    args = parser.parse_args(argv)
+    records = []
+    for arch in args.arch or [80, 90]:
+        records += compile_all(arch)
+    failed = [r for r in records if not r["ok"]]
+    for record in failed:
+        print(f"FAILED {record['kernel']} {record['arch']}: {record['error']}")
+    print(f"compiled {len(records) - len(failed)}/{len(records)} kernel configurations "
+          f"({', '.join(sorted({r['arch'] for r in records}))}) in {sum(r['seconds'] for r in records):.1f} s")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(records, handle, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
