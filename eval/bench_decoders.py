@@ -145,3 +145,11 @@ def write_json(result: dict, path: Optional[str]) -> None:
     if path:
         with open(path, "w") as handle:
             json.dump(result, handle, indent=2)
+
+
+def emit(table: str, result: dict, path: Optional[str]) -> None:
+    """What every ``vispec bench`` command ends with: the table on stdout, the JSON to ``path``."""
+    print(table)
+    write_json(result, path)
+    if path:
+        print(f"wrote {path}")

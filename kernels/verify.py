@@ -23,8 +23,11 @@ Sampling from unnormalised weights ``w`` uses the exponential race
 input so a kernel can reproduce the choice exactly.
 
 :func:`verify_drafts` (all slots), :func:`accept_drafts` with :func:`residual_sample` (acceptance
-first, residual only where needed) and :func:`sample_from_weights` are the dispatch points; today all run the
-PyTorch reference on every device (a Triton path for CUDA tensors plugs in behind them).
+first, residual only where needed) and :func:`sample_from_weights` take **probability** tensors
+and always run in PyTorch: they are the specification the exactness tests enumerate against and
+the building blocks of the reference backend of :class:`vispec.kernels.target.Target`. Decoders
+verify through :class:`~vispec.kernels.target.Target`, which starts from logits and dispatches to
+the Triton kernels (:mod:`vispec.kernels.verify_triton`) on CUDA.
 """
 
 from __future__ import annotations

@@ -67,6 +67,19 @@ def _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature
 
 
 @triton.jit
+def _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, tau_ptr, row,
+                HAS_UNCOND: tl.constexpr, HAS_TAU: tl.constexpr):
+    """Row pointers, the row's guidance flag and its top-k/top-p threshold (``-inf``: none)."""
+    guide = 0
+    if HAS_UNCOND:
+        guide = tl.load(guide_ptr + row)
+    tau = float("-inf")
+    if HAS_TAU:
+        tau = tl.load(tau_ptr + row)
+    return cond_ptr + row * stride_c, uncond_ptr + row * stride_u, guide, tau
+
+
+@triton.jit
 def _online_lse(w, m, s):
     """One tile of the online log-sum-exp: ``(m, s)`` with ``s = Σ exp(w - m)``.
 
@@ -101,11 +114,8 @@ def _threshold_kernel(
     row = tl.program_id(0).to(tl.int64)
     sample = tl.load(sample_ptr + row)
     if sample >= 0:
-        cond_row = cond_ptr + row * stride_c
-        uncond_row = uncond_ptr + row * stride_u
-        guide = 0
-        if HAS_UNCOND:
-            guide = tl.load(guide_ptr + row)
+        cond_row, uncond_row, guide, _ = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, tau_ptr, row,
+                                                     HAS_UNCOND, False)
         tau_k = float("-inf")
         if USE_TOP_K:
             # largest key x with #{v : key(w_v) >= x} >= k is the key of the k-th largest w
@@ -169,14 +179,8 @@ def _accept_kernel(
     row = tl.program_id(0).to(tl.int64)
     sample = tl.load(sample_ptr + row)
     if sample >= 0:
-        cond_row = cond_ptr + row * stride_c
-        uncond_row = uncond_ptr + row * stride_u
-        guide = 0
-        if HAS_UNCOND:
-            guide = tl.load(guide_ptr + row)
-        tau = float("-inf")
-        if HAS_TAU:
-            tau = tl.load(tau_ptr + row)
+        cond_row, uncond_row, guide, tau = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, tau_ptr, row,
+                                                       HAS_UNCOND, HAS_TAU)
         draft = tl.load(draft_ptr + row)
         m = LOWEST
         s = 0.0
@@ -268,14 +272,8 @@ def _sample_kernel(
     if STORE:
         dest = tl.load(store_ptr + row)
     if (sample >= 0) & ((mode != 0) | (dest >= 0)):
-        cond_row = cond_ptr + row * stride_c
-        uncond_row = uncond_ptr + row * stride_u
-        guide = 0
-        if HAS_UNCOND:
-            guide = tl.load(guide_ptr + row)
-        tau = float("-inf")
-        if HAS_TAU:
-            tau = tl.load(tau_ptr + row)
+        cond_row, uncond_row, guide, tau = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, tau_ptr, row,
+                                                       HAS_UNCOND, HAS_TAU)
         m = tl.load(m_ptr + row)
         s = tl.load(s_ptr + row)
         amax = tl.load(amax_ptr + row)

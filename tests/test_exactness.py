@@ -20,7 +20,7 @@ import pytest
 import torch
 from scipy import stats
 
-import vispec.kernels.verify as verify_module
+import vispec.kernels.target as target_module
 from vispec.decoding import DecodingConfig, decode
 from vispec.kernels.verify import verify_drafts
 from vispec.models.llamagen_gpt import LlamaGenCondition
@@ -119,7 +119,7 @@ def _residual_from_target(p, q):
 @pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal"])
 def test_negative_control_fails(setup, method, monkeypatch):
     model, joint, n = setup
-    monkeypatch.setattr(verify_module, "residual_weights", _residual_from_target)
+    monkeypatch.setattr(target_module, "residual_weights", _residual_from_target)  # what the decoders call
     tokens, _ = sample_sequences(model, method, n, seed=1234)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\nnegative control {method} (resample from p): n={n} chi2={statistic:.1f} p={p_value:.2e} TV={tv:.4f}")

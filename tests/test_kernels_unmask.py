@@ -297,7 +297,7 @@ def test_fuzz_shapes(n_total, vocab, block_size, dtype, temperature, noise_mode,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("vocab", [32000, 126464])
+@pytest.mark.parametrize("vocab", [16384, 32000, 126464, 151936])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_matches_reference(vocab, dtype):
     gen = torch.Generator().manual_seed(vocab)

@@ -61,18 +61,15 @@ def _decoder_bench_config(args: argparse.Namespace):
 
 
 def _cmd_bench_decoders(args: argparse.Namespace) -> int:
-    from vispec.eval.bench_decoders import format_table, run_decoder_bench, write_json
+    from vispec.eval.bench_decoders import emit, format_table, run_decoder_bench
 
     result = run_decoder_bench(_decoder_bench_config(args), progress=lambda msg: print(msg, file=sys.stderr))
-    print(format_table(result))
-    write_json(result, args.json_path)
-    if args.json_path:
-        print(f"wrote {args.json_path}")
+    emit(format_table(result), result, args.json_path)
     return 0
 
 
 def _cmd_bench_image(args: argparse.Namespace) -> int:
-    from vispec.eval.bench_decoders import write_json
+    from vispec.eval.bench_decoders import emit
     from vispec.eval.bench_image import ImageBenchConfig, format_image_table, run_image_bench
 
     methods = _method_list(args.methods)
@@ -82,10 +79,20 @@ def _cmd_bench_image(args: argparse.Namespace) -> int:
                            guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, evaluator=args.evaluator, device=args.device)
     result = run_image_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(format_image_table(result))
-    write_json(result, args.json_path)
-    if args.json_path:
-        print(f"wrote {args.json_path}")
+    emit(format_image_table(result), result, args.json_path)
+    return 0
+
+
+def _cmd_bench_kernels(args: argparse.Namespace) -> int:
+    from vispec.eval.bench_decoders import emit
+    from vispec.eval.bench_kernels import KernelBenchConfig, format_kernel_table, run_kernel_bench
+
+    cfg = KernelBenchConfig(rows=tuple(args.rows), vocab=tuple(args.vocab), window=args.window,
+                            guidance_scale=args.guidance_scale, dtype=args.dtype, device=args.device, repeats=args.repeats,
+                            max_seconds=args.max_seconds, step_batch=args.step_batch, peak_gbps=args.peak_gbps,
+                            ops=tuple(_method_list(args.ops)), compile_check=not args.no_compile_check, seed=args.seed)
+    result = run_kernel_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    emit(format_kernel_table(result), result, args.json_path)
     return 0
 
 
@@ -205,6 +212,22 @@ def build_parser() -> argparse.ArgumentParser:
     image_bench.add_argument("--json", dest="json_path", default=None)
     image_bench.set_defaults(func=_cmd_bench_image)
     add_bench_text(bench)
+    kernels = bench.add_parser("kernels", help="Triton verification/unmasking kernels against the PyTorch reference")
+    kernels.add_argument("--rows", type=int, nargs="+", default=[16, 128, 512, 2048], help="rows per call (default: %(default)s)")
+    kernels.add_argument("--vocab", type=int, nargs="+", default=[8192, 16384, 126464], help="vocabulary sizes (default: %(default)s)")
+    kernels.add_argument("--ops", default="verify,unmask", help="comma-separated: verify, unmask (default: %(default)s)")
+    kernels.add_argument("--window", type=int, default=16, help="rows per sample in a verification pass")
+    kernels.add_argument("--guidance-scale", type=float, default=4.0, help="CFG scale fused into verification")
+    kernels.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="logits dtype")
+    kernels.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
+    kernels.add_argument("--repeats", type=int, default=0, help="timed calls per measurement (0: fit in --max-seconds)")
+    kernels.add_argument("--max-seconds", type=float, default=5.0, help="time budget per measurement when --repeats is 0")
+    kernels.add_argument("--step-batch", type=int, default=0, help="samples in the decoding-step shares (0: 32 on CUDA, 4 on CPU)")
+    kernels.add_argument("--peak-gbps", type=float, default=None, help="device peak memory bandwidth (default: from the device name)")
+    kernels.add_argument("--no-compile-check", action="store_true", help="skip the sm_80/sm_90 compile check on CPU")
+    kernels.add_argument("--seed", type=int, default=0)
+    kernels.add_argument("--json", dest="json_path", default=None)
+    kernels.set_defaults(func=_cmd_bench_kernels)
     train = sub.add_parser("train", help="train the embedded models (needs vispec[train])")
     trainers = train.add_subparsers(dest="train", metavar="MODEL")
     for name, (module, config_name, _, help_text) in TRAINERS.items():

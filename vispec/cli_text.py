@@ -42,7 +42,7 @@ def _cmd_generate_text(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_text(args: argparse.Namespace) -> int:
-    from vispec.eval.bench_decoders import write_json
+    from vispec.eval.bench_decoders import emit
     from vispec.eval.bench_text import TextBenchConfig, format_text_table, run_text_bench
 
     cfg = TextBenchConfig(model=args.model, strategies=_csv("--strategies", args.strategies), caches=_csv("--cache", args.cache),
@@ -51,10 +51,7 @@ def _cmd_bench_text(args: argparse.Namespace) -> int:
                           factor=args.factor, entropy_bound=args.entropy_bound, early_stop_eos=not args.no_early_stop,
                           seed=args.seed, device=args.device)
     result = run_text_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(format_text_table(result))
-    write_json(result, args.json_path)
-    if args.json_path:
-        print(f"wrote {args.json_path}")
+    emit(format_text_table(result), result, args.json_path)
     return 0
 
 
