@@ -21,7 +21,12 @@ differences between methods. ``real`` reports the evaluator on held-out crops an
 two disjoint sets of held-out crops (the floor).
 
 Method labels follow :meth:`vispec.decoding.DecodingConfig.parse`; ``:window=N`` compares windows
-(e.g. ``sjd:window=4``).
+(e.g. ``sjd:window=4``). A label may end in ``+rule`` for a lossy acceptance rule
+(``mc-sjd+lantern:k=100,delta=0.1``, ``sd+lantern``; ``gsd`` is short for ``sjd+gsd``). A
+``+lantern`` without options is swept over ``lantern_k x lantern_delta``. Lossy rows also report
+the measured total-variation distance of a verification's output from the exact target (mean over
+images of the per-image mean, and the max), and :func:`speed_fid_plot` draws step compression
+against FID for every row (the speed/quality curve).
 """
 
 from __future__ import annotations
@@ -60,8 +65,23 @@ class ImageBenchConfig:
     top_p: Optional[float] = None
     evaluator: Optional[str] = None  # defaults to the model folder's "evaluator" subfolder
     device: str = "cpu"
+    lantern_k: tuple[int, ...] = (1000,)
+    lantern_delta: tuple[float, ...] = (0.1,)
     extra: dict = field(default_factory=dict)
 
+
+def expand_methods(methods: tuple[str, ...], lantern_k: tuple[int, ...], lantern_delta: tuple[float, ...]) -> list[str]:
+    """Labels with ``gsd`` spelled out and every option-less ``+lantern`` swept over ``k x δ``."""
+    out: list[str] = []
+    for method in methods:
+        if method == "gsd" or method.startswith("gsd:"):
+            method = "sjd+" + method
+        decoding, plus, rule = method.partition("+")
+        if plus and rule == "lantern":
+            out += [f"{decoding}+lantern:k={k},delta={d:g}" for k in lantern_k for d in lantern_delta]
+        else:
+            out.append(method)
+    return list(dict.fromkeys(out))
 
 def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_size: int, cfg: ImageBenchConfig):
     """uint8 images, per-image stats, wall time."""
@@ -116,9 +136,12 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
         raise ValueError(f"no evaluator at {evaluator_path}: pass --evaluator (a CropClassifier folder)")
     evaluator = CropClassifier.from_pretrained(evaluator_path, **diffusers_load_kwargs()).eval()
     num_classes = pipe.transformer.config.num_classes
-    methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))
-    for method in methods:
-        pipe.decoding_config.parse(method)  # validate names before hours of work
+    methods = expand_methods(("ar",) + tuple(cfg.methods), cfg.lantern_k, cfg.lantern_delta)
+    for method in methods:  # validate names (and build LANTERN tables) before hours of work
+        decoding, _, rule = method.partition("+")
+        if pipe.decoding_config.parse(decoding).config.strategy == "sd" and pipe.drafter is None:
+            raise ValueError(f"method {method!r} needs a drafter, but the pipeline {cfg.model!r} has none")
+        pipe.acceptance_rule(rule or None)
 
     # real held-out crops: evaluator accuracy and the FID floor (two disjoint sets)
     held_out = CropSampler("eval")
@@ -157,6 +180,13 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
             fid=fid_score(evaluator, real_a, images),
             peak_mem_mb=memory.peak_mb,
         )
+        if "tv_mean" in stats[0]:
+            row["tv_mean"] = sum(s["tv_mean"] for s in stats if s["tv_mean"] == s["tv_mean"]) / max(
+                1, sum(1 for s in stats if s["tv_mean"] == s["tv_mean"]))
+            row["tv_max"] = max(s["tv_max"] for s in stats if s["tv_max"] == s["tv_max"]) if any(
+                s["tv_max"] == s["tv_max"] for s in stats) else float("nan")
+        if "drafter_nfe" in stats[0]:
+            row["drafter_nfe_batched"] = sum(s["drafter_nfe"] for s in stats) / len(stats)
         if reseed:
             row = {k: row[k] for k in ("accuracy", "fid", "nfe_batched", "images_per_s", "peak_mem_mb")}
         results[method] = row
@@ -199,20 +229,66 @@ def sampling_noise(ar_rows: list[dict]) -> dict:
 
 
 def format_image_table(result: dict) -> str:
-    header = (f"{'method':<18} {'nfe':>7} {'step x':>7} {'lat s':>7} {'speedup':>8} {'sp/step':>7} {'img/s@B':>8} {'x@B':>6} "
-              f"{'acc':>6} {'FID':>8} {'FID z':>6} {'MB':>6}")
+    width = max([18] + [len(name) for name in result["methods"]])
+    header = (f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'lat s':>7} {'speedup':>8} {'sp/step':>7} {'img/s@B':>8} {'x@B':>6} "
+              f"{'acc':>6} {'FID':>8} {'FID z':>6} {'TV mean':>8} {'TV max':>7} {'MB':>6}")
     lines = [header, "-" * len(header)]
     for name, r in result["methods"].items():
         if name.startswith("ar-reseed"):
-            lines.append(f"{name:<18} {'':>7} {'':>7} {'':>7} {'':>8} {'':>7} {r['images_per_s']:>8.2f} {'':>6} "
-                         f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {'':>6} {r['peak_mem_mb']:>6.0f}")
+            lines.append(f"{name:<{width}} {'':>7} {'':>7} {'':>7} {'':>8} {'':>7} {r['images_per_s']:>8.2f} {'':>6} "
+                         f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {'':>6} {'':>8} {'':>7} {r['peak_mem_mb']:>6.0f}")
             continue
-        lines.append(f"{name:<18} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>7.3f} {r['speedup']:>8.2f} "
+        tv = f"{r['tv_mean']:>8.4f} {r['tv_max']:>7.3f}" if "tv_mean" in r else f"{'0':>8} {'0':>7}"
+        lines.append(f"{name:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>7.3f} {r['speedup']:>8.2f} "
                      f"{r['speedup_vs_compression']:>7.2f} {r['images_per_s']:>8.2f} {r['speedup_batched']:>6.2f} "
-                     f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {r['fid_z']:>6.2f} {r['peak_mem_mb']:>6.0f}")
+                     f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {r['fid_z']:>6.2f} {tv} {r['peak_mem_mb']:>6.0f}")
     noise, real = result["noise"], result["real"]
     lines.append(f"AR sampling noise over {noise['ar_runs']} runs: FID {noise['fid_mean']:.3f} +- {noise['fid_sd']:.3f} "
                  f"(95% interval +-{noise['fid_interval']:.3f}), accuracy {noise['accuracy_mean']:.3f} +- {noise['accuracy_sd']:.3f} "
                  f"(+-{noise['accuracy_interval']:.3f})")
     lines.append(f"real held-out crops: accuracy {real['accuracy']:.3f}, FID real vs real {real['fid_real_vs_real']:.3f}")
     return "\n".join(lines)
+
+
+def speed_fid_plot(result: dict, path: str, size: tuple[int, int] = (900, 600)) -> str:
+    """A PNG of step compression (x) against FID (y), one labelled point per method, with the AR
+    sampling-noise band and the FID = 1.1 x AR line. Drawn with PIL (no plotting dependency)."""
+    from PIL import Image, ImageDraw
+
+    rows = {name: r for name, r in result["methods"].items() if not name.startswith("ar-reseed")}
+    noise = result["noise"]
+    xs = [r["step_compression"] for r in rows.values()]
+    ys = [r["fid"] for r in rows.values()] + [noise["fid_mean"] * 1.1, noise["fid_mean"] - noise["fid_interval"]]
+    x_lo, x_hi = 0.9, max(xs) * 1.1
+    y_lo, y_hi = min(ys) * 0.95, max(ys) * 1.05
+    w, h = size
+    left, right, top, bottom = 70, 30, 30, 60
+    image = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(image)
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return (left + (x - x_lo) / (x_hi - x_lo) * (w - left - right), top + (y_hi - y) / (y_hi - y_lo) * (h - top - bottom))
+
+    band_top, band_bottom = noise["fid_mean"] + noise["fid_interval"], noise["fid_mean"] - noise["fid_interval"]
+    draw.rectangle([at(x_lo, band_top), at(x_hi, band_bottom)], fill=(225, 235, 250))
+    draw.line([at(x_lo, noise["fid_mean"] * 1.1), at(x_hi, noise["fid_mean"] * 1.1)], fill=(200, 60, 60), width=1)
+    draw.text(at(x_lo, noise["fid_mean"] * 1.1), " FID = 1.1 x AR mean", fill=(200, 60, 60))
+    draw.text(at(x_lo, band_top), " AR sampling noise (95%)", fill=(80, 110, 170))
+    draw.line([(left, h - bottom), (w - right, h - bottom)], fill="black")
+    draw.line([(left, top), (left, h - bottom)], fill="black")
+    for i in range(6):
+        x = x_lo + (x_hi - x_lo) * i / 5
+        y = y_lo + (y_hi - y_lo) * i / 5
+        px, _ = at(x, y_lo)
+        _, py = at(x_lo, y)
+        draw.text((px - 10, h - bottom + 5), f"{x:.2f}", fill="black")
+        draw.text((5, py - 6), f"{y:.2f}", fill="black")
+    draw.text((w // 2 - 120, h - 25), "step compression vs AR (forwards per image)", fill="black")
+    draw.text((5, 5), "FID (tiny-c2i evaluator features)", fill="black")
+    for name, r in rows.items():
+        px, py = at(r["step_compression"], r["fid"])
+        colour = (200, 80, 0) if "+" in name else (0, 110, 0)
+        draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill=colour)
+        draw.text((px + 6, py - 6), name, fill=colour)
+    image.save(path)
+    return path

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from diffusers import VQModel
 from tqdm.auto import tqdm
 
-from vispec.eval.training import warmup_cosine, write_record
+from vispec.eval.training import gpt_optimizer, warmup_cosine, write_record
 
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.eval.data import CropSampler, to_model_range
@@ -78,10 +78,7 @@ def train_gpt(cfg: GPTTrainConfig) -> dict:
         torch.save({"tokens": tokens, "labels": labels}, cache)
     num_classes = int(labels.max()) + 1
     gpt = build_gpt(cfg, vq.config.num_vq_embeddings, num_classes).train()
-    decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
+    opt = gpt_optimizer(gpt, cfg.lr, cfg.weight_decay)
     sched = warmup_cosine(opt, cfg.steps, warmup=100, floor=0.1)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     start = time.time()

@@ -19,6 +19,14 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, steps: int, warmup: int, flo
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def gpt_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """LlamaGen's AdamW (betas 0.9 / 0.95): weight decay on matrices only, not on norms and biases."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
 def write_record(out: str, config: Any, metrics: dict) -> None:
     """``train_config.json``: the dataclass config and the final metrics, beside the saved weights."""
     with open(os.path.join(out, "train_config.json"), "w") as handle:

@@ -40,6 +40,7 @@ class Stream(IntEnum):
     GUMBEL = 5  # MC-SJD Gumbel coupling (same for every iteration at a position)
     UNMASK = 6  # dLLM candidate sampling (float64 Gumbel-max over the vocabulary)
     REMASK = 7  # dLLM random remasking (one uniform per position and step)
+    DRAFT = 8  # draft-model speculative decoding: the drafter's samples
 
 
 def philox4x32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

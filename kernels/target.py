@@ -23,7 +23,7 @@ agree to within float32 rounding (the backends round ``log`` and the normaliser 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
@@ -32,6 +32,9 @@ from vispec.kernels.backend import resolve_backend
 from vispec.kernels.philox import Stream, exponentials, uniforms
 from vispec.kernels.verify import race_argmax, residual_weights
 from vispec.sampling import PositionProcessor, SamplingConfig, guided_logits, process_logits
+
+if TYPE_CHECKING:
+    from vispec.decoding.acceptance import AcceptanceRule
 
 MODE_RESIDUAL = 1
 MODE_FRESH = 2
@@ -186,6 +189,32 @@ class Target:
         if worst == 2:
             raise ValueError("every token was masked out at some position (all logits -inf after processing)")
 
+    def probabilities(self) -> Tensor:
+        """``[T, V]`` rows of ``p`` (padding rows zero). The reference holds them; the Triton backend
+        writes them once, on demand (relaxed acceptance rules work on probability rows)."""
+        if self.probs is None:
+            out = torch.zeros(self.num_rows, self.vocab, dtype=torch.float32, device=self.device)
+            rows = torch.arange(self.num_rows, device=self.device)
+            self.sample(store_rows=torch.where(self.row_sample >= 0, rows, torch.full_like(rows, -1)), store_out=out)
+            self.probs = out
+        return self.probs
+
+    def dense_q(self, rows: Tensor, draft_tokens: Tensor, q: Optional[Tensor], q_index: Optional[Tensor]) -> Tensor:
+        """``[len(rows), V]`` draft distributions of ``rows``: one-hot on the draft unless ``q_index >= 0``."""
+        dtype = self.probabilities().dtype
+        out = torch.nn.functional.one_hot(draft_tokens[rows].clamp_min(0), self.vocab).to(dtype)
+        if q is not None:
+            dense = q_index[rows] >= 0
+            out = torch.where(dense[:, None], q[q_index[rows].clamp_min(0)].to(dtype), out)
+        return out
+
+    def output_tv(self, rule: "AcceptanceRule", rows: Tensor, draft_tokens: Tensor, *, q: Optional[Tensor] = None,
+                  q_index: Optional[Tensor] = None) -> Tensor:
+        """``[len(rows)]`` TV between what one verification of each row outputs under ``rule`` and ``p``
+        (:meth:`vispec.decoding.acceptance.AcceptanceRule.output_tv`)."""
+        draft_tokens, q, q_index = self._check_drafts(draft_tokens, q, q_index)
+        return rule.output_tv(self.probabilities()[rows], self.dense_q(rows, draft_tokens, q, q_index))
+
     # ---- operations --------------------------------------------------------------------------
 
     def accept(
@@ -196,8 +225,12 @@ class Target:
         q_index: Optional[Tensor] = None,
         draws: Optional[Tensor] = None,
         accept_uniforms: Optional[Tensor] = None,
+        rule: Optional["AcceptanceRule"] = None,
     ) -> Tensor:
         """Acceptance flags ``[T]`` bool: ``u q(d) < p(d)`` for rows with a draft (``draft_tokens >= 0``).
+
+        A lossy ``rule`` (:mod:`vispec.decoding.acceptance`) replaces the test; it runs in PyTorch on
+        the rows of :meth:`probabilities`, with the same noise.
 
         ``q`` is one-hot on the draft unless ``q_index[t] >= 0`` selects a dense row of ``q``
         (``[Nq, V]`` probabilities). ``u`` is Philox noise keyed by (seed, position, ACCEPT,
@@ -207,11 +240,19 @@ class Target:
         draws = self._draws(draws, "draws")
         if accept_uniforms is not None and tuple(accept_uniforms.shape) != (self.num_rows,):
             raise ValueError(f"accept_uniforms must have shape ({self.num_rows},), got {tuple(accept_uniforms.shape)}")
+        real = (draft_tokens >= 0) & (self.row_sample >= 0)
+        if rule is not None and not rule.lossless:
+            rows = real.nonzero().squeeze(1)
+            if accept_uniforms is None:
+                accept_uniforms = uniforms(self._row_seeds(), self.positions[:, None], Stream.ACCEPT, draws)[:, 0]
+            accepted = torch.zeros_like(real)
+            accepted[rows] = rule.accept(self.probabilities()[rows], draft_tokens[rows],
+                                         self.dense_q(rows, draft_tokens, q, q_index), accept_uniforms[rows])
+            return accepted
         if self.backend == "triton":
             accepted, status = _triton_accept(self, draft_tokens, q, q_index, draws, accept_uniforms)
             self._raise_status(status)
             return accepted
-        real = (draft_tokens >= 0) & (self.row_sample >= 0)
         tokens = draft_tokens.clamp_min(0)[:, None]
         p_at = self.probs.gather(-1, tokens).squeeze(-1)
         q_at = torch.ones_like(p_at)
@@ -252,6 +293,7 @@ class Target:
         fresh_noise: Optional[Tensor] = None,
         store_rows: Optional[Tensor] = None,
         store_out: Optional[Tensor] = None,
+        rule: Optional["AcceptanceRule"] = None,
     ) -> tuple[Tensor, Tensor]:
         """Exponential-race samples, ``(residual_tokens [T], fresh_tokens [T])`` with ``-1`` on rows not asked for.
 
@@ -265,6 +307,7 @@ class Target:
             residual_noise, fresh_noise: ``[T, V]`` injected Exp(1) noise instead of Philox (both or neither).
             store_rows: ``[T]`` long, row ``t``'s ``p`` is written to ``store_out[store_rows[t]]`` where ``>= 0``.
             store_out: ``[N, V]`` tensor receiving those rows.
+            rule: a lossy acceptance rule whose residual (``rule.residual_weights``) rejected rows sample.
         """
         rows = self.num_rows
         residual = torch.zeros(rows, dtype=torch.bool, device=self.device) if residual is None else residual
@@ -298,6 +341,20 @@ class Target:
                 raise ValueError(f"store_rows refers to row {int(store_rows.max())} but store_out has {store_out.shape[0]} rows")
         residual = residual & (self.row_sample >= 0) & (draft_tokens >= 0)
         fresh = fresh & (self.row_sample >= 0)
+        if rule is not None and not rule.lossless and bool(residual.any()):
+            rr = residual.nonzero().squeeze(1)
+            weights = rule.residual_weights(self.probabilities()[rr], draft_tokens[rr], self.dense_q(rr, draft_tokens, q, q_index))
+            if residual_noise is None:
+                noise = exponentials(self._row_seeds()[rr], self.positions[rr][:, None], Stream.RESIDUAL, residual_draws[rr],
+                                     self.vocab)[:, 0]
+            else:
+                noise = residual_noise[rr]
+            residual_tokens = torch.full((rows,), -1, dtype=torch.int64, device=self.device)
+            residual_tokens[rr] = race_argmax(weights.to(torch.float32) if weights.dtype != torch.float64 else weights, noise)
+            _, fresh_tokens = self.sample(fresh=fresh, fresh_stream=fresh_stream, fresh_draws=fresh_draws,
+                                          residual_noise=residual_noise, fresh_noise=fresh_noise,
+                                          store_rows=store_rows, store_out=store_out)
+            return residual_tokens, fresh_tokens
         if self.backend == "triton":
             return _triton_sample(self, residual, fresh, draft_tokens, q, q_index, residual_draws, fresh_stream,
                                   fresh_draws, residual_noise, fresh_noise, store_rows, store_out)
@@ -351,6 +408,7 @@ class Target:
         accept_uniforms: Optional[Tensor] = None,
         residual_noise: Optional[Tensor] = None,
         fresh_noise: Optional[Tensor] = None,
+        rule: Optional["AcceptanceRule"] = None,
     ) -> VerifyOutput:
         """One speculative-decoding verification of a window per sample.
 
@@ -364,7 +422,7 @@ class Target:
         if coupling not in ("first", "maximal"):
             raise ValueError(f"coupling must be 'first' or 'maximal', got {coupling!r}")
         draws = self._draws(draws, "draws")
-        accepted = self.accept(draft_tokens, q=q, q_index=q_index, draws=draws, accept_uniforms=accept_uniforms)
+        accepted = self.accept(draft_tokens, q=q, q_index=q_index, draws=draws, accept_uniforms=accept_uniforms, rule=rule)
         m = self.first_rejection(accepted, row_start, num_drafts)
         rows = torch.arange(self.num_rows, device=self.device)
         sample = self.row_sample.clamp_min(0)
@@ -380,7 +438,7 @@ class Target:
         residual_tokens, fresh_tokens = self.sample(
             residual=need_residual, fresh=need_fresh, draft_tokens=draft_tokens, q=q, q_index=q_index,
             residual_draws=draws, fresh_stream=bonus_stream, fresh_draws=self._draws(bonus_draws, "bonus_draws"),
-            residual_noise=residual_noise, fresh_noise=fresh_noise,
+            residual_noise=residual_noise, fresh_noise=fresh_noise, rule=rule,
         )
         coupled = torch.where(accepted, draft_tokens, residual_tokens)
         coupled = torch.where(is_draft, coupled, torch.full_like(coupled, -1))

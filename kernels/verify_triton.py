@@ -15,11 +15,11 @@ computed on the fly from raw logits and never stored:
 
 Kernels (launchers in :mod:`vispec.kernels.target`):
 
-* :func:`_threshold_kernel`: ``tau`` per row. Top-k: the k-th largest ``w`` (ties kept), found by
-  bisection over the order-preserving integer image of float32; top-p: the smallest ``w`` value
-  ``x`` whose strictly-larger mass ``Σ_{w_v > x} p_v`` is below ``top_p`` (the token that crosses
-  the threshold is kept), by the same bisection on the renormalised top-k distribution. 32 + 32
-  passes over the row, no sort.
+* :func:`_threshold_kernel`: ``tau`` per row. Top-k: the k-th largest ``w`` (ties kept), by radix
+  select over the order-preserving integer image of float32 (4 passes of 8-bit histograms);
+  top-p: the smallest ``w`` value ``x`` whose strictly-larger mass ``Σ_{w_v > x} p_v`` is below
+  ``top_p`` (the token that crosses the threshold is kept), by bisection over the same integer
+  image on the renormalised top-k distribution (1 + 32 passes). No sort.
 * :func:`_accept_kernel`: one pass: ``(m, s)`` (or the arg-max), ``p(d)`` at the draft token, and
   the speculative test ``u q(d) < p(d)`` (Leviathan et al. 2023; acceptance probability
   ``min(1, p/q)``). ``u`` is Philox noise keyed by (seed, position, ACCEPT, draw), or injected.
@@ -106,6 +106,39 @@ def _key_to_float(key):
 
 
 @triton.jit
+def _kth_largest_key(cond_row, uncond_row, guide, scale, temperature, V, k,
+                     HAS_UNCOND: tl.constexpr, BLOCK: tl.constexpr):
+    """Order key of the ``k``-th largest processed logit ``w = l / T`` by radix select.
+
+    Keys are shifted to unsigned order (``key + 2**31``) and resolved 8 bits per pass, most
+    significant first: each pass histograms the next digit of the entries that share the digits
+    found so far, and keeps the largest digit ``b`` with at least ``k'`` entries at or above it
+    (``k'`` = the rank still to find inside the current prefix). Four passes over the row, exact.
+    """
+    bins = tl.arange(0, 256)
+    prefix = tl.full((), 0, tl.int64)
+    remaining = tl.full((), 0, tl.int32) + k
+    for digit_index in tl.static_range(4):
+        shift = 24 - 8 * digit_index
+        hist = tl.zeros((256,), dtype=tl.int32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            valid = offs < V
+            w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, 0.0,
+                                HAS_UNCOND, False, False)
+            ukey = _ordered_key(w).to(tl.int64) + 2147483648
+            match = valid
+            if digit_index > 0:
+                match = match & ((ukey >> (shift + 8)) == (prefix >> (shift + 8)))
+            hist += tl.histogram(((ukey >> shift) & 255).to(tl.int32), 256, mask=match)
+        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+        digit = tl.max(tl.where(at_or_above >= remaining, bins, 0), axis=0)
+        remaining -= tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+        prefix += digit.to(tl.int64) << shift
+    return prefix - 2147483648
+
+
+@triton.jit
 def _threshold_kernel(
     cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, scale, temperature, sample_ptr, tau_ptr,
     V, top_k, top_p,
@@ -118,22 +151,8 @@ def _threshold_kernel(
                                                      HAS_UNCOND, False)
         tau_k = float("-inf")
         if USE_TOP_K:
-            # largest key x with #{v : key(w_v) >= x} >= k is the key of the k-th largest w
-            lo = tl.full((), -2147483648, tl.int64)
-            hi = tl.full((), 2147483647, tl.int64)
-            for _ in range(32):
-                mid = lo + (hi - lo + 1) // 2
-                count = 0
-                for start in range(0, V, BLOCK):
-                    offs = start + tl.arange(0, BLOCK)
-                    valid = offs < V
-                    w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, 0.0,
-                                        HAS_UNCOND, False, False)
-                    count += tl.sum(((_ordered_key(w).to(tl.int64) >= mid) & valid).to(tl.int32))
-                ok = count >= top_k
-                lo = tl.where(ok, mid, lo)
-                hi = tl.where(ok, hi, mid - 1)
-            tau_k = _key_to_float(lo)
+            tau_k = _key_to_float(_kth_largest_key(cond_row, uncond_row, guide, scale, temperature, V, top_k,
+                                                   HAS_UNCOND, BLOCK))
         tau = tau_k
         if USE_TOP_P:
             m = LOWEST

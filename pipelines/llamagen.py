@@ -5,7 +5,14 @@ A diffusers ``DiffusionPipeline`` with three components:
 * ``transformer``: the LlamaGen GPT (:class:`vispec.models.llamagen_gpt.LlamaGenGPT`);
 * ``vqvae``: the VQ tokenizer as a diffusers ``VQModel`` (cosine codebook baked in);
 * ``decoding_config``: a :class:`vispec.decoding.DecodingConfig` (strategy, window, draft
-  initialisation, coupling, and the model's default sampling settings), saved like a scheduler.
+  initialisation, coupling, and the model's default sampling settings), saved like a scheduler;
+* ``drafter`` (optional): a smaller LlamaGen GPT for draft-model speculative decoding
+  (``decoding="sd"``).
+
+Acceptance rules (``acceptance="lantern"``, ``"gsd"``, or a label suffix ``"mc-sjd+lantern"``) are
+lossy relaxations of speculative verification (:mod:`vispec.decoding.acceptance`). LANTERN's
+codebook neighbour table is computed once per tokenizer, cached on the pipeline and written by
+``save_pretrained`` (``lantern_neighbors.safetensors``), so a loaded pipeline does not recompute it.
 
 ``__call__`` validates its inputs, decodes image tokens with :func:`vispec.decoding.decode` (per-image
 generators make every image independent of its batch), turns the token grid into pixels with the VQ
@@ -25,13 +32,18 @@ from diffusers import DiffusionPipeline, VQModel
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
+from safetensors.torch import load_file, save_file
+
 from vispec.decoding import DecodingConfig, decode
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
 from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path  # noqa: F401 (re-exported)
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+NEIGHBORS_FILE = "lantern_neighbors.safetensors"
+MAX_STORED_NEIGHBORS = 1000  # LANTERN's default k; larger k is computed on demand
 
 
 @dataclass
@@ -43,21 +55,64 @@ class LlamaGenPipelineOutput(BaseOutput):
 
 
 class LlamaGenPipeline(DiffusionPipeline):
-    """Generate images from a LlamaGen GPT and VQ tokenizer with AR, SJD or MC-SJD decoding (module docstring)."""
+    """Generate images from a LlamaGen GPT and VQ tokenizer with AR, SJD, MC-SJD or draft-model decoding (module docstring)."""
 
     model_cpu_offload_seq = "transformer->vqvae"
+    _optional_components = ["drafter"]
     _callback_tensor_inputs = ["tokens", "num_committed"]
 
-    def __init__(self, transformer: LlamaGenGPT, vqvae: VQModel, decoding_config: DecodingConfig):
+    def __init__(self, transformer: LlamaGenGPT, vqvae: VQModel, decoding_config: DecodingConfig,
+                 drafter: Optional[LlamaGenGPT] = None):
         super().__init__()
-        self.register_modules(transformer=transformer, vqvae=vqvae, decoding_config=decoding_config)
+        self.register_modules(transformer=transformer, vqvae=vqvae, decoding_config=decoding_config, drafter=drafter)
         self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
+        self.lantern_neighbors: dict[str, torch.Tensor] = {}  # "raw" / "normalized" -> [V, K] nearest codes
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "LlamaGenPipeline":
         """Load a saved pipeline folder, or an embedded model by name (``"vispec/tiny-c2i"``), offline."""
         kwargs = {**diffusers_load_kwargs(), **kwargs}
-        return super().from_pretrained(resolve_model_path(pretrained_model_name_or_path), **kwargs)
+        path = resolve_model_path(pretrained_model_name_or_path)
+        pipe = super().from_pretrained(path, **kwargs)
+        table = os.path.join(path, NEIGHBORS_FILE)
+        if os.path.isfile(table):
+            pipe.lantern_neighbors = {k: v.long() for k, v in load_file(table).items()}
+        return pipe
+
+    def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs) -> None:
+        """diffusers' ``save_pretrained``, plus the cached LANTERN neighbour tables."""
+        super().save_pretrained(save_directory, **kwargs)
+        if self.lantern_neighbors:
+            save_file({k: v.to(torch.int32).contiguous() for k, v in self.lantern_neighbors.items()},
+                      os.path.join(save_directory, NEIGHBORS_FILE))
+
+    # ------------------------------------------------------------------ acceptance
+    def codebook(self) -> torch.Tensor:
+        """The VQ codebook ``[V, D]`` (LANTERN's latent space)."""
+        quantize = getattr(self.vqvae, "quantize", None)
+        embedding = getattr(quantize, "embedding", None)
+        if embedding is None or not hasattr(embedding, "weight"):
+            raise ValueError(f"acceptance 'lantern' needs a tokenizer with a codebook (quantize.embedding); "
+                             f"{type(self.vqvae).__name__} has none")
+        return embedding.weight
+
+    def acceptance_rule(self, acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule]) -> AcceptanceRule:
+        """Build the rule; LANTERN neighbour tables are computed once per tokenizer and cached."""
+        if isinstance(acceptance, AcceptanceRule):
+            return acceptance
+        config = AcceptanceConfig.parse(acceptance)
+        if config.rule != "lantern":
+            return build_rule(config, embeddings=self.transformer.tok_embeddings.weight if config.rule == "gsd" else None)
+        key = "normalized" if config.lantern_normalize else "raw"
+        table = self.lantern_neighbors.get(key)
+        if table is None or table.shape[1] < config.lantern_k:
+            codebook = self.codebook()
+            stored = min(codebook.shape[0] - 1, max(MAX_STORED_NEIGHBORS, config.lantern_k))
+            if config.lantern_k > codebook.shape[0] - 1:
+                codebook_neighbors(codebook, config.lantern_k)  # raises the range error
+            table = codebook_neighbors(codebook, stored, normalize=config.lantern_normalize)
+            self.lantern_neighbors[key] = table
+        return build_rule(config, neighbors=table)
 
     # ------------------------------------------------------------------ inputs
     def _class_labels(self, class_labels: Any) -> torch.Tensor:
@@ -109,6 +164,7 @@ class LlamaGenPipeline(DiffusionPipeline):
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
         decoding: Union[str, DecodingConfig, None] = None,
+        acceptance: Union[str, AcceptanceConfig, AcceptanceRule, None] = None,
         num_images_per_prompt: int = 1,
         generator: Union[torch.Generator, list[torch.Generator], None] = None,
         output_type: str = "pil",
@@ -124,7 +180,12 @@ class LlamaGenPipeline(DiffusionPipeline):
             guidance_scale, temperature, top_k, top_p: override the defaults in ``decoding_config``.
             decoding: ``"ar"``, ``"sjd"``, ``"mc-sjd"`` (or a label such as ``"sjd-vertical"``,
                 ``"mc-sjd-gumbel"``), or a :class:`DecodingConfig`; a name keeps the pipeline's window and
-                initialisation. Default: the pipeline's ``decoding_config``.
+                initialisation. Default: the pipeline's ``decoding_config``. ``"sd"`` is draft-model
+                speculative decoding with the pipeline's ``drafter``. A label may end in ``+rule``
+                (``"mc-sjd+lantern:k=100,delta=0.1"``) instead of passing ``acceptance``.
+            acceptance: ``"exact"`` (default), ``"lantern"``, ``"gsd"`` (with ``:key=value`` options), an
+                :class:`~vispec.decoding.acceptance.AcceptanceConfig` or a built rule. LANTERN and GSD are
+                lossy; each image's stats then carry the measured TV from the exact target.
             num_images_per_prompt: images per label / caption.
             generator: one ``torch.Generator``, or a list with one per image (each image then does not
                 depend on the rest of the batch).
@@ -136,7 +197,15 @@ class LlamaGenPipeline(DiffusionPipeline):
         """
         # 1. check inputs
         self.check_inputs(output_type, num_images_per_prompt, callback_on_step_end_tensor_inputs)
+        if isinstance(decoding, str) and "+" in decoding:
+            decoding, _, suffix = decoding.partition("+")
+            if acceptance is not None:
+                raise ValueError(f"give the acceptance rule either as a '+{suffix}' suffix of decoding or as acceptance=, not both")
+            acceptance = suffix
         config = self.decoding_config if decoding is None else DecodingConfig.parse(decoding, base=self.decoding_config)
+        rule = self.acceptance_rule(acceptance)
+        if config.config.strategy == "sd" and self.drafter is None:
+            raise ValueError("decoding 'sd' needs a drafter: this pipeline has none (pass drafter= when building it)")
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
         condition = self.condition(class_labels, prompt_embeds, prompt_mask, num_images_per_prompt)
         batch = condition.batch_size
@@ -162,7 +231,8 @@ class LlamaGenPipeline(DiffusionPipeline):
             bar.update(batch)  # token 0 comes from the prefill
             done[0] = batch
             out = decode(self.transformer, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
-                         generator=generator, grid_width=side, callback=on_step)
+                         generator=generator, grid_width=side, callback=on_step, acceptance=rule,
+                         drafter=self.drafter if config.config.strategy == "sd" else None)
 
         # 3. tokens -> pixels
         grid = out.tokens.view(batch, side, side)
@@ -172,9 +242,11 @@ class LlamaGenPipeline(DiffusionPipeline):
             pixels = decode_tokens(self.vqvae, grid.to(self._execution_device)).float()
             images = self.image_processor.postprocess(pixels, output_type=output_type)
         stats = [
-            {"method": config.name, "nfe": int(out.stats.nfe[i]), "tokens": int(out.stats.tokens[i]),
+            {"method": out.method, "nfe": int(out.stats.nfe[i]), "tokens": int(out.stats.tokens[i]),
              "tokens_per_forward": float(out.stats.tokens_per_forward[i]),
-             "accepted_per_forward": float(out.stats.accepted_per_forward[i]), "latency_s": float(out.stats.latency_s[i])}
+             "accepted_per_forward": float(out.stats.accepted_per_forward[i]), "latency_s": float(out.stats.latency_s[i]),
+             **({} if out.stats.tv_mean is None else {"tv_mean": float(out.stats.tv_mean[i]), "tv_max": float(out.stats.tv_max[i])}),
+             **({"drafter_nfe": int(out.extra["drafter_nfe"][i])} if "drafter_nfe" in out.extra else {})}
             for i in range(batch)
         ]
         self.maybe_free_model_hooks()

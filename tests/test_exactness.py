@@ -1,4 +1,6 @@
-"""Certified exactness of AR, SJD (every initialisation) and MC-SJD (both couplings).
+"""Certified exactness of AR, SJD (every initialisation), MC-SJD (both couplings) and draft-model SD,
+and of the relaxed acceptance rules at their exact settings (LANTERN with k = 0 or δ = 0, GSD with
+groups of one).
 
 Protocol (visual-ar spec §15): on a tiny random GPT (vocabulary 4, 6 tokens of a 3x3 grid, window 3,
 CFG 2.0, temperature 0.9, top-k 3, top-p 0.9, fp32), enumerate the exact AR joint over all 4**6
@@ -35,7 +37,10 @@ NUM_TOKENS = 6
 WINDOW = 3
 CLASS_LABEL = 1
 SAMPLING = SamplingConfig(temperature=0.9, top_k=3, top_p=0.9, guidance_scale=2.0)
-EXACT_METHODS = ["ar", "sjd-random", "sjd-horizontal", "sjd-vertical", "mc-sjd-maximal", "mc-sjd-gumbel"]
+EXACT_METHODS = ["ar", "sjd-random", "sjd-horizontal", "sjd-vertical", "mc-sjd-maximal", "mc-sjd-gumbel", "sd"]
+# relaxed rules at settings where they must reduce to the exact rule (they still run their own code path)
+EXACT_RELAXED = ["sjd-horizontal+lantern:k=0", "mc-sjd-maximal+lantern:k=3,delta=0", "sjd-random+gsd:d_thr=0",
+                 "sd+lantern:k=3,delta=0"]
 
 
 def pooled_cells(expected: torch.Tensor, min_expected: float = 5.0) -> torch.Tensor:
@@ -85,12 +90,23 @@ def setup():
     return model, joint, required_samples(joint)
 
 
+def drafter_model():
+    """A different, smaller random GPT over the same vocabulary: a poor drafter, so rejections are common."""
+    return tiny_gpt(seed=7, dim=16, n_layer=1)
+
+
+CODEBOOK = torch.randn(4, 3, generator=torch.Generator().manual_seed(11))  # a random VQ codebook for LANTERN
+
+
 def sample_sequences(model, method: str, n: int, seed: int) -> tuple[torch.Tensor, float]:
-    """``n`` sequences in one ragged batch; window 3 so drafts are re-initialised mid-sequence."""
+    """``n`` sequences in one ragged batch; window 3 so drafts are re-initialised mid-sequence.
+    ``method`` is a decoder label, optionally ``+acceptance`` (e.g. ``"sd+lantern:k=3,delta=0"``)."""
+    label, _, acceptance = method.partition("+")
     condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
     gen = torch.Generator().manual_seed(seed)
-    decoding = DecodingConfig.parse(method, window=WINDOW)
-    out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=decoding, generator=gen, grid_width=3)
+    decoding = DecodingConfig.parse(label, window=WINDOW)
+    out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=decoding, generator=gen, grid_width=3,
+                 acceptance=acceptance or None, codebook=CODEBOOK, drafter=drafter_model() if label.startswith("sd") else None)
     return out.tokens, float(out.stats.tokens_per_forward.mean())
 
 
@@ -102,7 +118,7 @@ def test_sample_size_is_derived_and_enumeration_is_nontrivial(setup):
     assert n >= 1024
 
 
-@pytest.mark.parametrize("method", EXACT_METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS + EXACT_RELAXED)
 def test_decoder_matches_exact_joint(setup, method):
     model, joint, n = setup
     tokens, tpf = sample_sequences(model, method, n, seed=1234)
@@ -116,7 +132,7 @@ def _residual_from_target(p, q):
     return p.clone()
 
 
-@pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal"])
+@pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal", "sd"])
 def test_negative_control_fails(setup, method, monkeypatch):
     model, joint, n = setup
     monkeypatch.setattr(target_module, "residual_weights", _residual_from_target)  # what the decoders call
@@ -132,7 +148,8 @@ def test_greedy_matches_ar_token_for_token(method):
     condition = LlamaGenCondition(class_labels=torch.arange(5))
     greedy = SamplingConfig(temperature=0.0, guidance_scale=3.0)
     reference = decode(model, condition, num_tokens=64, sampling=greedy, decoding="ar")
-    out = decode(model, condition, num_tokens=64, sampling=greedy, decoding=method)
+    drafter = tiny_gpt(vocab_size=32, block_size=64, num_classes=5, std=0.6, seed=3) if method == "sd" else None  # a perfect drafter
+    out = decode(model, condition, num_tokens=64, sampling=greedy, decoding=method, drafter=drafter)
     assert torch.equal(out.tokens, reference.tokens)
     assert int(out.stats.nfe.sum()) < 5 * 64, "greedy Jacobi decoding should save forward passes on this model"
 

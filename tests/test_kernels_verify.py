@@ -131,6 +131,17 @@ def test_kernels_equal_reference(case):
             assert torch.equal(kept_ref[rows_sample >= 0], kept_tri[rows_sample >= 0])
 
 
+@pytest.mark.parametrize("top_k", [1, 5, 13])
+def test_top_k_threshold_keeps_ties_like_the_reference(top_k):
+    """Integer-valued logits (many ties, negative and positive): radix select finds the exact k-th value."""
+    gen = torch.Generator().manual_seed(top_k)
+    cond = torch.randint(-4, 4, (5, 29), generator=gen).float() * 0.75
+    ref, tri = _pair(cond, None, SamplingConfig(temperature=0.5, top_k=top_k))
+    kept_tri = cond / 0.5 >= tri.tau[:, None]
+    rows = ref.row_sample >= 0
+    assert torch.equal((ref.probs > 0)[rows], kept_tri[rows])
+
+
 def test_injected_noise_and_processors():
     from vispec.decoding.processors import AllowedTokenRange
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from diffusers import VQModel
 
-from vispec.decoding import DecodingConfig
+from vispec.decoding import AcceptanceConfig, DecodingConfig
 from vispec.models.llamagen_gpt import LlamaGenGPT
 from vispec.models.llamagen_vq import llamagen_vq_config
 from vispec.pipelines import LlamaGenPipeline
@@ -159,3 +159,31 @@ def test_bad_inputs_name_the_argument(pipe, kwargs, match):
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown model"):
         LlamaGenPipeline.from_pretrained("someone/llamagen-xl")
+
+
+def test_relaxed_acceptance_and_draft_model_decoding_through_the_pipeline(tmp_path):
+    components = get_dummy_components()
+    drafter = tiny_gpt(vocab_size=64, block_size=16, num_classes=5, std=0.3, seed=3, dim=16, n_layer=1)
+    pipe = LlamaGenPipeline(**components, drafter=drafter)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(**get_dummy_inputs(), decoding="mc-sjd+lantern:k=8,delta=0.2")
+    assert out.stats[0]["method"] == "mc-sjd-maximal+lantern:k=8,delta=0.2" and "tv_mean" in out.stats[0]
+    assert pipe.lantern_neighbors["raw"].shape == (64, 63)  # computed once per tokenizer, cached
+    same = pipe(**get_dummy_inputs(), decoding="mc-sjd", acceptance=AcceptanceConfig(rule="lantern", lantern_k=8, lantern_delta=0.2))
+    assert torch.equal(same.images, out.images)
+    gsd = pipe(**get_dummy_inputs(), decoding="sjd", acceptance="gsd")
+    assert gsd.stats[0]["method"].startswith("sjd-horizontal+gsd")
+    sd = pipe(**get_dummy_inputs(), decoding="sd:window=3")
+    assert sd.stats[0]["method"] == "sd-2" and sd.stats[0]["drafter_nfe"] > 0
+    # the neighbour table and the drafter are saved with the pipeline
+    pipe.save_pretrained(tmp_path)
+    loaded = LlamaGenPipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert torch.equal(loaded.lantern_neighbors["raw"], pipe.lantern_neighbors["raw"])
+    assert torch.equal(loaded(**get_dummy_inputs(), decoding="sd:window=3").images, sd.images)
+    with pytest.raises(ValueError, match="not both"):
+        pipe(**get_dummy_inputs(), decoding="sjd+gsd", acceptance="lantern")
+    with pytest.raises(ValueError, match="drafter"):
+        LlamaGenPipeline(**components)(**get_dummy_inputs(), decoding="sd")
+    with pytest.raises(ValueError, match="lantern_k"):
+        pipe(**get_dummy_inputs(), acceptance="lantern:k=64")

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from typing import Optional, Sequence
 
@@ -18,8 +19,17 @@ from vispec.version import __version__
 
 
 def _method_list(text: str) -> tuple[str, ...]:
-    """``--methods a,b,c`` as a tuple; an empty list is a user error."""
-    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    """``--methods a,b,c`` as a tuple; an empty list is a user error. A ``key=value`` item continues the
+    previous label's options (``mc-sjd+lantern:k=10,delta=0.1`` stays one label)."""
+    methods: list[str] = []
+    for item in (m.strip() for m in text.split(",")):
+        if not item:
+            continue
+        if methods and re.match(r"^[A-Za-z_]+=", item):
+            methods[-1] += "," + item
+        else:
+            methods.append(item)
+    methods = tuple(methods)
     if not methods:
         raise ValueError("--methods is empty")
     return methods
@@ -70,16 +80,21 @@ def _cmd_bench_decoders(args: argparse.Namespace) -> int:
 
 def _cmd_bench_image(args: argparse.Namespace) -> int:
     from vispec.eval.bench_decoders import emit
-    from vispec.eval.bench_image import ImageBenchConfig, format_image_table, run_image_bench
+    from vispec.eval.bench_image import ImageBenchConfig, format_image_table, run_image_bench, speed_fid_plot
 
     methods = _method_list(args.methods)
     cfg = ImageBenchConfig(model=args.model, methods=methods, num_images=args.num_images, batch_size=args.batch_size,
                            latency_images=args.latency_images, real_images=args.real_images,
                            noise_repeats=args.noise_repeats, seed=args.seed,
                            guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, evaluator=args.evaluator, device=args.device)
+                           top_p=args.top_p, evaluator=args.evaluator, device=args.device,
+                           lantern_k=tuple(int(k) for k in args.lantern_k.split(",")),
+                           lantern_delta=tuple(float(d) for d in args.lantern_delta.split(",")))
     result = run_image_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     emit(format_image_table(result), result, args.json_path)
+    plot = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else None)
+    if plot:
+        print(f"wrote {speed_fid_plot(result, plot)}")
     return 0
 
 
@@ -109,6 +124,7 @@ TRAINERS = {
     "evaluator": ("vispec.eval.evaluator", "EvaluatorTrainConfig", "train_evaluator", "the tiny-c2i crop classifier (accuracy, FID features)"),
     "gpt": ("vispec.eval.train_gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
     "assemble": ("vispec.eval.assemble", "AssembleConfig", "assemble", "write the trained parts as the embedded tiny-c2i pipeline"),
+    "drafter": ("vispec.eval.train_drafter", "DrafterTrainConfig", "train_drafter", "the tiny-c2i-drafter GPT, distilled from tiny-c2i's samples"),
     "mdlm": ("vispec.eval.train_mdlm", "MDLMTrainConfig", "train_mdlm", "the tiny-mdlm masked diffusion LM (task suite, tokenizer, SFT)"),
     "assemble-mdlm": ("vispec.eval.assemble_mdlm", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as the embedded tiny-mdlm pipeline"),
 }
@@ -196,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     image_bench = bench.add_parser("image", help="speed, accuracy and FID of the decoders on a LlamaGen pipeline")
     image_bench.add_argument("--model", default="tiny-c2i", help="embedded model or pipeline folder (default: %(default)s)")
     image_bench.add_argument("--methods", default="ar,sjd,mc-sjd",
-                             help="decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4 (default: %(default)s)")
+                             help="decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4,mc-sjd+lantern,gsd,sd,sd+lantern "
+                                  "(default: %(default)s)")
     image_bench.add_argument("--num-images", type=int, default=1000, help="images per method for accuracy and FID")
     image_bench.add_argument("--batch-size", type=int, default=32)
     image_bench.add_argument("--latency-images", type=int, default=16, help="images decoded one at a time for batch-1 latency")
@@ -209,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     image_bench.add_argument("--top-p", type=float, default=None)
     image_bench.add_argument("--evaluator", default=None, help="CropClassifier folder (default: <model>/evaluator)")
     image_bench.add_argument("--device", default="cpu")
+    image_bench.add_argument("--lantern-k", default="1000", help="comma-separated k values swept for every '+lantern' method")
+    image_bench.add_argument("--lantern-delta", default="0.1", help="comma-separated delta values swept for every '+lantern' method")
+    image_bench.add_argument("--plot", default=None, help="speed-versus-FID PNG (default: next to --json)")
     image_bench.add_argument("--json", dest="json_path", default=None)
     image_bench.set_defaults(func=_cmd_bench_image)
     add_bench_text(bench)

@@ -30,13 +30,18 @@ class DecodeStats:
     * ``nfe``: forward passes spent on the sample (the prefill included);
     * ``tokens``: tokens generated;
     * ``accepted_drafts``: drafts accepted over all verification passes;
-    * ``latency_s``: wall time from the start of decoding until the sample finished.
+    * ``latency_s``: wall time from the start of decoding until the sample finished;
+    * ``tv_mean``, ``tv_max``: with a lossy acceptance rule, the mean and max total-variation
+      distance of a verification's output distribution from the exact target (``None`` for exact
+      decoders; :mod:`vispec.decoding.acceptance`).
     """
 
     nfe: Tensor
     tokens: Tensor
     accepted_drafts: Tensor
     latency_s: Tensor
+    tv_mean: Optional[Tensor] = None
+    tv_max: Optional[Tensor] = None
 
     @property
     def tokens_per_forward(self) -> Tensor:
@@ -55,6 +60,7 @@ class DecodeStats:
             "tokens_per_forward": float(self.tokens_per_forward.mean()),
             "accepted_per_forward": float(self.accepted_per_forward.mean()),
             "latency_s": float(self.latency_s.mean()),
+            **({} if self.tv_mean is None else {"tv_mean": float(self.tv_mean.nanmean()), "tv_max": float(self.tv_max.nan_to_num(0).max())}),
         }
 
 
@@ -122,6 +128,46 @@ def start_decoding(
     clock = Clock(logits.cond.device)
     seeds = per_sample_seeds(generator, int(logits.cond.shape[0]), logits.cond.device)
     return DecodeStart(state, logits, seeds, clock, vocab)
+
+
+class SampleResults:
+    """Per-sample outputs of a ragged-batch decoder in the caller's batch order, filled as samples finish.
+
+    Decoders keep only their active samples (``ids`` are their positions in the caller's batch);
+    :meth:`finish` stores the finished ones, :meth:`report_progress` builds the step callback's view.
+    """
+
+    def __init__(self, batch: int, num_tokens: int, device: torch.device):
+        self.num_tokens = num_tokens
+        self.tokens = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)
+        self.nfe = torch.ones(batch, dtype=torch.long)
+        self.accepted = torch.zeros(batch, dtype=torch.long)
+        self.latency = torch.zeros(batch, dtype=torch.float64)
+        self.extra: dict[str, Tensor] = {}
+        self.committed = torch.ones(batch, dtype=torch.long, device=device)
+
+    def finish(self, done: Tensor, ids: Tensor, buf: Tensor, nfe: Tensor, accepted: Tensor, now: float, **extra: Tensor) -> None:
+        """Store active samples ``done`` (indices into the active set): tokens, NFE, accepted drafts, latency."""
+        at = ids[done]
+        self.tokens[at] = buf[done, : self.num_tokens]
+        cpu = at.cpu()
+        self.nfe[cpu] = nfe[done].cpu()
+        self.accepted[cpu] = accepted[done].cpu()
+        self.latency[cpu] = now
+        for name, values in extra.items():
+            self.extra.setdefault(name, torch.zeros_like(self.nfe))[cpu] = values[done].cpu()
+
+    def report_progress(self, callback: "StepCallback", step: int, ids: Tensor, n: Tensor, buf: Tensor) -> None:
+        """Call ``callback`` with every sample's committed count and tokens (-1 where not committed)."""
+        self.committed[ids] = n
+        progress = self.tokens.clone()  # finished samples are already final there
+        live = torch.arange(self.num_tokens, device=buf.device)[None, :] < n[:, None]
+        progress[ids] = torch.where(live, buf[:, : self.num_tokens], torch.full_like(live, -1, dtype=torch.long))
+        callback(step, self.committed.clone(), progress)
+
+    def stats(self) -> DecodeStats:
+        return DecodeStats(nfe=self.nfe, tokens=torch.full_like(self.nfe, self.num_tokens), accepted_drafts=self.accepted,
+                           latency_s=self.latency)
 
 
 class Clock:

@@ -10,9 +10,10 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from vispec.sampling import SamplingConfig
 
-STRATEGIES = ("ar", "sjd", "mc-sjd")
+STRATEGIES = ("ar", "sjd", "mc-sjd", "sd")
 INITS = ("random", "horizontal", "vertical")
-COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel")}
+COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sd": ("none",)}
+SD_DEFAULT_WINDOW = 5  # draft-model decoding: the pending token plus 4 drafted tokens per target forward
 
 
 class DecodingConfig(SchedulerMixin, ConfigMixin):
@@ -20,8 +21,11 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
 
     Args:
         strategy: ``"ar"`` (one token per forward), ``"sjd"`` (Speculative Jacobi Decoding,
-            arXiv 2410.01699) or ``"mc-sjd"`` (coupled SJD, arXiv 2510.24211).
-        window: Jacobi window ``L`` (pending token plus ``L - 1`` drafts); ``>= 1``.
+            arXiv 2410.01699), ``"mc-sjd"`` (coupled SJD, arXiv 2510.24211) or ``"sd"``
+            (draft-model speculative decoding, Leviathan et al. 2023: a drafter GPT proposes
+            ``window - 1`` tokens, the target verifies them in one forward).
+        window: Jacobi window ``L`` (pending token plus ``L - 1`` drafts); ``>= 1``. For ``"sd"``
+            the pending token plus the drafted tokens.
         init: draft initialisation for new window slots: ``"random"`` (uniform token),
             ``"horizontal"`` (copy the previous token in raster order, i.e. the left neighbour),
             ``"vertical"`` (copy the token one row above; horizontal on the first row).
@@ -75,6 +79,8 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
             return "ar"
         if c.strategy == "sjd":
             return f"sjd-{c.init}"
+        if c.strategy == "sd":
+            return f"sd-{c.window - 1}"
         return f"mc-sjd-{c.coupling}"
 
     @classmethod
@@ -92,18 +98,20 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
             raise ValueError(f"decoding must be a DecodingConfig or a string, got {type(value).__name__}")
         label, _, options = value.partition(":")
         settings = {k: v for k, v in dict(base.config).items() if not k.startswith("_")} if base is not None else {}
-        for strategy in ("mc-sjd", "sjd", "ar"):
+        for strategy in ("mc-sjd", "sjd", "sd", "ar"):
             if label == strategy or label.startswith(strategy + "-"):
+                if strategy == "sd" and settings.get("strategy") != "sd":
+                    settings["window"] = SD_DEFAULT_WINDOW
                 settings.update(strategy=strategy, coupling=None)
                 suffix = label[len(strategy) + 1 :]
                 if suffix:
                     settings["coupling" if strategy == "mc-sjd" else "init"] = suffix
-                if strategy == "ar" and suffix:
+                if strategy in ("ar", "sd") and suffix:
                     break
                 settings.update(_parse_options(value, options))
                 return cls(**{**settings, **overrides})
-        raise ValueError(f"unknown decoding {value!r}; expected ar, sjd[-random|-horizontal|-vertical] or mc-sjd[-maximal|-gumbel], "
-                         "optionally followed by ':window=N'")
+        raise ValueError(f"unknown decoding {value!r}; expected ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel] "
+                         "or sd, optionally followed by ':window=N'")
 
 
 _LABEL_OPTIONS = {"window": int, "init": str, "coupling": str}

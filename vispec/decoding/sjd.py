@@ -42,7 +42,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from vispec.decoding.common import DecodeOutput, DecodeStats, GeneratorArg, StepCallback, start_decoding
+from vispec.decoding.acceptance import AcceptanceRule, TVTracker
+from vispec.decoding.common import DecodeOutput, GeneratorArg, SampleResults, StepCallback, start_decoding
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
 from vispec.kernels.philox import Stream
@@ -77,11 +78,17 @@ def decode_sjd(
     grid_width: Optional[int] = None,
     callback: Optional[StepCallback] = None,
     backend: str = "auto",
+    acceptance: Optional[AcceptanceRule] = None,
 ) -> DecodeOutput:
     """Decode ``num_tokens`` tokens per sample with SJD or MC-SJD (module docstring).
 
     ``backend`` picks the verification kernels (:mod:`vispec.kernels.backend`): Triton for CUDA
-    tensors by default, the PyTorch reference otherwise."""
+    tensors by default, the PyTorch reference otherwise. ``acceptance``: the acceptance rule
+    (:mod:`vispec.decoding.acceptance`; default exact). A lossy rule also reports, per sample, the
+    mean and max total-variation distance of a verification's output from the target
+    (``stats.tv_mean``, ``stats.tv_max``; measured on the first draft of up to
+    ``TV_SAMPLES_PER_STEP`` samples per pass)."""
+    rule = acceptance or AcceptanceRule()
     cfg = decoding.config
     if cfg.strategy not in ("sjd", "mc-sjd"):
         raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")
@@ -98,12 +105,8 @@ def decode_sjd(
                                  processors, backend=backend)
     first = first_target.sample(fresh=torch.ones(batch, dtype=torch.bool, device=device), fresh_draws=zeros)[1]
 
-    # results in the caller's batch order
-    result = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)
-    result_nfe = torch.ones(batch, dtype=torch.long)
-    result_acc = torch.zeros(batch, dtype=torch.long)
-    result_lat = torch.zeros(batch, dtype=torch.float64)
-    committed_all = torch.ones(batch, dtype=torch.long, device=device)
+    results = SampleResults(batch, num_tokens, device)  # in the caller's batch order
+    tv = TVTracker(batch, device) if not rule.lossless else None
 
     # per active sample
     ids = torch.arange(batch, device=device)
@@ -121,12 +124,7 @@ def decode_sjd(
     while True:
         finished = n >= num_tokens
         if bool(finished.any()):
-            done = finished.nonzero().squeeze(1)
-            at = ids[done]
-            result[at] = buf[done, :num_tokens]
-            result_nfe[at.cpu()] = nfe[done].cpu()
-            result_acc[at.cpu()] = accepted[done].cpu()
-            result_lat[at.cpu()] = clock.now()
+            results.finish(finished.nonzero().squeeze(1), ids, buf, nfe, accepted, clock.now())
             keep = (~finished).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
@@ -168,7 +166,9 @@ def decode_sjd(
         row_nfe = nfe[:, None].expand(-1, width).reshape(-1)
 
         # 3. acceptance for every draft row at once; m = leading accepted drafts
-        accept_flags = target.accept(row_drafts.reshape(-1), q=q_flat, q_index=q_index, draws=row_nfe).view(active, width)
+        accept_flags = target.accept(row_drafts.reshape(-1), q=q_flat, q_index=q_index, draws=row_nfe, rule=rule).view(active, width)
+        if tv is not None:
+            tv.measure(target, rule, ids, num_drafts, width, row_drafts.reshape(-1), q_flat, q_index)
         m = target.first_rejection(accept_flags.reshape(-1), torch.arange(active, device=device) * width, num_drafts)
         # residual samples where they are used: every rejected slot (maximal coupling), or the
         # first rejection only (SJD)
@@ -197,7 +197,7 @@ def decode_sjd(
             residual=need_residual.reshape(-1), fresh=need_fresh.reshape(-1), draft_tokens=row_drafts.reshape(-1),
             q=q_flat, q_index=q_index, residual_draws=row_nfe, fresh_stream=fresh_stream,
             fresh_draws=fresh_draws[:, None].expand(-1, width).reshape(-1),
-            store_rows=store_rows.reshape(-1), store_out=next_q.view(-1, vocab),
+            store_rows=store_rows.reshape(-1), store_out=next_q.view(-1, vocab), rule=rule,
         )
         residual, fresh = residual.view(active, width), fresh.view(active, width)
         coupled = torch.where(accept_flags, row_drafts, residual)[:, :num_slots] if num_slots > 0 else None
@@ -232,11 +232,10 @@ def decode_sjd(
         accepted = accepted + m
         step += 1
         if callback is not None:
-            committed_all[ids] = n
-            progress = result.clone()  # finished samples are already final there
-            live = torch.arange(num_tokens, device=device)[None, :] < n[:, None]
-            progress[ids] = torch.where(live, buf[:, :num_tokens], torch.full_like(live, -1, dtype=torch.long))
-            callback(step, committed_all.clone(), progress)
+            results.report_progress(callback, step, ids, n, buf)
 
-    stats = DecodeStats(nfe=result_nfe, tokens=torch.full((batch,), num_tokens, dtype=torch.long), accepted_drafts=result_acc, latency_s=result_lat)
-    return DecodeOutput(tokens=result, stats=stats, method=decoding.name)
+    stats = results.stats()
+    if tv is not None:
+        stats.tv_mean, stats.tv_max = tv.result()
+    name = decoding.name if rule.lossless else f"{decoding.name}+{rule.config.name}"
+    return DecodeOutput(tokens=results.tokens, stats=stats, method=name)

@@ -1,0 +1,359 @@
+"""Acceptance rules for speculative verification: exact, LANTERN (lossy) and GSD (lossy).
+
+A rule decides, for a draft ``x ~ q`` checked against the target ``p`` of its position, whether
+``x`` is kept (with a uniform ``u``), and what the rejected position samples from instead. The
+exact rule (speculative sampling; Leviathan et al. 2023, Chen et al. 2023) keeps ``x`` iff
+``u q(x) < p(x)`` and resamples from ``max(0, p - q)``: the output is distributed exactly as
+``p``. The relaxed rules accept more often and change the output distribution:
+
+* **LANTERN** (Jang et al., ICLR 2025, arXiv 2410.03355; LANTERN++ arXiv 2502.06352). With
+  ``N_1(x), N_2(x), ...`` the codebook entries nearest to ``x`` in the VQ latent space and
+  ``c_j = Σ_{i <= j} p(N_i(x))`` (``j <= k``), ``J = max{j : c_j <= δ}`` for ``δ <= 1`` (a
+  total-variation budget) or ``max{j : c_j <= (δ - 1) p(x)}`` for ``δ > 1`` (LANTERN++'s ratio
+  ``λ = δ``: ``p̃(x) <= λ p(x)``). The relaxed probability ``p̃(x) = p(x) + c_J`` replaces ``p(x)``
+  in the test. On rejection ``x`` and the absorbed neighbours ``N_1..N_J(x)`` are zeroed in ``p``
+  before the residual ``max(0, p - q)``. (LANTERN's code zeroes ``k + 1`` neighbours whenever
+  ``J >= 1``; zeroing exactly the absorbed ones keeps ``δ = 0`` and ``k = 0`` exact.)
+* **GSD** (So et al., ICCV 2025, arXiv 2508.07747). The group ``G(x)``: tokens whose rank in the
+  sorted processed logits lies in ``[r - H, r + H)`` around the draft's rank ``r`` (clamped to the
+  vocabulary, where the public code wraps around), with ``|p(t) - p(x)| < p_thr`` and squared
+  embedding distance ``||E_t - E_x||² < d_thr`` (``E``: the AR model's input token embeddings).
+  ``x`` is kept iff ``u Σ_G q < Σ_G p``; a rejection resamples from ``max(0, p - q)``.
+
+Every rule also computes :meth:`AcceptanceRule.output_tv`: the total-variation distance between
+the distribution one verification actually outputs (draft ``x ~ q``, accepted or resampled) and
+``p``, in closed form: ``P(y) = a(y) + Σ_x w(x) R_x(y) / Z_x`` with ``a`` the accepted mass,
+``w = q - a`` the rejected mass and ``R_x`` the residual after rejecting ``x``. It is exactly 0
+for the exact rule, and at most ``δ``-ish for LANTERN (the paper's per-step bound).
+
+All operations take probability rows ``p, q: [R, V]`` (one-hot ``q`` for initialised drafts) and
+run batched in PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+RULES = ("exact", "lantern", "gsd")
+
+
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    """Which acceptance rule verification uses, with its parameters.
+
+    Args:
+        rule: ``"exact"`` (lossless, the default), ``"lantern"`` or ``"gsd"`` (both lossy).
+        lantern_k: neighbours per token (LANTERN's default 1000; 0 makes the rule exact).
+        lantern_delta: TV budget ``δ <= 1``, or LANTERN++'s ratio ``λ = δ > 1`` (default 0.1).
+        lantern_normalize: neighbours by L2-normalised codebook vectors (LANTERN uses raw weights).
+        gsd_half_width: rank half-width ``H`` of the GSD group window (default 7).
+        gsd_p_thr: probability closeness ``|p(t) - p(x)| < p_thr`` (default 0.15).
+        gsd_d_thr: squared embedding distance bound (default 0.5).
+    """
+
+    rule: str = "exact"
+    lantern_k: int = 1000
+    lantern_delta: float = 0.1
+    lantern_normalize: bool = False
+    gsd_half_width: int = 7
+    gsd_p_thr: float = 0.15
+    gsd_d_thr: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"acceptance rule must be one of {RULES}, got {self.rule!r}")
+        if isinstance(self.lantern_k, bool) or not isinstance(self.lantern_k, int) or self.lantern_k < 0:
+            raise ValueError(f"lantern_k must be an integer >= 0, got {self.lantern_k!r}")
+        for name in ("lantern_delta", "gsd_p_thr", "gsd_d_thr"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.gsd_half_width, bool) or not isinstance(self.gsd_half_width, int) or self.gsd_half_width < 1:
+            raise ValueError(f"gsd_half_width must be an integer >= 1, got {self.gsd_half_width!r}")
+
+    @property
+    def lossless(self) -> bool:
+        """True for the exact rule (the relaxed rules are lossy even where they happen to be exact)."""
+        return self.rule == "exact"
+
+    @property
+    def name(self) -> str:
+        if self.rule == "lantern":
+            return f"lantern:k={self.lantern_k},delta={self.lantern_delta:g}"
+        if self.rule == "gsd":
+            return f"gsd:half_width={self.gsd_half_width},p_thr={self.gsd_p_thr:g},d_thr={self.gsd_d_thr:g}"
+        return "exact"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, spec: Union[None, str, "AcceptanceConfig"]) -> "AcceptanceConfig":
+        """``None``/``"exact"``, ``"lantern"``, ``"lantern:k=50,delta=0.2,normalize=1"``, ``"gsd:half_width=5"``."""
+        if spec is None:
+            return cls()
+        if isinstance(spec, cls):
+            return spec
+        if not isinstance(spec, str):
+            raise ValueError(f"acceptance must be a name, an AcceptanceConfig or None, got {type(spec).__name__}")
+        rule, _, options = spec.strip().partition(":")
+        rule = rule.strip().lower()
+        if rule not in RULES:
+            raise ValueError(f"acceptance rule must be one of {RULES}, got {rule!r}")
+        allowed = {f.name.removeprefix(f"{rule}_"): f for f in fields(cls) if f.name.startswith(f"{rule}_")}
+        values: dict = {"rule": rule}
+        for item in filter(None, (o.strip() for o in options.split(","))):
+            key, eq, raw = item.partition("=")
+            key = key.strip()
+            if not eq or key not in allowed:
+                raise ValueError(f"unknown option {item!r} for acceptance {rule!r}; expected key=value with key in {sorted(allowed)}")
+            kind = allowed[key].type
+            try:
+                if "bool" in str(kind):
+                    value = raw.strip().lower() in ("1", "true", "yes", "on")
+                elif "int" in str(kind):
+                    value = int(raw)
+                else:
+                    value = float(raw)
+            except ValueError as error:
+                raise ValueError(f"acceptance option {key}={raw!r} is not a number") from error
+            values[f"{rule}_{key}"] = value
+        return cls(**values)
+
+
+def codebook_neighbors(codebook: Tensor, k: int, normalize: bool = False, chunk: int = 4096) -> Tensor:
+    """``[V, k]`` int64: each codebook entry's ``k`` nearest other entries by L2 distance, nearest first.
+
+    LANTERN computes them on the raw VQ codebook weights (``normalize=False``); LlamaGen decodes
+    with L2-normalised codes, which ``normalize=True`` uses instead.
+    """
+    if codebook.dim() != 2:
+        raise ValueError(f"codebook must be [entries, dim], got shape {tuple(codebook.shape)}")
+    vocab = codebook.shape[0]
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < vocab:
+        raise ValueError(f"lantern_k must be an integer in [0, {vocab - 1}] (codebook of {vocab} entries), got {k!r}")
+    weights = codebook.detach().double()
+    if normalize:
+        weights = torch.nn.functional.normalize(weights, dim=-1)
+    out = []
+    for lo in range(0, vocab, chunk):
+        dist = torch.cdist(weights[lo : lo + chunk], weights)
+        rows = torch.arange(lo, min(lo + chunk, vocab))
+        dist[rows - lo, rows] = float("inf")
+        out.append(dist.topk(k, dim=-1, largest=False).indices if k else torch.zeros(len(rows), 0, dtype=torch.long))
+    return torch.cat(out)
+
+
+class AcceptanceRule:
+    """The exact rule; relaxed rules override :meth:`relaxed_target`, :meth:`residual_weights` and friends."""
+
+    config: AcceptanceConfig
+
+    def __init__(self, config: AcceptanceConfig | None = None):
+        self.config = config or AcceptanceConfig()
+
+    @property
+    def lossless(self) -> bool:
+        return self.config.lossless
+
+    def accept(self, p: Tensor, drafts: Tensor, q: Tensor, u: Tensor) -> Tensor:
+        """``[R]`` bool: keep draft ``drafts[r]`` (``u q(x) < p(x)``)."""
+        at = drafts[:, None]
+        return u.to(p.dtype) * q.gather(-1, at).squeeze(-1).to(p.dtype) < p.gather(-1, at).squeeze(-1)
+
+    def residual_weights(self, p: Tensor, drafts: Tensor, q: Tensor) -> Tensor:
+        """``[R, V]`` unnormalised distribution a rejected row samples from: ``max(0, p - q)``."""
+        return (p - q.to(p.dtype)).clamp_min(0.0)
+
+    def output_tv(self, p: Tensor, q: Tensor) -> Tensor:
+        """``[R]`` TV between the verification's output distribution (draft ``x ~ q``) and ``p``: 0."""
+        return torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
+
+
+def _output_distribution(p: Tensor, q: Tensor, accepted_mass: Tensor, residual: Tensor, zeroed_mass: Tensor,
+                         zeroed_index: Optional[Tensor] = None, zeroed_valid: Optional[Tensor] = None) -> Tensor:
+    """``P(y) = a(y) + Σ_x w(x) R_x(y) / Z_x`` with ``R_x = R`` outside the set ``S_x`` zeroed on rejecting ``x``.
+
+    ``residual R [R, V]``; ``zeroed_mass [R, V]``: ``R(S_x)`` for each ``x``; ``zeroed_index [R, V, k]`` and
+    ``zeroed_valid`` list ``S_x`` beyond ``x`` itself (``None``: ``S_x = {x}``). A rejected ``x`` whose residual has no
+    mass left outputs token 0 (what the exponential race returns on all-zero weights).
+    """
+    p, q, residual = p.double(), q.double(), residual.double()
+    rejected = q - accepted_mass
+    total = residual.sum(-1, keepdim=True)
+    left = total - zeroed_mass
+    empty = left <= 0
+    c = torch.where(empty, torch.zeros_like(rejected), rejected / left.clamp_min(1e-300))
+    hits = c.clone()  # Σ_{x : y ∈ S_x} c(x): x itself ...
+    if zeroed_index is not None:  # ... and its zeroed neighbours
+        spread = torch.where(zeroed_valid, c[..., None].expand_as(zeroed_valid), torch.zeros((), dtype=c.dtype, device=c.device))
+        hits = hits.scatter_add(-1, zeroed_index.flatten(1), spread.flatten(1))
+    out = accepted_mass + residual * (c.sum(-1, keepdim=True) - hits)
+    out[:, 0] += (rejected * empty).sum(-1)
+    return out
+
+
+class LanternRule(AcceptanceRule):
+    """LANTERN / LANTERN++ relaxed acceptance (module docstring); ``neighbors`` is ``[V, >= k]``."""
+
+    def __init__(self, config: AcceptanceConfig, neighbors: Tensor):
+        super().__init__(config)
+        if neighbors.dim() != 2 or neighbors.shape[1] < config.lantern_k:
+            raise ValueError(f"neighbors must be [vocab, >= {config.lantern_k}], got shape {tuple(neighbors.shape)}")
+        self.neighbors = neighbors[:, : config.lantern_k].long()
+
+    def _absorbed(self, p: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """For ``tokens [R, M]``: neighbour ids ``[R, M, k]``, absorbed flags ``[R, M, k]`` and mass ``c_J [R, M]``."""
+        neighbors = self.neighbors.to(p.device)[tokens]
+        if neighbors.shape[-1] == 0:
+            empty = torch.zeros(*tokens.shape, 0, dtype=torch.bool, device=p.device)
+            return neighbors, empty, torch.zeros(tokens.shape, dtype=p.dtype, device=p.device)
+        mass = p.gather(-1, neighbors.flatten(1)).view(neighbors.shape).cumsum(-1)
+        delta = self.config.lantern_delta
+        budget = torch.full_like(mass[..., 0], delta) if delta <= 1 else (delta - 1) * p.gather(-1, tokens)
+        absorbed = mass <= budget[..., None]  # c_j is nondecreasing: a prefix
+        count = absorbed.sum(-1)
+        moved = torch.where(count > 0, mass.gather(-1, (count - 1).clamp_min(0)[..., None]).squeeze(-1), torch.zeros_like(budget))
+        return neighbors, absorbed, moved
+
+    def relaxed_probability(self, p: Tensor, tokens: Tensor) -> Tensor:
+        """``p̃(x) = p(x) + c_J(x)`` for ``tokens [R, M]``."""
+        return p.gather(-1, tokens) + self._absorbed(p, tokens)[2]
+
+    def accept(self, p: Tensor, drafts: Tensor, q: Tensor, u: Tensor) -> Tensor:
+        at = drafts[:, None]
+        p_tilde = self.relaxed_probability(p, at).squeeze(-1)
+        return u.to(p.dtype) * q.gather(-1, at).squeeze(-1).to(p.dtype) < p_tilde
+
+    def residual_weights(self, p: Tensor, drafts: Tensor, q: Tensor) -> Tensor:
+        neighbors, absorbed, _ = self._absorbed(p, drafts[:, None])
+        zeroed = p.scatter(-1, drafts[:, None], 0.0)
+        zeroed = zeroed.scatter(-1, neighbors[:, 0], torch.where(absorbed[:, 0], torch.zeros_like(zeroed[:, :1]), zeroed.gather(-1, neighbors[:, 0])))
+        return (zeroed - q.to(p.dtype)).clamp_min(0.0)
+
+    def output_tv(self, p: Tensor, q: Tensor) -> Tensor:
+        vocab = p.shape[-1]
+        p64, q64 = p.double(), q.double()
+        every = torch.arange(vocab, device=p.device).expand(p.shape[0], vocab)
+        neighbors, absorbed, moved = self._absorbed(p64, every)
+        accepted_mass = torch.minimum(q64, p64 + moved)
+        residual = (p64 - q64).clamp_min(0.0)
+        zeroed_mass = residual + (residual.gather(-1, neighbors.flatten(1)).view(neighbors.shape) * absorbed).sum(-1)
+        out = _output_distribution(p64, q64, accepted_mass, residual, zeroed_mass, neighbors, absorbed)
+        return 0.5 * (out - p64).abs().sum(-1)
+
+
+class GSDRule(AcceptanceRule):
+    """Grouped speculative decoding's group-ratio acceptance (module docstring); ``embeddings [V, D]``."""
+
+    def __init__(self, config: AcceptanceConfig, embeddings: Tensor):
+        super().__init__(config)
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be [vocab, dim], got shape {tuple(embeddings.shape)}")
+        self.embeddings = embeddings.detach().float()
+
+    def groups(self, p: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """For ``tokens [R, M]``: group members ``[R, M, 2H]`` and membership flags (the token itself is always in)."""
+        vocab = p.shape[-1]
+        width = self.config.gsd_half_width
+        order = p.argsort(dim=-1, stable=True)  # ascending: the same order as the processed logits
+        rank = order.argsort(dim=-1)
+        r = rank.gather(-1, tokens)
+        start = (r - width).clamp(0, max(vocab - 2 * width, 0))  # clamped window of 2H ranks around r
+        span = torch.arange(min(2 * width, vocab), device=p.device)
+        members = order.gather(-1, (start[..., None] + span).flatten(1)).view(*tokens.shape, span.numel())
+        inside = ((start[..., None] + span) >= r[..., None] - width) & ((start[..., None] + span) < r[..., None] + width)
+        close_p = (p.gather(-1, members.flatten(1)).view(members.shape) - p.gather(-1, tokens)[..., None]).abs() < self.config.gsd_p_thr
+        emb = self.embeddings.to(p.device)
+        dist = ((emb[members] - emb[tokens][..., None, :]) ** 2).sum(-1)
+        member = inside & close_p & (dist < self.config.gsd_d_thr)
+        member |= members == tokens[..., None]
+        return members, member
+
+    def _group_sums(self, p: Tensor, q: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        members, member = self.groups(p, tokens)
+        flat = members.flatten(1)
+        p_group = (p.gather(-1, flat).view(members.shape) * member).sum(-1)
+        q_group = (q.to(p.dtype).gather(-1, flat).view(members.shape) * member).sum(-1)
+        return p_group, q_group
+
+    def accept(self, p: Tensor, drafts: Tensor, q: Tensor, u: Tensor) -> Tensor:
+        p_group, q_group = self._group_sums(p, q, drafts[:, None])
+        return u.to(p.dtype) * q_group.squeeze(-1) < p_group.squeeze(-1)
+
+    def output_tv(self, p: Tensor, q: Tensor) -> Tensor:
+        vocab = p.shape[-1]
+        p64, q64 = p.double(), q.double()
+        every = torch.arange(vocab, device=p.device).expand(p.shape[0], vocab)
+        p_group, q_group = self._group_sums(p64, q64, every)
+        ratio = torch.where(q_group > 0, (p_group / q_group.clamp_min(1e-300)).clamp(max=1.0), torch.ones_like(q_group))
+        accepted_mass = q64 * ratio
+        residual = (p64 - q64).clamp_min(0.0)
+        out = _output_distribution(p64, q64, accepted_mass, residual, torch.zeros_like(p64))
+        # the exact residual never has mass at a rejected draft; GSD's can (x rejected although p(x) > q(x)):
+        # _output_distribution assumed S_x = {x} is zeroed, so add back R(x)'s share for those x
+        left = residual.sum(-1, keepdim=True)
+        rejected = q64 - accepted_mass
+        fix = torch.where(left > 0, rejected / left.clamp_min(1e-300), torch.zeros_like(left)) * residual
+        out = out + fix
+        return 0.5 * (out - p64).abs().sum(-1)
+
+
+def build_rule(config: Union[None, str, AcceptanceConfig], *, codebook: Optional[Tensor] = None,
+               embeddings: Optional[Tensor] = None, neighbors: Optional[Tensor] = None) -> AcceptanceRule:
+    """The rule for ``config``. LANTERN needs the VQ ``codebook`` (or a precomputed ``neighbors`` table);
+    GSD needs the AR model's input token ``embeddings``."""
+    config = AcceptanceConfig.parse(config)
+    if config.rule == "lantern":
+        if neighbors is None:
+            if codebook is None:
+                raise ValueError("acceptance 'lantern' needs the tokenizer's codebook (a VQ model with quantize.embedding), "
+                                 "or a precomputed neighbour table")
+            neighbors = codebook_neighbors(codebook, config.lantern_k, config.lantern_normalize)
+        if config.lantern_k > neighbors.shape[1]:
+            raise ValueError(f"lantern_k={config.lantern_k} exceeds the neighbour table's {neighbors.shape[1]} columns")
+        return LanternRule(config, neighbors)
+    if config.rule == "gsd":
+        if embeddings is None:
+            raise ValueError("acceptance 'gsd' needs the AR model's input token embeddings")
+        return GSDRule(config, embeddings)
+    return AcceptanceRule(config)
+
+
+TV_SAMPLES_PER_STEP = 4
+
+
+class TVTracker:
+    """Per-sample mean and max of :meth:`AcceptanceRule.output_tv` over a decode (lossy rules only).
+
+    Each pass measures the first draft row of up to :data:`TV_SAMPLES_PER_STEP` samples (the
+    lowest indices that have a draft): that row's output is always committed, and the closed form
+    costs ``O(V k)`` per row for LANTERN."""
+
+    def __init__(self, batch: int, device: torch.device):
+        self.total = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.count = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.worst = torch.zeros(batch, dtype=torch.float64, device=device)
+
+    def measure(self, target, rule: AcceptanceRule, ids: Tensor, num_drafts: Tensor, width: int, row_drafts: Tensor,
+                q: Optional[Tensor], q_index: Optional[Tensor]) -> None:
+        """``target`` rows ``b * width`` are the first draft rows of the active samples ``ids``."""
+        have = (num_drafts > 0).nonzero().squeeze(1)[:TV_SAMPLES_PER_STEP]
+        if have.numel() == 0:
+            return
+        tv = target.output_tv(rule, have * width, row_drafts, q=q, q_index=q_index)
+        at = ids[have]
+        self.total.index_add_(0, at, tv)
+        self.count.index_add_(0, at, torch.ones_like(tv))
+        self.worst[at] = torch.maximum(self.worst[at], tv)
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        """``(mean, max)`` per sample, NaN where nothing was measured."""
+        mean = torch.where(self.count > 0, self.total / self.count.clamp_min(1), torch.full_like(self.total, float("nan")))
+        worst = torch.where(self.count > 0, self.worst, torch.full_like(self.worst, float("nan")))
+        return mean.cpu(), worst.cpu()
