@@ -83,7 +83,8 @@ class LlamaGenPipeline(DiffusionPipeline):
         """diffusers' ``save_pretrained``, plus the cached LANTERN neighbour tables."""
         super().save_pretrained(save_directory, **kwargs)
         if self.lantern_neighbors:
-            save_file({k: v.to(torch.int32).contiguous() for k, v in self.lantern_neighbors.items()},
+            dtype = torch.int16 if self.codebook().shape[0] <= 32767 else torch.int32
+            save_file({k: v.to(dtype).contiguous() for k, v in self.lantern_neighbors.items()},
                       os.path.join(save_directory, NEIGHBORS_FILE))
 
     # ------------------------------------------------------------------ acceptance

@@ -125,6 +125,7 @@ TRAINERS = {
     "gpt": ("vispec.eval.train_gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
     "assemble": ("vispec.eval.assemble", "AssembleConfig", "assemble", "write the trained parts as the embedded tiny-c2i pipeline"),
     "drafter": ("vispec.eval.train_drafter", "DrafterTrainConfig", "train_drafter", "the tiny-c2i-drafter GPT, distilled from tiny-c2i's samples"),
+    "assemble-drafter": ("vispec.eval.train_drafter", "DrafterAssembleConfig", "assemble_drafter", "add a trained drafter (and LANTERN's neighbour table) to a pipeline folder"),
     "mdlm": ("vispec.eval.train_mdlm", "MDLMTrainConfig", "train_mdlm", "the tiny-mdlm masked diffusion LM (task suite, tokenizer, SFT)"),
     "assemble-mdlm": ("vispec.eval.assemble_mdlm", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as the embedded tiny-mdlm pipeline"),
 }
@@ -274,7 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     image = generate.add_parser("image", help="class-conditional images from a LlamaGen pipeline")
     image.add_argument("--model", default="tiny-c2i", help="embedded model name or a pipeline folder (default: %(default)s)")
     image.add_argument("--class", dest="class_label", type=int, required=True)
-    image.add_argument("--decoding", default=None, help="ar, sjd[-init], mc-sjd[-coupling] (default: the pipeline's)")
+    image.add_argument("--decoding", default=None,
+                       help="ar, sjd[-init], mc-sjd[-coupling], sd, optionally +lantern[:k=..,delta=..] or +gsd (lossy); "
+                            "default: the pipeline's")
     image.add_argument("--seed", type=int, default=0)
     image.add_argument("--num-images", type=int, default=1)
     image.add_argument("--guidance-scale", type=float, default=None)
