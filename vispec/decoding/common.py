@@ -169,6 +169,15 @@ class SampleResults:
         return DecodeStats(nfe=self.nfe, tokens=torch.full_like(self.nfe, self.num_tokens), accepted_drafts=self.accepted,
                            latency_s=self.latency)
 
+    def output(self, method: str, rule, tv) -> DecodeOutput:
+        """The decoder's result: a lossy ``rule``'s name is appended to ``method`` and ``tv``'s
+        per-sample TV (a :class:`vispec.decoding.acceptance.TVTracker`, or ``None``) lands in the stats."""
+        stats = self.stats()
+        if tv is not None:
+            stats.tv_mean, stats.tv_max = tv.result()
+        name = method if rule.lossless else f"{method}+{rule.config.name}"
+        return DecodeOutput(tokens=self.tokens, stats=stats, method=name, extra=dict(self.extra))
+
 
 class Clock:
     """Wall time since construction, synchronising CUDA so latencies are real."""

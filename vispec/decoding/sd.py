@@ -170,8 +170,4 @@ def decode_sd(
         if callback is not None:
             results.report_progress(callback, step, ids, n, buf)
 
-    stats = results.stats()
-    if tv is not None:
-        stats.tv_mean, stats.tv_max = tv.result()
-    name = decoding.name if rule.lossless else f"{decoding.name}+{rule.config.name}"
-    return DecodeOutput(tokens=results.tokens, stats=stats, method=name, extra=dict(results.extra))
+    return results.output(decoding.name, rule, tv)
