@@ -30,7 +30,7 @@ from torch import Tensor
 
 from vispec.kernels.backend import resolve_backend
 from vispec.kernels.philox import Stream, exponentials, uniforms
-from vispec.kernels.verify import race_argmax, residual_weights
+from vispec.kernels.verify import residual_weights, sample_from_weights_reference
 from vispec.sampling import PositionProcessor, SamplingConfig, guided_logits, process_logits
 
 if TYPE_CHECKING:
@@ -350,7 +350,7 @@ class Target:
             else:
                 noise = residual_noise[rr]
             residual_tokens = torch.full((rows,), -1, dtype=torch.int64, device=self.device)
-            residual_tokens[rr] = race_argmax(weights.to(torch.float32) if weights.dtype != torch.float64 else weights, noise)
+            residual_tokens[rr] = sample_from_weights_reference(weights, noise)
             _, fresh_tokens = self.sample(fresh=fresh, fresh_stream=fresh_stream, fresh_draws=fresh_draws,
                                           residual_noise=residual_noise, fresh_noise=fresh_noise,
                                           store_rows=store_rows, store_out=store_out)
@@ -379,15 +379,10 @@ class Target:
         fresh_tokens = residual_tokens.clone()
         probs = self.probs
         if rr.numel():
-            q_rows = torch.nn.functional.one_hot(draft_tokens[rr], self.vocab).to(probs.dtype)
-            if q is not None:
-                dense = q_index[rr] >= 0
-                q_rows = torch.where(dense[:, None], q[q_index[rr].clamp_min(0)].to(probs.dtype), q_rows)
-            weights = residual_weights(probs[rr], q_rows)
-            residual_tokens[rr] = race_argmax(weights.to(torch.float32) if weights.dtype != torch.float64 else weights, residual_noise_rows)
+            weights = residual_weights(probs[rr], self.dense_q(rr, draft_tokens, q, q_index))
+            residual_tokens[rr] = sample_from_weights_reference(weights, residual_noise_rows)
         if fr.numel():
-            weights = probs[fr]
-            fresh_tokens[fr] = race_argmax(weights.to(torch.float32) if weights.dtype != torch.float64 else weights, fresh_noise_rows)
+            fresh_tokens[fr] = sample_from_weights_reference(probs[fr], fresh_noise_rows)
         if store_rows is not None:
             sel = (store_rows >= 0) & (self.row_sample >= 0)
             store_out[store_rows[sel]] = probs[sel].to(store_out.dtype)

@@ -116,7 +116,6 @@ def decode_sjd(
     draft_count = zeros.clone()  # valid drafts at positions n .. n + draft_count - 1
     q_dtype = torch.float64 if logits.cond.dtype == torch.float64 else torch.float32
     draft_q = torch.zeros(batch, max(window - 1, 1), vocab, dtype=q_dtype, device=device)  # q of draft i (position n + i)
-    draft_dense = torch.zeros(batch, max(window - 1, 1), dtype=torch.bool, device=device)
     nfe = torch.ones(batch, dtype=torch.long, device=device)
     accepted = zeros.clone()
     step = 0
@@ -129,8 +128,8 @@ def decode_sjd(
             if keep.numel() == 0:
                 break
             state = model.select(state, keep)
-            ids, buf, n, draft_count, draft_q, draft_dense, nfe, accepted, seeds = (
-                t[keep] for t in (ids, buf, n, draft_count, draft_q, draft_dense, nfe, accepted, seeds)
+            ids, buf, n, draft_count, draft_q, nfe, accepted, seeds = (
+                t[keep] for t in (ids, buf, n, draft_count, draft_q, nfe, accepted, seeds)
             )
         active = ids.numel()
         width_b = (num_tokens - n).clamp(max=window)  # window incl. z, per sample
@@ -157,9 +156,7 @@ def decode_sjd(
         q_width = draft_q.shape[1]
         row_drafts = torch.cat([window_tokens[:, 1:], torch.full_like(window_tokens[:, :1], -1)], dim=1)
         row_drafts = torch.where(slot[None, :] < num_drafts[:, None], row_drafts, torch.full_like(row_drafts, -1))
-        dense = torch.zeros(active, width, dtype=torch.bool, device=device)
-        dense[:, : min(width, q_width)] = draft_dense[:, : min(width, q_width)]
-        dense &= slot[None, :] < draft_count[:, None]
+        dense = slot[None, :] < draft_count[:, None]  # the stored drafts carry their dense q (draft_q rows)
         q_index = torch.where(dense, torch.arange(active, device=device)[:, None] * q_width + slot.clamp(max=q_width - 1),
                               torch.full_like(row_drafts, -1)).reshape(-1)
         q_flat = draft_q.reshape(-1, vocab)
@@ -223,7 +220,6 @@ def decode_sjd(
         buf.scatter_(1, out_pos_n, torch.where(write, next_tokens, buf.gather(1, out_pos_n)))
         draft_count = width_b - 1 - m
         draft_q = next_q
-        draft_dense = torch.arange(q_width, device=device)[None, :] < draft_count[:, None]
 
         # 5. cache: keep z and the accepted drafts
         model.rollback(state, m + 1)
