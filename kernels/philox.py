@@ -18,6 +18,7 @@ constants are the ones Triton and cuRAND use. Integers are held in int64 tensors
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -165,6 +166,22 @@ def seeds_from_generators(generators: list[torch.Generator | None], device: torc
         value = torch.randint(-(2**63), 2**63 - 1, (1,), generator=gen, device=gen.device if gen is not None else "cpu")
         seeds.append(value.cpu())
     return torch.cat(seeds).to(device) if seeds else torch.zeros(0, dtype=torch.int64, device=device)
+
+
+GeneratorArg = Union[None, torch.Generator, Sequence[Optional[torch.Generator]]]
+"""What decoders take as ``generator``: ``None``, one ``torch.Generator`` for the batch, or one per sample."""
+
+
+def per_sample_seeds(generator: GeneratorArg, batch_size: int, device: torch.device | str = "cpu") -> Tensor:
+    """``[B]`` int64 seeds. A list gives one generator per sample (sample ``i``'s output then does
+    not depend on the rest of the batch); a single generator is drawn ``B`` times in order."""
+    if generator is None or isinstance(generator, torch.Generator):
+        gens = [generator] * batch_size
+    else:
+        gens = list(generator)
+        if len(gens) != batch_size:
+            raise ValueError(f"generator list has {len(gens)} entries, expected one per sample ({batch_size})")
+    return seeds_from_generators(gens, device)
 
 
 def randint_below(seeds: Tensor, positions: Tensor, stream: Stream, draws: Tensor, high: int) -> Tensor:

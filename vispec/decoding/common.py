@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from vispec.kernels.philox import seeds_from_generators
+from vispec.kernels.philox import GeneratorArg, per_sample_seeds  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from vispec.protocol import SpeculativeARModel, WindowLogits
     from vispec.sampling import SamplingConfig
 
-GeneratorArg = Union[None, torch.Generator, Sequence[Optional[torch.Generator]]]
 StepCallback = Callable[[int, Tensor, Tensor], None]
 """``f(step, num_committed [B], tokens [B, N])`` after every forward pass (progress bars, callbacks).
 
@@ -72,18 +71,6 @@ class DecodeOutput:
     stats: DecodeStats
     method: str = ""
     extra: dict = field(default_factory=dict)
-
-
-def per_sample_seeds(generator: GeneratorArg, batch_size: int, device: torch.device) -> Tensor:
-    """``[B]`` int64 seeds. A list gives one generator per sample (sample ``i``'s output then does
-    not depend on the rest of the batch); a single generator is drawn ``B`` times in order."""
-    if generator is None or isinstance(generator, torch.Generator):
-        gens = [generator] * batch_size
-    else:
-        gens = list(generator)
-        if len(gens) != batch_size:
-            raise ValueError(f"generator list has {len(gens)} entries, expected one per sample ({batch_size})")
-    return seeds_from_generators(gens, device)
 
 
 def check_common(num_tokens: int, grid_width: int, model_vocab: int, max_tokens: Optional[int] = None) -> None:

@@ -132,3 +132,21 @@ def _parse_options(value: str, options: str) -> dict:
         except ValueError:
             raise ValueError(f"decoding {value!r}: {key} must be an integer, got {text!r}") from None
     return parsed
+
+
+def split_specs(text: str, flag: str = "--methods") -> tuple[str, ...]:
+    """A comma-separated list of decoding specs (``"ar,sjd:window=4,mc-sjd+lantern:k=10,delta=0.1"``) as a tuple.
+
+    A ``key=value`` item continues the previous spec's options, so option lists keep their commas.
+    An empty list is an error naming ``flag``."""
+    specs: list[str] = []
+    for item in (m.strip() for m in text.split(",")):
+        if not item:
+            continue
+        if specs and "=" in item and item.split("=", 1)[0].replace("_", "").isalpha():
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    if not specs:
+        raise ValueError(f"{flag} is empty")
+    return tuple(specs)
