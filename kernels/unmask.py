@@ -33,6 +33,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from vispec.checks import check_number
 from vispec.kernels.backend import resolve_backend
 from vispec.kernels.philox import Stream, uniforms64
 
@@ -150,11 +151,7 @@ def unmask_candidates(
     vocab = logits.shape[-1]
     if vocab < 1:
         raise ValueError(f"logits must have a vocabulary of at least 1 entry, got shape {tuple(logits.shape)}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != temperature:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    temperature = float(temperature)
+    temperature = float(check_number("temperature", temperature, minimum=0, hint=" (0 means arg-max)"))
     device = logits.device
     if rows is None:
         n_rows = logits.shape[0]

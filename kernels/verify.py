@@ -1,214 +1,255 @@
-"""Speculative verification and coupling over a batch of draft windows (PyTorch reference).
+"""Speculative verification over a flattened ragged batch: the contract and its PyTorch reference.
 
-Layout: ``B`` samples, each with a window of ``W`` draft slots padded to the same width;
-``num_drafts[b] <= W`` says how many slots of sample ``b`` are real. Slot ``j`` holds draft token
-``d_j`` with draft distribution ``q_j`` (dense, or one-hot on ``d_j`` for initialised drafts where
-``draft_onehot[b, j]``) and is verified against the target ``p_j``.
+This module is the specification. :mod:`vispec.kernels.verify_triton` computes the same from raw
+logits on CUDA (kernels and their launchers), and :class:`vispec.kernels.target.Target` dispatches
+between the two; given the same noise they return the same tokens.
 
-For every real slot (speculative sampling, Leviathan et al. 2023 / Chen et al. 2023; the same
-operation is the maximal coupling of ``q_j`` and ``p_j``, MC-SJD arXiv 2510.24211 §3):
+Layout (vLLM's ragged layout)::
 
-* accept ``d_j`` iff ``u_j * q_j(d_j) < p_j(d_j)``, i.e. with probability ``min(1, p/q)``;
-* otherwise output a sample from the residual ``r_j ∝ max(0, p_j - q_j)`` (for a one-hot ``q_j``:
-  ``p_j`` with ``d_j`` removed);
-* the coupled output ``x_j`` (``d_j`` or the residual sample) is distributed exactly as ``p_j``, and
-  ``P[x_j = d_j] = Σ_v min(p_j(v), q_j(v)) = 1 - TV(p_j, q_j)``.
+    T rows                   row t stands for the target distribution p_t (``[V]``) of the position
+                             positions[t] it predicts; row_sample[t] is its sample, -1 marks padding
+    B samples                sample b's draft rows are row_start[b] .. row_start[b] + num_drafts[b] - 1
+    drafts.tokens   [T]      the draft d_t that row t verifies (-1: the row has no draft)
+    drafts.q        [Nq, V]  dense draft distributions; row t uses q[drafts.q_index[t]] when
+    drafts.q_index  [T]      q_index[t] >= 0, else q_t is one-hot on d_t (initialised drafts)
 
-``num_accepted[b]`` is the index of the first rejected slot (``num_drafts[b]`` if none): SJD commits
-``x_1..x_{m+1}``; MC-SJD additionally keeps every later ``x_j`` as the next draft.
+Glossary (Leviathan et al. 2023; Chen et al. 2023; MC-SJD, arXiv 2510.24211):
 
-Sampling from unnormalised weights ``w`` uses the exponential race
-``argmax_v w_v / E_v`` with ``E_v ~ Exp(1)`` i.i.d. (equivalently Gumbel-max on ``log w``):
-``P[v] = w_v / Σ w``, no normalisation and no softmax row are needed, and the noise is an explicit
-input so a kernel can reproduce the choice exactly.
+* **accepted**: the draft passes the speculative test ``u q(d) < p(d)`` with ``u ~ U(0, 1)``, i.e.
+  it is kept with probability ``min(1, p(d) / q(d))`` (:func:`speculative_test`);
+* **num_accepted** ``m_b``: the leading accepted drafts of sample ``b`` (the index of its first
+  rejection, :func:`first_rejection`);
+* **residual** (recovered) token: a sample from ``max(0, p - q)`` (:func:`residual_weights`), drawn
+  where a draft was rejected;
+* **fresh** token: a sample from ``p`` itself: the bonus token after a fully accepted window, or a
+  new Jacobi draft;
+* **coupled output**: the draft if accepted, else the residual token. It is distributed exactly as
+  ``p``, and it equals the draft with probability ``Σ_v min(p(v), q(v)) = 1 - TV(p, q)``: the maximal
+  coupling of ``q`` and ``p``.
 
-:func:`verify_drafts` (all slots), :func:`accept_drafts` with :func:`residual_sample` (acceptance
-first, residual only where needed) and :func:`sample_from_weights` take **probability** tensors
-and always run in PyTorch: they are the specification the exactness tests enumerate against and
-the building blocks of the reference backend of :class:`vispec.kernels.target.Target`. Decoders
-verify through :class:`~vispec.kernels.target.Target`, which starts from logits and dispatches to
-the Triton kernels (:mod:`vispec.kernels.verify_triton`) on CUDA.
+Sampling from unnormalised weights ``w`` is the exponential race ``argmax_v w_v / E_v`` with
+``E_v ~ Exp(1)`` i.i.d. (Gumbel-max on ``log w``): ``P[v] = w_v / Σ w``, with no normalisation and
+the noise an explicit input, so a kernel can reproduce the choice exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
+from vispec.kernels.philox import Stream
 
-@dataclass
-class VerifyResult:
-    """Outputs of :func:`verify_drafts` (shapes ``[B, W]`` unless noted)."""
 
-    accepted: Tensor  # bool: slot j accepted its draft (False on padding slots)
-    coupled: Tensor  # long: x_j = d_j if accepted else the residual sample (-1 on padding slots)
-    num_accepted: Tensor  # long [B]: index of the first rejection (= number of accepted leading drafts)
+def speculative_test(u: Tensor, q_at: Tensor, p_at: Tensor) -> Tensor:
+    """The exact acceptance rule: keep the draft iff ``u q(d) < p(d)`` (``[R]`` each; ``q_at``, ``p_at``
+    at the draft token)."""
+    return u.to(p_at.dtype) * q_at.to(p_at.dtype) < p_at
+
+
+def residual_weights(p: Tensor, q: Tensor) -> Tensor:
+    """The exact rule's residual: unnormalised ``max(0, p - q)`` (same shape as ``p``)."""
+    return (p - q.to(p.dtype)).clamp_min(0.0)
 
 
 def race_argmax(weights: Tensor, exponentials: Tensor) -> Tensor:
-    """Exponential race: ``argmax_v weights_v / E_v`` over the last dimension.
+    """Exponential race ``argmax_v weights_v / E_v`` over the last dimension.
 
-    Entries with zero weight never win (they score 0 while any positive weight scores > 0).
-    A row of all-zero weights returns index 0; callers only use rows with positive mass.
+    Entries with zero weight never win (they score 0 while any positive weight scores > 0). A row of
+    all-zero weights returns index 0; callers only use rows with positive mass.
     """
     return (weights / exponentials).argmax(dim=-1)
 
 
-def sample_from_weights_reference(weights: Tensor, exponentials: Tensor) -> Tensor:
-    """Reference categorical sampling ``[..., V] -> [...]`` from unnormalised weights."""
+def sample_from_weights(weights: Tensor, exponentials: Tensor) -> Tensor:
+    """Categorical samples ``[..., V] -> [...]`` from unnormalised weights (float32 unless float64)."""
     if weights.shape != exponentials.shape:
         raise ValueError(f"exponentials must have shape {tuple(weights.shape)}, got {tuple(exponentials.shape)}")
     return race_argmax(weights.to(torch.float32) if weights.dtype != torch.float64 else weights, exponentials)
 
 
-def residual_weights(p: Tensor, q: Tensor) -> Tensor:
-    """Unnormalised residual ``max(0, p - q)`` (same shape as ``p``)."""
-    return (p - q).clamp_min(0.0)
+def as_long(x: Tensor, name: str, shape: tuple[int, ...]) -> Tensor:
+    """``x`` as a contiguous int64 tensor of ``shape``, or a ``ValueError`` naming ``name``."""
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if x.dtype.is_floating_point or x.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {x.dtype}")
+    return x.to(torch.int64).contiguous()
 
 
-def draft_distribution(
-    draft_tokens: Tensor, draft_probs: Optional[Tensor], draft_onehot: Tensor, vocab_size: int, dtype: torch.dtype
-) -> Tensor:
-    """Dense ``q`` of shape ``[B, W, V]``: stored rows, replaced by one-hot rows where ``draft_onehot``."""
-    onehot = torch.nn.functional.one_hot(draft_tokens.clamp_min(0), vocab_size).to(dtype)
-    if draft_probs is None:
-        return onehot
-    return torch.where(draft_onehot[..., None], onehot, draft_probs.to(dtype))
+def _check_below(x: Tensor, bound: int, message: str) -> None:
+    if x.numel() and int(x.max()) >= bound:
+        raise ValueError(message.format(int(x.max())))
 
 
-def accept_drafts_reference(
-    target_probs: Tensor,
-    draft_tokens: Tensor,
-    draft_probs: Optional[Tensor],
-    draft_onehot: Tensor,
-    num_drafts: Tensor,
-    accept_uniforms: Tensor,
-) -> tuple[Tensor, Tensor]:
-    """Acceptance flags ``[B, W]`` (``u * q(d) < p(d)``, False on padding) and ``num_accepted [B]``.
+@dataclass
+class Drafts:
+    """The draft each row verifies (module docstring): ``tokens [T]`` (-1: none), and optionally dense
+    ``q [Nq, V]`` with ``q_index [T]`` (-1: one-hot on the draft)."""
 
-    Only ``p`` and ``q`` at the draft token are read; no residual is formed.
+    tokens: Tensor
+    q: Optional[Tensor] = None
+    q_index: Optional[Tensor] = None
+
+    @classmethod
+    def none(cls, rows: int, device: torch.device) -> "Drafts":
+        return cls(torch.full((rows,), -1, dtype=torch.int64, device=device))
+
+    def checked(self, rows: int, vocab: int, validate: bool) -> "Drafts":
+        """Shapes and dtypes checked, indices made int64 and rows contiguous; with ``validate``, ranges too
+        (each range check reads a value back from the device)."""
+        tokens = as_long(self.tokens, "draft tokens", (rows,))
+        if validate:
+            _check_below(tokens, vocab, f"draft tokens must be < the vocabulary ({vocab}) or -1 (no draft), got {{}}")
+        if (self.q is None) != (self.q_index is None):
+            raise ValueError("q and q_index must be given together (dense draft rows and which row each draft uses)")
+        if self.q is None:
+            return Drafts(tokens)
+        if self.q.dim() != 2 or self.q.shape[1] != vocab:
+            raise ValueError(f"q must be [rows, {vocab}], got shape {tuple(self.q.shape)}")
+        q_index = as_long(self.q_index, "q_index", (rows,))
+        if validate:
+            _check_below(q_index, self.q.shape[0], f"q_index refers to row {{}} but q has {self.q.shape[0]} rows")
+        return Drafts(tokens, self.q if self.q.stride(-1) == 1 else self.q.contiguous(), q_index)
+
+    def dense(self, rows: Tensor, vocab: int, dtype: torch.dtype) -> Tensor:
+        """``[len(rows), V]`` draft distributions of ``rows``: one-hot on the draft unless ``q_index >= 0``."""
+        out = torch.nn.functional.one_hot(self.tokens[rows].clamp_min(0), vocab).to(dtype)
+        if self.q is None:
+            return out
+        index = self.q_index[rows]
+        return torch.where((index >= 0)[:, None], self.q[index.clamp_min(0)].to(dtype), out)
+
+    def q_at_draft(self, dtype: torch.dtype) -> Tensor:
+        """``[T]`` ``q_t(d_t)``: 1 for one-hot drafts, the dense row's entry otherwise."""
+        ones = torch.ones(self.tokens.shape, dtype=dtype, device=self.tokens.device)
+        if self.q is None:
+            return ones
+        dense = self.q[self.q_index.clamp_min(0)].gather(-1, self.tokens.clamp_min(0)[:, None]).squeeze(-1)
+        return torch.where(self.q_index >= 0, dense.to(dtype), ones)
+
+
+@dataclass
+class InjectedNoise:
+    """Exp(1) noise ``[T, V]`` for the residual and fresh races instead of the keyed Philox streams (tests)."""
+
+    residual: Tensor
+    fresh: Tensor
+
+
+@dataclass
+class SampleRequest:
+    """Which rows sample what (:meth:`vispec.kernels.target.Target.sample`); rows not asked for get -1.
+
+    * ``residual`` ``[T]`` bool: sample the residual ``max(0, p - q)`` of the row's draft;
+    * ``fresh`` ``[T]`` bool: sample ``p``;
+    * ``residual_draws`` ``[T]``: draw counters of the RESIDUAL noise stream;
+    * ``fresh_stream``: SAMPLE, or GUMBEL for MC-SJD's fixed per-position noise (one, or ``[T]``);
+      ``fresh_draws`` ``[T]`` its draw counters;
+    * ``store_rows`` ``[T]`` with ``store_out [N, V]``: row ``t``'s ``p`` is written to
+      ``store_out[store_rows[t]]`` where ``store_rows[t] >= 0`` (the next drafts' ``q``);
+    * ``noise``: injected noise instead of Philox.
     """
-    width = target_probs.shape[1]
-    real = torch.arange(width, device=draft_tokens.device)[None, :] < num_drafts[:, None]
-    tokens = torch.where(real, draft_tokens, torch.zeros_like(draft_tokens))[..., None]
-    p_at = target_probs.gather(-1, tokens).squeeze(-1)
-    if draft_probs is None:
-        q_at = torch.ones_like(p_at)
-    else:
-        q_at = torch.where(draft_onehot, torch.ones_like(p_at), draft_probs.gather(-1, tokens).squeeze(-1).to(p_at.dtype))
-    accepted = (accept_uniforms.to(p_at.dtype) * q_at < p_at) & real
-    return accepted, torch.cumprod(accepted.to(torch.int64), dim=1).sum(dim=1)
+
+    residual: Optional[Tensor] = None
+    fresh: Optional[Tensor] = None
+    residual_draws: Optional[Tensor] = None
+    fresh_stream: Union[Stream, Tensor] = Stream.SAMPLE
+    fresh_draws: Optional[Tensor] = None
+    store_rows: Optional[Tensor] = None
+    store_out: Optional[Tensor] = None
+    noise: Optional[InjectedNoise] = None
+
+    def checked(self, rows: int, vocab: int, device: torch.device, validate: bool) -> "SampleRequest":
+        """Every field present, shaped ``[T]`` (flags bool, counters int64), or a ``ValueError`` naming it."""
+        flags = {}
+        for name in ("residual", "fresh"):
+            value = getattr(self, name)
+            value = torch.zeros(rows, dtype=torch.bool, device=device) if value is None else value
+            if tuple(value.shape) != (rows,) or value.dtype != torch.bool:
+                raise ValueError(f"{name} must be a bool tensor of shape ({rows},), got {value.dtype} {tuple(value.shape)}")
+            flags[name] = value
+        draws = {name: torch.zeros(rows, dtype=torch.int64, device=device) if getattr(self, name) is None
+                 else as_long(getattr(self, name), name, (rows,)) for name in ("residual_draws", "fresh_draws")}
+        stream = (as_long(self.fresh_stream, "fresh_stream", (rows,)) if isinstance(self.fresh_stream, Tensor)
+                  else torch.full((rows,), int(self.fresh_stream), dtype=torch.int64, device=device))
+        if self.noise is not None:
+            for name in ("residual", "fresh"):
+                noise = getattr(self.noise, name)
+                if tuple(noise.shape) != (rows, vocab):
+                    raise ValueError(f"{name} noise must have shape {(rows, vocab)}, got {tuple(noise.shape)}")
+        store_rows = self.store_rows
+        if (store_rows is None) != (self.store_out is None):
+            raise ValueError("store_rows and store_out must be given together")
+        if store_rows is not None:
+            store_rows = as_long(store_rows, "store_rows", (rows,))
+            if self.store_out.dim() != 2 or self.store_out.shape[1] != vocab:
+                raise ValueError(f"store_out must be [N, {vocab}], got shape {tuple(self.store_out.shape)}")
+            if validate:
+                _check_below(store_rows, self.store_out.shape[0],
+                             f"store_rows refers to row {{}} but store_out has {self.store_out.shape[0]} rows")
+        return SampleRequest(flags["residual"], flags["fresh"], draws["residual_draws"], stream, draws["fresh_draws"],
+                             store_rows, self.store_out, self.noise)
 
 
-def residual_sample_reference(
-    target_probs: Tensor, draft_tokens: Tensor, draft_probs: Optional[Tensor], draft_onehot: Tensor, exponentials: Tensor
-) -> Tensor:
-    """A sample from ``max(0, p - q)`` for each row (any leading shape ``[...]``, vocabulary last)."""
-    vocab = target_probs.shape[-1]
-    q = draft_distribution(draft_tokens, draft_probs, draft_onehot, vocab, target_probs.dtype)
-    return sample_from_weights_reference(residual_weights(target_probs, q), exponentials)
+@dataclass
+class LogitRows:
+    """The target rows as the kernels read them: raw logits and how to process them (the order of
+    :mod:`vispec.sampling`: guidance, temperature, the top-k/top-p threshold ``tau``, softmax)."""
+
+    cond: Tensor  # [T, V] raw conditional logits (vocabulary contiguous)
+    uncond: Optional[Tensor]  # [T, V] unconditional logits, None without guidance
+    guide: Tensor  # int8 [T]: 1 where guidance applies (cfg_interval)
+    guidance_scale: float
+    temperature: float  # 1.0 when greedy
+    greedy: bool
+    top_k: int
+    top_p: float
+    tau: Optional[Tensor]  # float32 [T]: processed logits below tau are dropped; None: no top-k/top-p
+    positions: Tensor  # int64 [T]: the image-token index each row predicts (noise keys)
+    row_sample: Tensor  # int64 [T]: the row's sample, -1 for padding
+    seeds: Tensor  # int64 [B]: per-sample Philox seeds
+    block: int  # vocabulary tile of the kernels
+
+    @property
+    def vocab(self) -> int:
+        return int(self.cond.shape[1])
 
 
-def verify_drafts_reference(
-    target_probs: Tensor,
-    draft_tokens: Tensor,
-    draft_probs: Optional[Tensor],
-    draft_onehot: Tensor,
-    num_drafts: Tensor,
-    accept_uniforms: Tensor,
-    residual_exponentials: Tensor,
-) -> VerifyResult:
-    """Verify every slot of every window at once (module docstring).
-
-    Args:
-        target_probs: ``[B, W, V]`` processed target ``p_j`` for each slot.
-        draft_tokens: ``[B, W]`` long draft tokens (any value on padding slots).
-        draft_probs: ``[B, W, V]`` stored draft distributions, or ``None`` if all drafts are one-hot.
-        draft_onehot: ``[B, W]`` bool, True where ``q_j`` is one-hot on ``d_j``.
-        num_drafts: ``[B]`` long, real slots per sample (``0 <= num_drafts <= W``).
-        accept_uniforms: ``[B, W]`` uniforms in (0, 1).
-        residual_exponentials: ``[B, W, V]`` i.i.d. Exp(1) noise for the residual race.
-    """
-    width = target_probs.shape[1]
-    real = torch.arange(width, device=draft_tokens.device)[None, :] < num_drafts[:, None]
-    tokens = torch.where(real, draft_tokens, torch.zeros_like(draft_tokens))
-    accepted, num_accepted = accept_drafts_reference(target_probs, tokens, draft_probs, draft_onehot, num_drafts, accept_uniforms)
-    residual = residual_sample_reference(target_probs, tokens, draft_probs, draft_onehot, residual_exponentials)
-    coupled = torch.where(accepted, tokens, residual)
-    coupled = torch.where(real, coupled, torch.full_like(coupled, -1))
-    return VerifyResult(accepted=accepted, coupled=coupled, num_accepted=num_accepted)
+# ---- the reference (probability rows ``p [T, V]``) -------------------------------------------------
 
 
-def _check_verify_inputs(
-    target_probs: Tensor,
-    draft_tokens: Tensor,
-    draft_probs: Optional[Tensor],
-    draft_onehot: Tensor,
-    num_drafts: Tensor,
-    accept_uniforms: Tensor,
-    residual_exponentials: Tensor,
-) -> None:
-    if target_probs.dim() != 3:
-        raise ValueError(f"target_probs must be [batch, window, vocab], got {tuple(target_probs.shape)}")
-    bw = tuple(target_probs.shape[:2])
-    for name, tensor in (("draft_tokens", draft_tokens), ("draft_onehot", draft_onehot), ("accept_uniforms", accept_uniforms)):
-        if tuple(tensor.shape) != bw:
-            raise ValueError(f"{name} must have shape {bw}, got {tuple(tensor.shape)}")
-    if draft_probs is not None and draft_probs.shape != target_probs.shape:
-        raise ValueError(f"draft_probs must have shape {tuple(target_probs.shape)}, got {tuple(draft_probs.shape)}")
-    if residual_exponentials.shape != target_probs.shape:
-        raise ValueError(
-            f"residual_exponentials must have shape {tuple(target_probs.shape)}, got {tuple(residual_exponentials.shape)}"
-        )
-    if tuple(num_drafts.shape) != bw[:1]:
-        raise ValueError(f"num_drafts must have shape {bw[:1]}, got {tuple(num_drafts.shape)}")
-    if draft_probs is None and not bool(draft_onehot.all()):
-        raise ValueError("draft_probs is None but some draft_onehot entries are False (dense drafts need their q rows)")
+def accept_reference(p: Tensor, drafts: Drafts, u: Tensor, real: Tensor) -> Tensor:
+    """``[T]`` bool: :func:`speculative_test` on ``real`` rows (those with a draft), False elsewhere."""
+    p_at = p.gather(-1, drafts.tokens.clamp_min(0)[:, None]).squeeze(-1)
+    return speculative_test(u, drafts.q_at_draft(p_at.dtype), p_at) & real
 
 
-def verify_drafts(
-    target_probs: Tensor,
-    draft_tokens: Tensor,
-    draft_probs: Optional[Tensor],
-    draft_onehot: Tensor,
-    num_drafts: Tensor,
-    accept_uniforms: Tensor,
-    residual_exponentials: Tensor,
-    *,
-    check_inputs: bool = True,
-) -> VerifyResult:
-    """Dispatch for batched speculative verification (see :func:`verify_drafts_reference`)."""
-    if check_inputs:
-        _check_verify_inputs(
-            target_probs, draft_tokens, draft_probs, draft_onehot, num_drafts, accept_uniforms, residual_exponentials
-        )
-    return verify_drafts_reference(
-        target_probs, draft_tokens, draft_probs, draft_onehot, num_drafts, accept_uniforms, residual_exponentials
-    )
+def first_rejection_reference(accepted: Tensor, row_start: Tensor, num_drafts: Tensor) -> Tensor:
+    """``[B]`` leading accepted rows among ``row_start[b] .. row_start[b] + num_drafts[b] - 1``."""
+    width = int(num_drafts.max()) if num_drafts.numel() else 0
+    slots = torch.arange(width, device=accepted.device)
+    real = slots[None, :] < num_drafts[:, None]
+    if not width:
+        return torch.zeros_like(num_drafts)
+    flags = accepted[(row_start[:, None] + slots).clamp(max=max(accepted.shape[0] - 1, 0))] & real
+    return torch.cumprod(flags.to(torch.int64), dim=1).sum(dim=1)
 
 
-def accept_drafts(
-    target_probs: Tensor,
-    draft_tokens: Tensor,
-    draft_probs: Optional[Tensor],
-    draft_onehot: Tensor,
-    num_drafts: Tensor,
-    accept_uniforms: Tensor,
-) -> tuple[Tensor, Tensor]:
-    """Dispatch for the acceptance test alone (SJD: the residual is needed at one slot only)."""
-    return accept_drafts_reference(target_probs, draft_tokens, draft_probs, draft_onehot, num_drafts, accept_uniforms)
-
-
-def residual_sample(
-    target_probs: Tensor, draft_tokens: Tensor, draft_probs: Optional[Tensor], draft_onehot: Tensor, exponentials: Tensor
-) -> Tensor:
-    """Dispatch for sampling the residual ``max(0, p - q)`` row by row."""
-    return residual_sample_reference(target_probs, draft_tokens, draft_probs, draft_onehot, exponentials)
-
-
-def sample_from_weights(weights: Tensor, exponentials: Tensor) -> Tensor:
-    """Dispatch for categorical sampling from unnormalised weights by exponential race."""
-    return sample_from_weights_reference(weights, exponentials)
+def sample_reference(p: Tensor, residual: Tensor, fresh: Tensor, drafts: Drafts, residual_noise: Tensor,
+                     fresh_noise: Tensor) -> tuple[Tensor, Tensor]:
+    """``(residual_tokens [T], fresh_tokens [T])`` (-1 where not asked): races over :func:`residual_weights`
+    of the rows in ``residual`` and over ``p`` of the rows in ``fresh``, with ``[R, V]`` noise for each
+    set's rows in row order."""
+    rows = p.shape[0]
+    rr, fr = residual.nonzero().squeeze(1), fresh.nonzero().squeeze(1)
+    residual_tokens = torch.full((rows,), -1, dtype=torch.int64, device=p.device)
+    fresh_tokens = residual_tokens.clone()
+    if rr.numel():
+        weights = residual_weights(p[rr], drafts.dense(rr, p.shape[-1], p.dtype))
+        residual_tokens[rr] = sample_from_weights(weights, residual_noise)
+    if fr.numel():
+        fresh_tokens[fr] = sample_from_weights(p[fr], fresh_noise)
+    return residual_tokens, fresh_tokens

@@ -13,7 +13,8 @@ computed on the fly from raw logits and never stored:
   :func:`_threshold_kernel`) get ``-inf``, and ``p_v = exp(w_v - m) / s`` with the online
   log-sum-exp pair ``(m, s)`` of the row (``s = Σ_v exp(w_v - m)``).
 
-Kernels (launchers in :mod:`vispec.kernels.target`):
+Kernels (launched by the ``launch_*`` functions at the end of this module, which take tensors;
+:class:`vispec.kernels.target.Target` dispatches to them):
 
 * :func:`_threshold_kernel`: ``tau`` per row. Top-k: the k-th largest ``w`` (ties kept), by radix
   select over the order-preserving integer image of float32 (4 passes of 8-bit histograms);
@@ -35,11 +36,16 @@ Draft distributions ``q`` are one-hot on the draft token (initialised drafts) or
 
 from __future__ import annotations
 
+from typing import Optional
+
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from vispec.kernels.philox import Stream
 from vispec.kernels.philox_triton import scalar_uniform, tile_exponentials
+from vispec.kernels.verify import Drafts, LogitRows, SampleRequest
 
 ACCEPT_STREAM: tl.constexpr = tl.constexpr(int(Stream.ACCEPT))
 RESIDUAL_STREAM: tl.constexpr = tl.constexpr(int(Stream.RESIDUAL))
@@ -64,6 +70,16 @@ def _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature
         if HAS_TAU:
             logits = tl.where(logits >= tau, logits, float("-inf"))
     return tl.where(valid, logits, float("-inf"))
+
+
+@triton.jit
+def _tile(cond_row, uncond_row, start, V, guide, scale, temperature, tau,
+          HAS_UNCOND: tl.constexpr, GREEDY: tl.constexpr, HAS_TAU: tl.constexpr, BLOCK: tl.constexpr):
+    """``(offs, valid, w)``: the vocabulary tile starting at ``start`` and its processed logits."""
+    offs = start + tl.arange(0, BLOCK)
+    valid = offs < V
+    return offs, valid, _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau,
+                                        HAS_UNCOND, GREEDY, HAS_TAU)
 
 
 @triton.jit
@@ -158,10 +174,8 @@ def _threshold_kernel(
             m = LOWEST
             s = 0.0
             for start in range(0, V, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                valid = offs < V
-                w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau_k,
-                                    HAS_UNCOND, False, USE_TOP_K)
+                offs, valid, w = _tile(cond_row, uncond_row, start, V, guide, scale, temperature, tau_k, HAS_UNCOND, False, USE_TOP_K,
+                                        BLOCK)
                 m, s = _online_lse(w, m, s)
             # smallest key x with mass(w > x) < top_p is the key of the last kept token
             lo = tl.full((), -2147483648, tl.int64)
@@ -170,10 +184,8 @@ def _threshold_kernel(
                 mid = lo + (hi - lo) // 2
                 above = 0.0
                 for start in range(0, V, BLOCK):
-                    offs = start + tl.arange(0, BLOCK)
-                    valid = offs < V
-                    w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau_k,
-                                        HAS_UNCOND, False, USE_TOP_K)
+                    offs, valid, w = _tile(cond_row, uncond_row, start, V, guide, scale, temperature, tau_k, HAS_UNCOND, False, USE_TOP_K,
+                                            BLOCK)
                     big = (_ordered_key(w).to(tl.int64) > mid) & (w > float("-inf"))
                     above += tl.sum(tl.where(big, tl.exp(w - m), 0.0), axis=0)
                 ok = above / s < top_p
@@ -208,10 +220,8 @@ def _accept_kernel(
         w_draft = float("-inf")
         nan_seen = 0
         for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            valid = offs < V
-            w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau,
-                                HAS_UNCOND, GREEDY, HAS_TAU)
+            offs, valid, w = _tile(cond_row, uncond_row, start, V, guide, scale, temperature, tau, HAS_UNCOND, GREEDY, HAS_TAU,
+                                    BLOCK)
             nan_seen = tl.maximum(nan_seen, tl.max((w != w).to(tl.int32), axis=0))
             w_draft = tl.maximum(w_draft, tl.max(tl.where(offs == draft, w, float("-inf")), axis=0))
             if GREEDY:
@@ -310,10 +320,8 @@ def _sample_kernel(
         best_f = -1.0
         idx_f = tl.full((), 0, tl.int64)
         for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            valid = offs < V
-            w = _processed_tile(cond_row, uncond_row, offs, valid, guide, scale, temperature, tau,
-                                HAS_UNCOND, GREEDY, HAS_TAU)
+            offs, valid, w = _tile(cond_row, uncond_row, start, V, guide, scale, temperature, tau, HAS_UNCOND, GREEDY, HAS_TAU,
+                                    BLOCK)
             if GREEDY:
                 p = tl.where(offs == amax, 1.0, 0.0)
             else:
@@ -388,3 +396,95 @@ def compile_configs() -> list[tuple[str, object, dict[str, str], dict[str, objec
     configs.append(("first_rejection", _first_rejection_kernel,
                     _signature("accepted_ptr:*i8 row_start_ptr:*i64 num_drafts_ptr:*i64 out_ptr:*i64"), {}))
     return configs
+
+
+# ---- launchers: tensors in, tensors out ------------------------------------------------------------
+
+
+def _num_warps(block: int) -> int:
+    return 8 if block >= 2048 else 4
+
+
+def _logit_args(rows: LogitRows) -> tuple:
+    uncond = rows.uncond if rows.uncond is not None else rows.cond
+    return (rows.cond, uncond, rows.cond.stride(0), uncond.stride(0), rows.guide, float(rows.guidance_scale),
+            float(rows.temperature))
+
+
+def launch_threshold(rows: LogitRows) -> Tensor:
+    """``tau [T]``: each row's top-k/top-p threshold on processed logits (``-inf`` on padding rows)."""
+    count = rows.cond.shape[0]
+    tau = torch.full((count,), float("-inf"), dtype=torch.float32, device=rows.cond.device)
+    if count:
+        _threshold_kernel[(count,)](
+            *_logit_args(rows), rows.row_sample, tau, rows.vocab, rows.top_k, float(rows.top_p),
+            HAS_UNCOND=rows.uncond is not None, USE_TOP_K=0 < rows.top_k < rows.vocab, USE_TOP_P=rows.top_p < 1.0,
+            BLOCK=rows.block, num_warps=_num_warps(rows.block), enable_fp_fusion=False,
+        )
+    return tau
+
+
+def launch_accept(rows: LogitRows, drafts: Drafts, draws: Tensor, uniforms: Optional[Tensor]) -> tuple[Tensor, tuple, Tensor]:
+    """``(accepted [T] bool, (m, s, amax) row statistics for :func:`launch_sample`, status [T] int8)``.
+
+    ``status`` is 1 on a row with NaN logits, 2 on a row left without probability mass."""
+    count, device = rows.cond.shape[0], rows.cond.device
+    accepted = torch.zeros(count, dtype=torch.int8, device=device)
+    m = torch.full((count,), float("-inf"), dtype=torch.float32, device=device)
+    s = torch.zeros(count, dtype=torch.float32, device=device)
+    amax = torch.zeros(count, dtype=torch.int64, device=device)
+    status = torch.zeros(count, dtype=torch.int8, device=device)
+    if count:
+        q = drafts.q if drafts.q is not None else rows.cond
+        q_index = drafts.q_index if drafts.q_index is not None else drafts.tokens
+        u = uniforms.to(torch.float32).contiguous() if uniforms is not None else m
+        _accept_kernel[(count,)](
+            *_logit_args(rows), rows.tau if rows.tau is not None else m,
+            drafts.tokens, q, q.stride(0), q_index,
+            rows.row_sample, rows.seeds, rows.positions, draws, u,
+            accepted, m, s, amax, status, rows.vocab,
+            HAS_UNCOND=rows.uncond is not None, GREEDY=rows.greedy, HAS_TAU=rows.tau is not None,
+            HAS_DENSE=drafts.q is not None, INJECTED=uniforms is not None, BLOCK=rows.block,
+            num_warps=_num_warps(rows.block), enable_fp_fusion=False,
+        )
+    return accepted.bool(), (m, s, amax), status
+
+
+def launch_first_rejection(accepted: Tensor, row_start: Tensor, num_drafts: Tensor) -> Tensor:
+    """``[B]`` leading accepted rows of each sample's draft rows."""
+    out = torch.zeros(num_drafts.shape[0], dtype=torch.int64, device=accepted.device)
+    if out.numel():
+        _first_rejection_kernel[(out.numel(),)](accepted.to(torch.int8).contiguous(), row_start, num_drafts, out,
+                                                num_warps=1, enable_fp_fusion=False)
+    return out
+
+
+def launch_sample(rows: LogitRows, stats: tuple, request: SampleRequest, drafts: Drafts) -> tuple[Tensor, Tensor]:
+    """``(residual_tokens [T], fresh_tokens [T])`` for a checked ``request``; ``stats`` from :func:`launch_accept`."""
+    count, device = rows.cond.shape[0], rows.cond.device
+    residual_out = torch.full((count,), -1, dtype=torch.int64, device=device)
+    fresh_out = residual_out.clone()
+    if count == 0:
+        return residual_out, fresh_out
+    m, s, amax = stats
+    mode = (request.residual.to(torch.int8) * MODE_RESIDUAL.value + request.fresh.to(torch.int8) * MODE_FRESH.value).contiguous()
+    q = drafts.q if drafts.q is not None else rows.cond
+    q_index = drafts.q_index if drafts.q_index is not None else drafts.tokens
+    injected = request.noise is not None
+    residual_noise = request.noise.residual.to(torch.float32).contiguous() if injected else m
+    fresh_noise = request.noise.fresh.to(torch.float32).contiguous() if injected else m
+    store = request.store_rows is not None
+    out = request.store_out if store else m
+    _sample_kernel[(count,)](
+        *_logit_args(rows), rows.tau if rows.tau is not None else m,
+        drafts.tokens, q, q.stride(0), q_index,
+        m, s, amax, mode,
+        rows.row_sample, rows.seeds, rows.positions, request.residual_draws, request.fresh_stream, request.fresh_draws,
+        residual_noise, fresh_noise, rows.vocab if injected else 0,
+        request.store_rows if store else drafts.tokens, out, out.stride(0) if store else 0,
+        residual_out, fresh_out, rows.vocab,
+        HAS_UNCOND=rows.uncond is not None, GREEDY=rows.greedy, HAS_TAU=rows.tau is not None,
+        HAS_DENSE=drafts.q is not None, INJECTED=injected, STORE=store, BLOCK=rows.block,
+        num_warps=_num_warps(rows.block), enable_fp_fusion=False,
+    )
+    return residual_out, fresh_out

@@ -9,8 +9,9 @@ A diffusers ``DiffusionPipeline`` with three components:
 * ``drafter`` (optional): a smaller LlamaGen GPT for draft-model speculative decoding
   (``decoding="sd"``).
 
-Acceptance rules (``acceptance="lantern"``, ``"gsd"``, or a label suffix ``"mc-sjd+lantern"``) are
-lossy relaxations of speculative verification (:mod:`vispec.decoding.acceptance`). LANTERN's
+Decoding specs follow the one grammar of :mod:`vispec.decoding.config` (``"mc-sjd"``,
+``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.1"``). Acceptance rules (``acceptance="lantern"``,
+``"gsd"``, or a ``+rule`` suffix of the spec, which is saved with ``decoding_config``) are lossy relaxations of speculative verification (:mod:`vispec.decoding.acceptance`). LANTERN's
 codebook neighbour table is computed once per tokenizer, cached on the pipeline and written by
 ``save_pretrained`` (``lantern_neighbors.safetensors``), so a loaded pipeline does not recompute it.
 
@@ -39,6 +40,7 @@ from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_r
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
+from vispec.pipelines.common import StepCallbackMixin
 from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path  # noqa: F401 (re-exported)
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -54,7 +56,7 @@ class LlamaGenPipelineOutput(BaseOutput):
     stats: list[dict]
 
 
-class LlamaGenPipeline(DiffusionPipeline):
+class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
     """Generate images from a LlamaGen GPT and VQ tokenizer with AR, SJD, MC-SJD or draft-model decoding (module docstring)."""
 
     model_cpu_offload_seq = "transformer->vqvae"
@@ -134,13 +136,7 @@ class LlamaGenPipeline(DiffusionPipeline):
         return labels.long()
 
     def check_inputs(self, output_type: str, num_images_per_prompt: int, callback_inputs: Sequence[str]) -> None:
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
-        if isinstance(num_images_per_prompt, bool) or not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
-        unknown = [k for k in callback_inputs if k not in self._callback_tensor_inputs]
-        if unknown:
-            raise ValueError(f"callback_on_step_end_tensor_inputs {unknown} are not among {self._callback_tensor_inputs}")
+        self.check_common_inputs(output_type, OUTPUT_TYPES, "num_images_per_prompt", num_images_per_prompt, callback_inputs)
 
     def condition(self, class_labels: Any, prompt_embeds: Optional[torch.Tensor], prompt_mask: Optional[torch.Tensor], repeat: int) -> LlamaGenCondition:
         device = self._execution_device
@@ -179,12 +175,11 @@ class LlamaGenPipeline(DiffusionPipeline):
             class_labels: class ids (class-conditional models).
             prompt_embeds, prompt_mask: caption features ``[B, T, C]`` and their mask (caption models).
             guidance_scale, temperature, top_k, top_p: override the defaults in ``decoding_config``.
-            decoding: ``"ar"``, ``"sjd"``, ``"mc-sjd"`` (or a label such as ``"sjd-vertical"``,
-                ``"mc-sjd-gumbel"``), or a :class:`DecodingConfig`; a name keeps the pipeline's window and
-                initialisation. Default: the pipeline's ``decoding_config``. ``"sd"`` is draft-model
-                speculative decoding with the pipeline's ``drafter``. A label may end in ``+rule``
-                (``"mc-sjd+lantern:k=100,delta=0.1"``) instead of passing ``acceptance``.
-            acceptance: ``"exact"`` (default), ``"lantern"``, ``"gsd"`` (with ``:key=value`` options), an
+            decoding: a spec (:mod:`vispec.decoding.config`: ``"ar"``, ``"sjd-vertical"``, ``"mc-sjd:window=8"``,
+                ``"mc-sjd+lantern:k=100,delta=0.1"``, ...) or a :class:`DecodingConfig`; a spec keeps the pipeline's
+                window, initialisation and sampling defaults unless it names them. Default: the pipeline's
+                ``decoding_config``. ``"sd"`` is draft-model speculative decoding with the pipeline's ``drafter``.
+            acceptance: instead of a ``+rule`` suffix: ``"exact"``, ``"lantern"``, ``"gsd"`` (with ``:key=value`` options), an
                 :class:`~vispec.decoding.acceptance.AcceptanceConfig` or a built rule. LANTERN and GSD are
                 lossy; each image's stats then carry the measured TV from the exact target.
             num_images_per_prompt: images per label / caption.
@@ -195,16 +190,14 @@ class LlamaGenPipeline(DiffusionPipeline):
             callback_on_step_end: ``f(pipe, step, step, callback_kwargs) -> dict`` after every forward pass;
                 ``callback_kwargs`` holds copies of the requested tensors (``tokens``: committed tokens,
                 -1 where not yet decided; ``num_committed``), so returned values cannot change decoding.
+
+        Returns ``LlamaGenPipelineOutput(images, stats)`` (``stats``: :meth:`vispec.outputs.DecodeOutput.as_dicts`).
         """
         # 1. check inputs
         self.check_inputs(output_type, num_images_per_prompt, callback_on_step_end_tensor_inputs)
-        if isinstance(decoding, str) and "+" in decoding:
-            decoding, _, suffix = decoding.partition("+")
-            if acceptance is not None:
-                raise ValueError(f"give the acceptance rule either as a '+{suffix}' suffix of decoding or as acceptance=, not both")
-            acceptance = suffix
-        config = self.decoding_config if decoding is None else DecodingConfig.parse(decoding, base=self.decoding_config)
-        rule = self.acceptance_rule(acceptance)
+        config = DecodingConfig.resolve(decoding, base=self.decoding_config,
+                                        acceptance=acceptance.config if isinstance(acceptance, AcceptanceRule) else acceptance)
+        rule = acceptance if isinstance(acceptance, AcceptanceRule) else self.acceptance_rule(config.rule)
         if config.config.strategy == "sd" and self.drafter is None:
             raise ValueError("decoding 'sd' needs a drafter: this pipeline has none (pass drafter= when building it)")
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -217,20 +210,9 @@ class LlamaGenPipeline(DiffusionPipeline):
 
         # 2. decode tokens, with a progress bar over generated tokens
         with self.progress_bar(total=batch * num_tokens) as bar:
-            done = [0]
-
-            def on_step(step: int, committed: torch.Tensor, tokens: torch.Tensor) -> None:
-                total = int(committed.sum())
-                bar.update(total - done[0])
-                done[0] = total
-                if callback_on_step_end is not None:
-                    available = {"tokens": tokens, "num_committed": committed}
-                    outputs = callback_on_step_end(self, step, step, {k: available[k] for k in callback_on_step_end_tensor_inputs})
-                    if outputs is not None and not isinstance(outputs, dict):
-                        raise ValueError(f"callback_on_step_end must return a dict or None, got {type(outputs).__name__}")
-
             bar.update(batch)  # token 0 comes from the prefill
-            done[0] = batch
+            on_step = self.step_callback(bar, callback_on_step_end, callback_on_step_end_tensor_inputs,
+                                         {"tokens": lambda p: p.tokens, "num_committed": lambda p: p.num_committed})
             out = decode(self.transformer, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
                          generator=generator, grid_width=side, callback=on_step, acceptance=rule,
                          drafter=self.drafter if config.config.strategy == "sd" else None)
@@ -242,14 +224,7 @@ class LlamaGenPipeline(DiffusionPipeline):
         else:
             pixels = decode_tokens(self.vqvae, grid.to(self._execution_device)).float()
             images = self.image_processor.postprocess(pixels, output_type=output_type)
-        stats = [
-            {"method": out.method, "nfe": int(out.stats.nfe[i]), "tokens": int(out.stats.tokens[i]),
-             "tokens_per_forward": float(out.stats.tokens_per_forward[i]),
-             "accepted_per_forward": float(out.stats.accepted_per_forward[i]), "latency_s": float(out.stats.latency_s[i]),
-             **({} if out.stats.tv_mean is None else {"tv_mean": float(out.stats.tv_mean[i]), "tv_max": float(out.stats.tv_max[i])}),
-             **({"drafter_nfe": int(out.extra["drafter_nfe"][i])} if "drafter_nfe" in out.extra else {})}
-            for i in range(batch)
-        ]
+        stats = out.as_dicts()
         self.maybe_free_model_hooks()
         if not return_dict:
             return (images, stats)

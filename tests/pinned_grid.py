@@ -16,6 +16,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PINNED_FILE = os.path.join(HERE, "data", "pinned_outputs.json")
+RECORDED_THREADS = 2  # torch threads of the recording (TVs are float reductions; tokens do not depend on it)
 
 SAMPLINGS = {
     "cfg": dict(guidance_scale=3.0, temperature=1.0),
@@ -104,6 +105,7 @@ if __name__ == "__main__" and "--record" in sys.argv:
     sys.path.insert(0, HERE)
     from pinned_runner import run_case  # noqa: E402
 
+    torch.set_num_threads(RECORDED_THREADS)
     results: dict = {}
     for i, case in enumerate(all_cases()):
         run_case(case, results)

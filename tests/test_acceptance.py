@@ -126,7 +126,7 @@ def test_draft_model_decoding_is_independent_of_the_batch():
         alone = decode(model, LlamaGenCondition(class_labels=labels[i : i + 1]), num_tokens=16, sampling=sampling,
                        decoding="sd:window=4", drafter=drafter, generator=[torch.Generator().manual_seed(i)])
         assert torch.equal(alone.tokens[0], batch.tokens[i])
-    assert bool((batch.extra["drafter_nfe"] > 0).all())
+    assert bool((batch.stats.extra["drafter_nfe"] > 0).all()) and batch.method == "sd:window=4"
 
 
 def test_bad_input_names_the_argument():

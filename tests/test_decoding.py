@@ -69,9 +69,9 @@ def test_callback_reports_progress(model):
     for method in ("ar", "sjd", "mc-sjd"):
         seen, snapshots = [], []
 
-        def callback(step, committed, tokens):
-            seen.append(committed.clone())
-            snapshots.append(tokens.clone())
+        def callback(progress):
+            seen.append(progress.num_committed.clone())
+            snapshots.append(progress.tokens.clone())
 
         out = decode(model, LlamaGenCondition(class_labels=torch.tensor([0, 1])), num_tokens=16, sampling=SAMPLING,
                      decoding=method, callback=callback, generator=_gens([0, 1]))
@@ -105,7 +105,7 @@ def test_processors_force_row_end_tokens_in_every_window(model):
 def test_decoding_config_parse_and_round_trip(tmp_path):
     assert DecodingConfig.parse("sjd-vertical").config.init == "vertical"
     assert DecodingConfig.parse("mc-sjd").config.coupling == "maximal"
-    assert DecodingConfig.parse("mc-sjd-gumbel", window=8).name == "mc-sjd-gumbel"
+    assert DecodingConfig.parse("mc-sjd-gumbel", window=8).name == "mc-sjd-gumbel:window=8"
     config = DecodingConfig(strategy="mc-sjd", window=12, init="random", coupling="gumbel")
     config.save_config(tmp_path)
     loaded = DecodingConfig.from_config(DecodingConfig.load_config(tmp_path))
@@ -179,8 +179,46 @@ def test_decoding_label_options():
     base = DecodingConfig(strategy="mc-sjd", window=16, guidance_scale=3.0)
     cfg = DecodingConfig.parse("sjd-vertical:window=4", base=base)
     assert (cfg.config.strategy, cfg.config.init, cfg.config.window, cfg.config.guidance_scale) == ("sjd", "vertical", 4, 3.0)
-    assert DecodingConfig.parse("mc-sjd:coupling=gumbel,window=8", base=base).name == "mc-sjd-gumbel"
+    parsed = DecodingConfig.parse("mc-sjd:coupling=gumbel,window=8", base=base)
+    assert parsed.method == "mc-sjd-gumbel:window=8" and parsed.name == "mc-sjd-gumbel:window=8,guidance_scale=3.0"
     for bad, words in (("sjd:window=x", "window must be an integer"), ("sjd:size=3", "options must be key=value"),
                        ("sjd:window", "options must be key=value"), ("sjd:window=0", "window must be an integer >= 1")):
         with pytest.raises(ValueError, match=words):
             DecodingConfig.parse(bad, base=base)
+
+
+SPECS = ["ar", "ar:window=8", "sjd", "sjd-random", "sjd-vertical:window=4", "mc-sjd", "mc-sjd-gumbel", "mc-sjd:window=6,init=random",
+         "sd", "sd:window=3", "mc-sjd+lantern", "mc-sjd+lantern:k=10,delta=2,normalize=1", "sjd-random+gsd:d_thr=0",
+         "gsd", "gsd:half_width=3", "sd+lantern:k=50,delta=0.2", "sjd:temperature=0.9,top_k=12,top_p=0.95,guidance_scale=2.5",
+         "mc-sjd:cfg_interval=3+exact"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_decoding_spec_names_round_trip(spec, tmp_path):
+    config = DecodingConfig.parse(spec)
+    assert DecodingConfig.parse(config.name) == config, config.name
+    assert DecodingConfig.parse(config.method, base=config) == config  # the method label plus the sampling defaults
+    config.save_config(tmp_path)  # the acceptance rule is saved with the config
+    assert DecodingConfig.from_config(DecodingConfig.load_config(tmp_path)) == config
+
+
+def test_one_grammar_for_decode_and_the_rule_suffix(model):
+    cond = LlamaGenCondition(class_labels=torch.tensor([0, 1]))
+    codebook = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    suffix = decode(model, cond, num_tokens=16, sampling=SAMPLING, decoding="mc-sjd+lantern:k=3,delta=0.1", codebook=codebook,
+                    generator=_gens([0, 1]))
+    keyword = decode(model, cond, num_tokens=16, sampling=SAMPLING, decoding="mc-sjd", acceptance="lantern:k=3,delta=0.1",
+                     codebook=codebook, generator=_gens([0, 1]))
+    assert torch.equal(suffix.tokens, keyword.tokens) and suffix.method == keyword.method == "mc-sjd-maximal+lantern:k=3,delta=0.1"
+    assert suffix.stats.tv_mean is not None
+    with pytest.raises(ValueError, match="not both"):
+        decode(model, cond, num_tokens=16, decoding="mc-sjd+lantern:k=3", acceptance="gsd", codebook=codebook)
+    with pytest.raises(ValueError, match="speculative decoder"):
+        DecodingConfig.parse("ar+lantern")
+    with pytest.raises(ValueError, match="gsd"):
+        DecodingConfig.parse("gsd+lantern")
+    spec = DecodingConfig.parse("sjd:top_k=4,temperature=0.5")  # sampling settings from the spec
+    assert spec.sampling() == SamplingConfig(top_k=4, temperature=0.5)
+    by_spec = decode(model, cond, num_tokens=16, decoding=spec, generator=_gens([0, 1]))
+    by_arg = decode(model, cond, num_tokens=16, decoding="sjd", sampling=spec.sampling(), generator=_gens([0, 1]))
+    assert torch.equal(by_spec.tokens, by_arg.tokens)

@@ -22,9 +22,9 @@ import pytest
 import torch
 from scipy import stats
 
-import vispec.kernels.target as target_module
+import vispec.kernels.verify as verify_module
 from vispec.decoding import DecodingConfig, decode
-from vispec.kernels.verify import verify_drafts
+from vispec.kernels.verify import Drafts, accept_reference, sample_reference
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
 
@@ -135,7 +135,7 @@ def _residual_from_target(p, q):
 @pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal", "sd"])
 def test_negative_control_fails(setup, method, monkeypatch):
     model, joint, n = setup
-    monkeypatch.setattr(target_module, "residual_weights", _residual_from_target)  # what the decoders call
+    monkeypatch.setattr(verify_module, "residual_weights", _residual_from_target)  # the one exact residual
     tokens, _ = sample_sequences(model, method, n, seed=1234)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\nnegative control {method} (resample from p): n={n} chi2={statistic:.1f} p={p_value:.2e} TV={tv:.4f}")
@@ -165,20 +165,19 @@ def test_single_verification_acceptance_rate_is_one_minus_tv(dense_q):
         token = int(torch.argmax(q))
         q = torch.nn.functional.one_hot(torch.tensor(token), vocab).double()
     drafts = torch.multinomial(q.float(), trials, replacement=True, generator=gen)
-    result = verify_drafts(
-        p.expand(trials, 1, vocab),
-        drafts[:, None],
-        q.expand(trials, 1, vocab) if dense_q else None,
-        torch.full((trials, 1), not dense_q),
-        torch.ones(trials, dtype=torch.long),
-        torch.rand(trials, 1, generator=gen, dtype=torch.float64),
-        torch.empty(trials, 1, vocab, dtype=torch.float64).exponential_(generator=gen),
-    )
-    rate = float(result.accepted.double().mean())
+    rows = Drafts(drafts, q[None] if dense_q else None, torch.zeros(trials, dtype=torch.long) if dense_q else None)
+    p_rows = p.expand(trials, vocab)
+    accepted = accept_reference(p_rows, rows, torch.rand(trials, generator=gen, dtype=torch.float64),
+                                torch.ones(trials, dtype=torch.bool))
+    noise = torch.empty(int((~accepted).sum()), vocab, dtype=torch.float64).exponential_(generator=gen)
+    residual, _ = sample_reference(p_rows, ~accepted, torch.zeros_like(accepted), rows, noise, noise[:0])
+    coupled = torch.where(accepted, drafts, residual)
+    assert not bool((coupled < 0).any())
+    rate = float(accepted.double().mean())
     expected = 1.0 - 0.5 * float((p - q).abs().sum())
     half_width = 3.29 * (expected * (1 - expected) / trials) ** 0.5  # 99.9% binomial interval
     print(f"\nacceptance {rate:.4f} vs 1 - TV = {expected:.4f} (± {half_width:.4f})")
     assert abs(rate - expected) <= half_width
-    counts = torch.bincount(result.coupled[:, 0], minlength=vocab).double()
+    counts = torch.bincount(coupled, minlength=vocab).double()
     p_value = stats.chisquare(counts.numpy(), (p * trials).numpy()).pvalue
     assert p_value > ALPHA, f"coupled outputs do not follow p (p={p_value:.2e})"

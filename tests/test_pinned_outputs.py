@@ -9,8 +9,9 @@ import json
 import math
 
 import pytest
+import torch
 
-from pinned_grid import PINNED_FILE, all_cases, case_key
+from pinned_grid import PINNED_FILE, RECORDED_THREADS, all_cases, case_key
 from pinned_runner import run_case
 
 with open(PINNED_FILE) as handle:
@@ -19,6 +20,7 @@ with open(PINNED_FILE) as handle:
 
 @pytest.mark.parametrize("model", ["tiny-c2i", "tiny-gpt", "tiny-mdlm"])
 def test_outputs_match_the_pinned_grid(model):
+    torch.set_num_threads(RECORDED_THREADS)  # float reductions, and so the measured TVs, depend on it (restored by conftest)
     cases = [c for c in all_cases() if c["model"] == model]
     assert cases and all(case_key(c) in PINNED for c in cases)
     results: dict = {}

@@ -64,14 +64,14 @@ def test_output_types(pipe, output_type):
         assert isinstance(images, torch.Tensor) and images.shape == (2, 3, 16, 16) and float(images.min()) >= 0
     else:
         assert images.shape == (2, 4, 4) and images.dtype == torch.long
-    assert len(out.stats) == 2 and out.stats[0]["method"] == "mc-sjd-maximal" and out.stats[0]["tokens"] == 16
+    assert len(out.stats) == 2 and out.stats[0]["method"] == "mc-sjd-maximal:window=4" and out.stats[0]["tokens"] == 16
 
 
 def test_return_dict_false_and_decoding_override(pipe):
     images, stats = pipe(**get_dummy_inputs(), return_dict=False, decoding="ar")
     assert images.shape == (2, 4, 4) and all(s["nfe"] == 16 and s["method"] == "ar" for s in stats)
     _, stats = pipe(**get_dummy_inputs(), return_dict=False, decoding=DecodingConfig(strategy="sjd", init="vertical", window=3))
-    assert stats[0]["method"] == "sjd-vertical"
+    assert stats[0]["method"] == "sjd-vertical:window=3"
 
 
 def test_save_load_round_trip(pipe, tmp_path):
@@ -167,14 +167,14 @@ def test_relaxed_acceptance_and_draft_model_decoding_through_the_pipeline(tmp_pa
     pipe = LlamaGenPipeline(**components, drafter=drafter)
     pipe.set_progress_bar_config(disable=True)
     out = pipe(**get_dummy_inputs(), decoding="mc-sjd+lantern:k=8,delta=0.2")
-    assert out.stats[0]["method"] == "mc-sjd-maximal+lantern:k=8,delta=0.2" and "tv_mean" in out.stats[0]
+    assert out.stats[0]["method"] == "mc-sjd-maximal:window=4+lantern:k=8,delta=0.2" and "tv_mean" in out.stats[0]
     assert pipe.lantern_neighbors["raw"].shape == (64, 63)  # computed once per tokenizer, cached
     same = pipe(**get_dummy_inputs(), decoding="mc-sjd", acceptance=AcceptanceConfig(rule="lantern", lantern_k=8, lantern_delta=0.2))
     assert torch.equal(same.images, out.images)
     gsd = pipe(**get_dummy_inputs(), decoding="sjd", acceptance="gsd")
-    assert gsd.stats[0]["method"].startswith("sjd-horizontal+gsd")
+    assert gsd.stats[0]["method"].startswith("sjd-horizontal:window=4+gsd")
     sd = pipe(**get_dummy_inputs(), decoding="sd:window=3")
-    assert sd.stats[0]["method"] == "sd-2" and sd.stats[0]["drafter_nfe"] > 0
+    assert sd.stats[0]["method"] == "sd:window=3" and sd.stats[0]["drafter_nfe"] > 0
     # the neighbour table and the drafter are saved with the pipeline
     pipe.save_pretrained(tmp_path)
     loaded = LlamaGenPipeline.from_pretrained(tmp_path)

@@ -1,7 +1,9 @@
-"""Model-agnostic decoders for visual AR models: AR, SJD and MC-SJD.
+"""Model-agnostic decoders for visual AR models: AR, SJD, MC-SJD and draft-model SD.
 
 :func:`decode` is the entry point; decoders reach models only through
-:class:`vispec.protocol.SpeculativeARModel`.
+:class:`vispec.protocol.SpeculativeARModel`. The decoding spec (decoder, window, initialisation,
+coupling, acceptance rule) is a :class:`DecodingConfig` or a string in its grammar
+(:mod:`vispec.decoding.config`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import torch
 
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule
 from vispec.decoding.ar import decode_ar
-from vispec.decoding.common import DecodeOutput, DecodeStats, GeneratorArg, StepCallback
-from vispec.decoding.config import DecodingConfig
+from vispec.decoding.common import DecodeJob
+from vispec.decoding.config import DecodingConfig, split_specs
 from vispec.decoding.sd import decode_sd
 from vispec.decoding.sjd import decode_sjd
+from vispec.kernels.philox import GeneratorArg
+from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback
 from vispec.protocol import SpeculativeARModel
 from vispec.sampling import PositionProcessor, SamplingConfig
 
@@ -38,43 +42,35 @@ def decode(
 ) -> DecodeOutput:
     """Generate ``num_tokens`` image tokens per sample with the chosen decoder.
 
-    ``decoding`` is a :class:`DecodingConfig` or a name (``"ar"``, ``"sjd"``, ``"sjd-vertical"``,
-    ``"mc-sjd"``, ``"mc-sjd-gumbel"``). ``generator``: one ``torch.Generator`` for the batch or a list
-    with one per sample (then each sample's output is independent of the batch it runs in).
-    ``backend``: ``"auto"`` (Triton kernels for CUDA tensors, the PyTorch reference otherwise),
-    ``"triton"`` or ``"reference"`` (:mod:`vispec.kernels.backend`).
-    ``acceptance``: ``"exact"`` (default), ``"lantern"``, ``"gsd"`` (with options, e.g.
-    ``"lantern:k=100,delta=0.1"``), an :class:`AcceptanceConfig` or a built rule
-    (:mod:`vispec.decoding.acceptance`; the relaxed rules are lossy). LANTERN needs the tokenizer's
-    ``codebook`` (``[V, D]``); GSD uses the model's input token embeddings. ``drafter``: the small
-    model that proposes tokens for ``decoding="sd"`` (draft-model speculative decoding).
+    ``decoding``: a :class:`DecodingConfig` or a spec such as ``"ar"``, ``"sjd-vertical"``,
+    ``"mc-sjd:window=8"`` or ``"mc-sjd+lantern:k=100,delta=0.1"`` (:mod:`vispec.decoding.config`).
+    ``sampling``: the target distribution (default: ``decoding``'s sampling settings).
+    ``generator``: one ``torch.Generator`` for the batch or a list with one per sample (then each
+    sample's output is independent of the batch it runs in). ``callback(progress)`` runs after every
+    forward pass (:class:`vispec.outputs.DecodeProgress`). ``backend``: ``"auto"`` (Triton kernels for
+    CUDA tensors, the PyTorch reference otherwise), ``"triton"`` or ``"reference"``.
+    ``acceptance``: the rule, when not given in ``decoding``: a name with options, an
+    :class:`AcceptanceConfig` or a built rule (:mod:`vispec.decoding.acceptance`; the relaxed rules are
+    lossy). LANTERN needs the tokenizer's ``codebook`` (``[V, D]``); GSD uses the model's input token
+    embeddings. ``drafter``: the small model that proposes tokens for ``"sd"``.
     """
     if not isinstance(model, SpeculativeARModel):
         raise ValueError(f"model must implement prefill/forward_window/rollback/select, got {type(model).__name__}")
-    sampling = sampling or SamplingConfig()
+    config = DecodingConfig.resolve(decoding, acceptance=acceptance)
+    sampling = config.sampling() if sampling is None else sampling
     if not isinstance(sampling, SamplingConfig):
         raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-    config = DecodingConfig.parse(decoding)
+    strategy = config.config.strategy
+    if strategy == "sd" and drafter is None:
+        raise ValueError("decoding 'sd' needs a drafter model (drafter=...), e.g. the embedded tiny-c2i drafter")
+    job = DecodeJob(num_tokens, sampling, generator, processors, grid_width, callback, backend)
+    if strategy == "ar":
+        return decode_ar(model, condition, job)
     rule = acceptance if isinstance(acceptance, AcceptanceRule) else build_rule(
-        acceptance, codebook=codebook, embeddings=_token_embeddings(model) if AcceptanceConfig.parse(acceptance).rule == "gsd" else None)
-    if config.config.strategy == "ar":
-        if not rule.lossless:
-            raise ValueError(f"acceptance {rule.config.name!r} needs a speculative decoder (sjd, mc-sjd), not 'ar'")
-        return decode_ar(
-            model, condition, num_tokens=num_tokens, sampling=sampling, generator=generator,
-            processors=processors, grid_width=grid_width, callback=callback, backend=backend,
-        )
-    if config.config.strategy == "sd":
-        if drafter is None:
-            raise ValueError("decoding 'sd' needs a drafter model (drafter=...), e.g. the embedded tiny-c2i-drafter")
-        return decode_sd(
-            model, drafter, condition, num_tokens=num_tokens, sampling=sampling, decoding=config, generator=generator,
-            processors=processors, callback=callback, backend=backend, acceptance=rule,
-        )
-    return decode_sjd(
-        model, condition, num_tokens=num_tokens, sampling=sampling, decoding=config, generator=generator,
-        processors=processors, grid_width=grid_width, callback=callback, backend=backend, acceptance=rule,
-    )
+        config.rule, codebook=codebook, embeddings=_token_embeddings(model) if config.rule.rule == "gsd" else None)
+    if strategy == "sd":
+        return decode_sd(model, drafter, condition, job, config, rule)
+    return decode_sjd(model, condition, job, config, rule)
 
 
 def _token_embeddings(model) -> torch.Tensor:
@@ -85,4 +81,5 @@ def _token_embeddings(model) -> torch.Tensor:
     return embeddings.weight
 
 
-__all__ = ["AcceptanceConfig", "AcceptanceRule", "build_rule", "DecodeOutput", "DecodeStats", "DecodingConfig", "StepCallback", "decode", "decode_ar", "decode_sd", "decode_sjd"]
+__all__ = ["AcceptanceConfig", "AcceptanceRule", "DecodeJob", "DecodeOutput", "DecodeProgress", "DecodeStats", "DecodingConfig",
+           "StepCallback", "build_rule", "decode", "decode_ar", "decode_sd", "decode_sjd", "split_specs"]

@@ -32,12 +32,17 @@ run batched in PyTorch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Optional, Union
 
 import torch
 from torch import Tensor
+
+from vispec.checks import check_int, check_number
+from vispec.kernels import verify
+from vispec.kernels.philox import Stream
+from vispec.kernels.target import Target
+from vispec.kernels.verify import Drafts, SampleRequest
 
 RULES = ("exact", "lantern", "gsd")
 
@@ -67,14 +72,10 @@ class AcceptanceConfig:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"acceptance rule must be one of {RULES}, got {self.rule!r}")
-        if isinstance(self.lantern_k, bool) or not isinstance(self.lantern_k, int) or self.lantern_k < 0:
-            raise ValueError(f"lantern_k must be an integer >= 0, got {self.lantern_k!r}")
+        check_int("lantern_k", self.lantern_k, minimum=0)
         for name in ("lantern_delta", "gsd_p_thr", "gsd_d_thr"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if isinstance(self.gsd_half_width, bool) or not isinstance(self.gsd_half_width, int) or self.gsd_half_width < 1:
-            raise ValueError(f"gsd_half_width must be an integer >= 1, got {self.gsd_half_width!r}")
+            check_number(name, getattr(self, name), minimum=0)
+        check_int("gsd_half_width", self.gsd_half_width, minimum=1)
 
     @property
     def lossless(self) -> bool:
@@ -84,7 +85,7 @@ class AcceptanceConfig:
     @property
     def name(self) -> str:
         if self.rule == "lantern":
-            return f"lantern:k={self.lantern_k},delta={self.lantern_delta:g}"
+            return f"lantern:k={self.lantern_k},delta={self.lantern_delta:g}" + (",normalize=1" if self.lantern_normalize else "")
         if self.rule == "gsd":
             return f"gsd:half_width={self.gsd_half_width},p_thr={self.gsd_p_thr:g},d_thr={self.gsd_d_thr:g}"
         return "exact"
@@ -135,8 +136,7 @@ def codebook_neighbors(codebook: Tensor, k: int, normalize: bool = False, chunk:
     if codebook.dim() != 2:
         raise ValueError(f"codebook must be [entries, dim], got shape {tuple(codebook.shape)}")
     vocab = codebook.shape[0]
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < vocab:
-        raise ValueError(f"lantern_k must be an integer in [0, {vocab - 1}] (codebook of {vocab} entries), got {k!r}")
+    check_int("lantern_k", k, minimum=0, maximum=vocab - 1, hint=f" (codebook of {vocab} entries)")
     weights = codebook.detach().double()
     if normalize:
         weights = torch.nn.functional.normalize(weights, dim=-1)
@@ -150,7 +150,14 @@ def codebook_neighbors(codebook: Tensor, k: int, normalize: bool = False, chunk:
 
 
 class AcceptanceRule:
-    """The exact rule; relaxed rules override :meth:`relaxed_target`, :meth:`residual_weights` and friends."""
+    """The exact rule. Relaxed rules override the probability-level :meth:`accept`,
+    :meth:`residual_weights` and :meth:`output_tv`; this class runs them on a verification's rows.
+
+    Two levels: :meth:`accept_drafts` and :meth:`sample` verify the rows of a
+    :class:`~vispec.kernels.target.Target` (the exact rule dispatches to its kernels; a relaxed rule
+    works on :meth:`Target.probabilities` with the same keyed noise); :meth:`accept`,
+    :meth:`residual_weights` and :meth:`output_tv` define the rule on probability rows ``p, q [R, V]``.
+    """
 
     config: AcceptanceConfig
 
@@ -161,14 +168,53 @@ class AcceptanceRule:
     def lossless(self) -> bool:
         return self.config.lossless
 
+    # ---- on a verification's rows --------------------------------------------------------------
+
+    def accept_drafts(self, target: Target, drafts: Drafts, draws: Tensor) -> Tensor:
+        """``[T]`` bool: which rows keep their draft; uniforms keyed by (seed, position, ACCEPT, ``draws``)."""
+        if self.lossless:
+            return target.accept(drafts, draws)
+        drafts = drafts.checked(target.num_rows, target.vocab, target.validate)
+        rows = ((drafts.tokens >= 0) & (target.row_sample >= 0)).nonzero().squeeze(1)
+        p = target.probabilities()
+        accepted = torch.zeros(target.num_rows, dtype=torch.bool, device=target.device)
+        accepted[rows] = self.accept(p[rows], drafts.tokens[rows], drafts.dense(rows, target.vocab, p.dtype),
+                                     target.accept_uniforms(draws)[rows])
+        return accepted
+
+    def sample(self, target: Target, request: SampleRequest, drafts: Drafts) -> tuple[Tensor, Tensor]:
+        """``(residual_tokens [T], fresh_tokens [T])``: rejected rows sample this rule's residual
+        (:meth:`residual_weights`), fresh rows sample ``p`` (:meth:`Target.sample`)."""
+        if self.lossless:
+            return target.sample(request, drafts)
+        request = request.checked(target.num_rows, target.vocab, target.device, target.validate)
+        drafts = drafts.checked(target.num_rows, target.vocab, target.validate)
+        rows = (request.residual & (target.row_sample >= 0) & (drafts.tokens >= 0)).nonzero().squeeze(1)
+        residual_tokens = torch.full((target.num_rows,), -1, dtype=torch.int64, device=target.device)
+        if rows.numel():
+            p = target.probabilities()
+            weights = self.residual_weights(p[rows], drafts.tokens[rows], drafts.dense(rows, target.vocab, p.dtype))
+            noise = (request.noise.residual[rows] if request.noise is not None else
+                     target.race_noise(rows, torch.full_like(rows, int(Stream.RESIDUAL)), request.residual_draws[rows]))
+            residual_tokens[rows] = verify.sample_from_weights(weights, noise)
+        request.residual = torch.zeros_like(request.residual)
+        return residual_tokens, target.sample(request)[1]
+
+    def measure_tv(self, target: Target, rows: Tensor, drafts: Drafts) -> Tensor:
+        """``[len(rows)]`` :meth:`output_tv` of the given rows of a verification."""
+        p = target.probabilities()
+        return self.output_tv(p[rows], drafts.dense(rows, target.vocab, p.dtype))
+
+    # ---- on probability rows ---------------------------------------------------------------------
+
     def accept(self, p: Tensor, drafts: Tensor, q: Tensor, u: Tensor) -> Tensor:
         """``[R]`` bool: keep draft ``drafts[r]`` (``u q(x) < p(x)``)."""
         at = drafts[:, None]
-        return u.to(p.dtype) * q.gather(-1, at).squeeze(-1).to(p.dtype) < p.gather(-1, at).squeeze(-1)
+        return verify.speculative_test(u, q.gather(-1, at).squeeze(-1), p.gather(-1, at).squeeze(-1))
 
     def residual_weights(self, p: Tensor, drafts: Tensor, q: Tensor) -> Tensor:
         """``[R, V]`` unnormalised distribution a rejected row samples from: ``max(0, p - q)``."""
-        return (p - q.to(p.dtype)).clamp_min(0.0)
+        return verify.residual_weights(p, q)
 
     def output_tv(self, p: Tensor, q: Tensor) -> Tensor:
         """``[R]`` TV between the verification's output distribution (draft ``x ~ q``) and ``p``: 0."""
@@ -228,13 +274,13 @@ class LanternRule(AcceptanceRule):
     def accept(self, p: Tensor, drafts: Tensor, q: Tensor, u: Tensor) -> Tensor:
         at = drafts[:, None]
         p_tilde = self.relaxed_probability(p, at).squeeze(-1)
-        return u.to(p.dtype) * q.gather(-1, at).squeeze(-1).to(p.dtype) < p_tilde
+        return verify.speculative_test(u, q.gather(-1, at).squeeze(-1), p_tilde)
 
     def residual_weights(self, p: Tensor, drafts: Tensor, q: Tensor) -> Tensor:
         neighbors, absorbed, _ = self._absorbed(p, drafts[:, None])
         zeroed = p.scatter(-1, drafts[:, None], 0.0)
         zeroed = zeroed.scatter(-1, neighbors[:, 0], torch.where(absorbed[:, 0], torch.zeros_like(zeroed[:, :1]), zeroed.gather(-1, neighbors[:, 0])))
-        return (zeroed - q.to(p.dtype)).clamp_min(0.0)
+        return verify.residual_weights(zeroed, q)
 
     def output_tv(self, p: Tensor, q: Tensor) -> Tensor:
         vocab = p.shape[-1]
@@ -284,7 +330,7 @@ class GSDRule(AcceptanceRule):
 
     def accept(self, p: Tensor, drafts: Tensor, q: Tensor, u: Tensor) -> Tensor:
         p_group, q_group = self._group_sums(p, q, drafts[:, None])
-        return u.to(p.dtype) * q_group.squeeze(-1) < p_group.squeeze(-1)
+        return verify.speculative_test(u, q_group.squeeze(-1), p_group.squeeze(-1))
 
     def output_tv(self, p: Tensor, q: Tensor) -> Tensor:
         vocab = p.shape[-1]
@@ -340,13 +386,12 @@ class TVTracker:
         self.count = torch.zeros(batch, dtype=torch.float64, device=device)
         self.worst = torch.zeros(batch, dtype=torch.float64, device=device)
 
-    def measure(self, target, rule: AcceptanceRule, ids: Tensor, num_drafts: Tensor, width: int, row_drafts: Tensor,
-                q: Optional[Tensor], q_index: Optional[Tensor]) -> None:
+    def measure(self, target: Target, rule: AcceptanceRule, ids: Tensor, num_drafts: Tensor, width: int, drafts: Drafts) -> None:
         """``target`` rows ``b * width`` are the first draft rows of the active samples ``ids``."""
         have = (num_drafts > 0).nonzero().squeeze(1)[:TV_SAMPLES_PER_STEP]
         if have.numel() == 0:
             return
-        tv = target.output_tv(rule, have * width, row_drafts, q=q, q_index=q_index)
+        tv = rule.measure_tv(target, have * width, drafts)
         at = ids[have]
         self.total.index_add_(0, at, tv)
         self.count.index_add_(0, at, torch.ones_like(tv))

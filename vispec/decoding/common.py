@@ -1,95 +1,58 @@
-"""Shared pieces of the decoders: inputs, per-sample statistics, outputs."""
+"""What every image decoder does first: validate, prefill, derive per-sample seeds, sample token 0."""
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-from vispec.kernels.philox import GeneratorArg, per_sample_seeds  # noqa: F401 (re-exported)
-
-if TYPE_CHECKING:
-    from vispec.protocol import SpeculativeARModel, WindowLogits
-    from vispec.sampling import SamplingConfig
-
-StepCallback = Callable[[int, Tensor, Tensor], None]
-"""``f(step, num_committed [B], tokens [B, N])`` after every forward pass (progress bars, callbacks).
-
-``tokens`` holds each sample's committed tokens in raster order and -1 where nothing is committed
-yet; it is a copy, so changing it does not affect decoding."""
+from vispec.checks import check_int
+from vispec.kernels.philox import GeneratorArg, per_sample_seeds
+from vispec.kernels.target import window_target
+from vispec.kernels.verify import SampleRequest
+from vispec.outputs import StepCallback
+from vispec.protocol import SpeculativeARModel, WindowLogits
+from vispec.sampling import PositionProcessor, SamplingConfig
 
 
 @dataclass
-class DecodeStats:
-    """Per-sample decoding statistics (tensors of shape ``[B]``).
+class DecodeJob:
+    """What every image decoder is asked besides the model, the condition and the decoding spec
+    (:func:`vispec.decoding.decode` documents each field)."""
 
-    * ``nfe``: forward passes spent on the sample (the prefill included);
-    * ``tokens``: tokens generated;
-    * ``accepted_drafts``: drafts accepted over all verification passes;
-    * ``latency_s``: wall time from the start of decoding until the sample finished;
-    * ``tv_mean``, ``tv_max``: with a lossy acceptance rule, the mean and max total-variation
-      distance of a verification's output distribution from the exact target (``None`` for exact
-      decoders; :mod:`vispec.decoding.acceptance`).
-    """
-
-    nfe: Tensor
-    tokens: Tensor
-    accepted_drafts: Tensor
-    latency_s: Tensor
-    tv_mean: Optional[Tensor] = None
-    tv_max: Optional[Tensor] = None
-
-    @property
-    def tokens_per_forward(self) -> Tensor:
-        """Tokens per forward pass (= step compression against AR, which makes one per pass)."""
-        return self.tokens.double() / self.nfe.double()
-
-    @property
-    def accepted_per_forward(self) -> Tensor:
-        """Mean accepted draft tokens per verification pass (the prefill excluded)."""
-        return self.accepted_drafts.double() / (self.nfe - 1).clamp_min(1).double()
-
-    def summary(self) -> dict[str, float]:
-        return {
-            "nfe": float(self.nfe.double().mean()),
-            "tokens": float(self.tokens.double().mean()),
-            "tokens_per_forward": float(self.tokens_per_forward.mean()),
-            "accepted_per_forward": float(self.accepted_per_forward.mean()),
-            "latency_s": float(self.latency_s.mean()),
-            **({} if self.tv_mean is None else {"tv_mean": float(self.tv_mean.nanmean()), "tv_max": float(self.tv_max.nan_to_num(0).max())}),
-        }
+    num_tokens: int
+    sampling: SamplingConfig
+    generator: GeneratorArg = None
+    processors: tuple[PositionProcessor, ...] = ()
+    grid_width: Optional[int] = None
+    callback: Optional[StepCallback] = None
+    backend: str = "auto"
 
 
-@dataclass
-class DecodeOutput:
-    """Generated tokens ``[B, N]`` (raster order) and per-sample statistics."""
-
-    tokens: Tensor
-    stats: DecodeStats
-    method: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-def check_common(num_tokens: int, grid_width: int, model_vocab: int, max_tokens: Optional[int] = None) -> None:
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
-        raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
-    if max_tokens is not None and num_tokens > max_tokens:
-        raise ValueError(f"num_tokens={num_tokens} exceeds the model's {max_tokens} image tokens")
-    if isinstance(grid_width, bool) or not isinstance(grid_width, int) or grid_width < 1:
-        raise ValueError(f"grid_width must be an integer >= 1, got {grid_width!r}")
-    if model_vocab < 1:
-        raise ValueError(f"model reports an empty vocabulary ({model_vocab})")
+def resolve_grid_width(model: Any, num_tokens: int, grid_width: Optional[int], init: str = "horizontal") -> int:
+    """The token grid's width: given, the model's ``grid_size``, or the side of a square ``num_tokens``."""
+    if grid_width is not None:
+        return grid_width
+    if hasattr(model, "grid_size"):
+        return int(model.grid_size)
+    side = math.isqrt(num_tokens) if isinstance(num_tokens, int) and num_tokens > 0 else 0
+    if side * side == num_tokens:
+        return side
+    if init == "vertical":
+        raise ValueError(f"grid_width is needed for vertical initialisation of {num_tokens} tokens (not a square grid)")
+    return num_tokens
 
 
 @dataclass
 class DecodeStart:
     """What every decoder has after validating its inputs and running the prefill."""
 
-    state: object
-    logits: "WindowLogits"
+    state: Any
+    logits: WindowLogits
     seeds: Tensor  # [B]
     clock: "Clock"
     vocab: int
@@ -103,67 +66,34 @@ class DecodeStart:
         return self.logits.cond.device
 
 
-def start_decoding(
-    model: "SpeculativeARModel", condition, *, num_tokens: int, grid_width: int, sampling: "SamplingConfig",
-    generator: GeneratorArg, window: int,
-) -> DecodeStart:
+def start_decoding(model: SpeculativeARModel, condition: Any, job: DecodeJob, *, window: int, grid_width: int) -> DecodeStart:
     """Validate, prefill the condition (token 0's logits), start the clock and derive per-sample seeds."""
+    check_int("num_tokens", job.num_tokens, minimum=1)
+    check_int("grid_width", grid_width, minimum=1)
     vocab = model.image_vocab_size
-    check_common(num_tokens, grid_width, vocab)
-    sampling.check_vocab(vocab)
-    state, logits = model.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=window)
+    if vocab < 1:
+        raise ValueError(f"model reports an empty vocabulary ({vocab})")
+    job.sampling.check_vocab(vocab)
+    state, logits = model.prefill(condition, guidance=job.sampling.uses_guidance, max_new_tokens=job.num_tokens, window=window)
     clock = Clock(logits.cond.device)
-    seeds = per_sample_seeds(generator, int(logits.cond.shape[0]), logits.cond.device)
+    seeds = per_sample_seeds(job.generator, int(logits.cond.shape[0]), logits.cond.device)
     return DecodeStart(state, logits, seeds, clock, vocab)
 
 
-class SampleResults:
-    """Per-sample outputs of a ragged-batch decoder in the caller's batch order, filled as samples finish.
+def sample_tokens(logits: WindowLogits, position: Tensor, draws: Tensor, seeds: Tensor, job: DecodeJob,
+                  validate: bool = False) -> Tensor:
+    """``[B]`` tokens drawn from the processed target of ``logits [B, 1, V]``: the exponential race keyed
+    by (seed, ``position [B]``, SAMPLE, ``draws [B]``)."""
+    ones = torch.ones_like(position)
+    target = window_target(logits.cond, logits.uncond, position[:, None], ones, seeds, job.sampling, job.processors,
+                           backend=job.backend, validate=validate)
+    return target.sample(SampleRequest(fresh=ones.bool(), fresh_draws=draws))[1]
 
-    Decoders keep only their active samples (``ids`` are their positions in the caller's batch);
-    :meth:`finish` stores the finished ones, :meth:`report_progress` builds the step callback's view.
-    """
 
-    def __init__(self, batch: int, num_tokens: int, device: torch.device):
-        self.num_tokens = num_tokens
-        self.tokens = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)
-        self.nfe = torch.ones(batch, dtype=torch.long)
-        self.accepted = torch.zeros(batch, dtype=torch.long)
-        self.latency = torch.zeros(batch, dtype=torch.float64)
-        self.extra: dict[str, Tensor] = {}
-        self.committed = torch.ones(batch, dtype=torch.long, device=device)
-
-    def finish(self, done: Tensor, ids: Tensor, buf: Tensor, nfe: Tensor, accepted: Tensor, now: float, **extra: Tensor) -> None:
-        """Store active samples ``done`` (indices into the active set): tokens, NFE, accepted drafts, latency."""
-        at = ids[done]
-        self.tokens[at] = buf[done, : self.num_tokens]
-        cpu = at.cpu()
-        self.nfe[cpu] = nfe[done].cpu()
-        self.accepted[cpu] = accepted[done].cpu()
-        self.latency[cpu] = now
-        for name, values in extra.items():
-            self.extra.setdefault(name, torch.zeros_like(self.nfe))[cpu] = values[done].cpu()
-
-    def report_progress(self, callback: "StepCallback", step: int, ids: Tensor, n: Tensor, buf: Tensor) -> None:
-        """Call ``callback`` with every sample's committed count and tokens (-1 where not committed)."""
-        self.committed[ids] = n
-        progress = self.tokens.clone()  # finished samples are already final there
-        live = torch.arange(self.num_tokens, device=buf.device)[None, :] < n[:, None]
-        progress[ids] = torch.where(live, buf[:, : self.num_tokens], torch.full_like(live, -1, dtype=torch.long))
-        callback(step, self.committed.clone(), progress)
-
-    def stats(self) -> DecodeStats:
-        return DecodeStats(nfe=self.nfe, tokens=torch.full_like(self.nfe, self.num_tokens), accepted_drafts=self.accepted,
-                           latency_s=self.latency)
-
-    def output(self, method: str, rule, tv) -> DecodeOutput:
-        """The decoder's result: a lossy ``rule``'s name is appended to ``method`` and ``tv``'s
-        per-sample TV (a :class:`vispec.decoding.acceptance.TVTracker`, or ``None``) lands in the stats."""
-        stats = self.stats()
-        if tv is not None:
-            stats.tv_mean, stats.tv_max = tv.result()
-        name = method if rule.lossless else f"{method}+{rule.config.name}"
-        return DecodeOutput(tokens=self.tokens, stats=stats, method=name, extra=dict(self.extra))
+def first_token(start: DecodeStart, job: DecodeJob) -> Tensor:
+    """``[B]`` token 0 of every sample, from the prefill's logits (draw 0)."""
+    zeros = torch.zeros(start.batch, dtype=torch.long, device=start.device)
+    return sample_tokens(start.logits, zeros, zeros, start.seeds, job, validate=True)
 
 
 class Clock:

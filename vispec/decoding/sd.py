@@ -3,7 +3,7 @@
 A small drafter GPT (same tokenizer, same condition) proposes ``γ = window - 1`` tokens one
 forward at a time, sampling ``d_i ~ q_i`` from its own processed distribution (same guidance,
 processors, temperature, top-k, top-p as the target). The target verifies ``[z, d_1 .. d_γ]`` in
-one forward exactly as SJD does (:class:`vispec.kernels.target.Target`): keep ``d_i`` with
+one forward exactly as SJD does (:func:`vispec.decoding.speculative.verify_window`): keep ``d_i`` with
 probability ``min(1, p_i(d_i) / q_i(d_i))`` (or a lossy rule's relaxed test), resample the first
 rejection from ``max(0, p - q)``, or take the bonus token from ``p_γ``. With the exact rule every
 committed token is distributed as ``p(. | committed prefix)``.
@@ -20,17 +20,20 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch import Tensor
 
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
-from vispec.decoding.common import DecodeOutput, GeneratorArg, SampleResults, StepCallback, start_decoding
+from vispec.decoding.common import DecodeJob, first_token, start_decoding
 from vispec.decoding.config import DecodingConfig
+from vispec.decoding.speculative import DRAFT_MODEL, RaggedBatch, verify_window
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import window_target
+from vispec.kernels.verify import SampleRequest
+from vispec.outputs import DecodeOutput
 from vispec.protocol import SpeculativeARModel
-from vispec.sampling import PositionProcessor, SamplingConfig
 
 
-def _draft_step(drafter, state, tokens, take, keep, positions, seeds, draws, sampling, processors, backend):
+def _draft_step(drafter, state, tokens, take, keep, positions, seeds, draws, job: DecodeJob) -> tuple[Tensor, Tensor]:
     """One drafter forward on ``tokens [B, W]``: sample from output ``take[b]`` (predicting ``positions[b]``)
     and keep ``keep[b]`` of the tokens in the drafter's cache. Returns ``(draft [B], q [B, V])``."""
     out = drafter.forward_window(state, tokens)
@@ -38,34 +41,47 @@ def _draft_step(drafter, state, tokens, take, keep, positions, seeds, draws, sam
     pick = take[:, None, None].expand(-1, 1, out.cond.shape[-1])
     cond = out.cond.gather(1, pick)
     uncond = None if out.uncond is None else out.uncond.gather(1, pick)
-    ones = torch.ones_like(take)
-    target = window_target(cond, uncond, positions[:, None], ones, seeds, sampling, processors, backend=backend, validate=False)
+    target = window_target(cond, uncond, positions[:, None], torch.ones_like(take), seeds, job.sampling, job.processors,
+                           backend=job.backend, validate=False)
     q = torch.zeros(tokens.shape[0], cond.shape[-1], dtype=torch.float32, device=tokens.device)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
-    _, draft = target.sample(fresh=torch.ones_like(take, dtype=torch.bool), fresh_stream=Stream.DRAFT, fresh_draws=draws,
-                             store_rows=rows, store_out=q)
+    _, draft = target.sample(SampleRequest(fresh=torch.ones_like(take, dtype=torch.bool), fresh_stream=Stream.DRAFT,
+                                           fresh_draws=draws, store_rows=rows, store_out=q))
     return draft, q
 
 
-@torch.no_grad()
-def decode_sd(
-    model: SpeculativeARModel,
-    drafter: SpeculativeARModel,
-    condition: Any,
-    *,
-    num_tokens: int,
-    sampling: SamplingConfig,
-    decoding: DecodingConfig,
-    generator: GeneratorArg = None,
-    processors: tuple[PositionProcessor, ...] = (),
-    callback: Optional[StepCallback] = None,
-    backend: str = "auto",
-    acceptance: Optional[AcceptanceRule] = None,
-) -> DecodeOutput:
-    """Decode ``num_tokens`` tokens per sample with ``drafter`` proposing for ``model`` (module docstring).
+def _propose(drafter, batch: RaggedBatch, drafts_b: Tensor, vocab: int, job: DecodeJob) -> tuple[Tensor, Optional[Tensor]]:
+    """The drafter's drafts ``[B, R]`` (-1 past ``drafts_b``) and their ``q [B, R, V]`` (None when ``R = 0``),
+    ``R = max(drafts_b)``.
 
-    ``stats.nfe`` counts target forwards (the prefill included); ``extra["drafter_nfe"]`` the
-    drafter's. ``acceptance`` as in :func:`vispec.decoding.sjd.decode_sjd`.
+    Its first forward feeds the tokens committed since its last round (keeping them); each further
+    forward feeds this round's drafts again without keeping them."""
+    n, cached, rounds = batch.n, batch.state["cached"], int(drafts_b.max())
+    drafts = torch.full((n.shape[0], rounds), -1, dtype=torch.long, device=n.device)
+    q = torch.zeros(n.shape[0], rounds, vocab, dtype=torch.float32, device=n.device) if rounds else None
+    for i in range(rounds):
+        if i == 0:
+            pending = n - cached
+            span = torch.arange(int(pending.max()), device=n.device)
+            tokens = batch.tokens.gather(1, (cached[:, None] + span).clamp(max=batch.tokens.shape[1] - 1))
+            take, keep = pending - 1, pending
+        else:
+            tokens, take, keep = drafts[:, :i].clamp_min(0), torch.full_like(n, i - 1), torch.zeros_like(n)
+        draft, q[:, i] = _draft_step(drafter, batch.cache("drafter"), tokens, take, keep, n + i, batch.seeds, batch.nfe, job)
+        drafts[:, i] = torch.where(i < drafts_b, draft, torch.full_like(draft, -1))
+    if rounds:
+        batch.state["cached"] = n.clone()
+        batch.state["drafter_nfe"] = batch.state["drafter_nfe"] + drafts_b
+    return drafts, q
+
+
+@torch.no_grad()
+def decode_sd(model: SpeculativeARModel, drafter: SpeculativeARModel, condition: Any, job: DecodeJob, decoding: DecodingConfig,
+              rule: AcceptanceRule) -> DecodeOutput:
+    """Decode ``job.num_tokens`` tokens per sample with ``drafter`` proposing for ``model`` (module docstring).
+
+    ``stats.nfe`` counts target forwards (the prefill included); ``stats.extra["drafter_nfe"]`` the
+    drafter's. ``rule`` as in :func:`vispec.decoding.sjd.decode_sjd`.
     """
     cfg = decoding.config
     if cfg.strategy != "sd":
@@ -74,100 +90,43 @@ def decode_sd(
         raise ValueError(f"drafter must implement prefill/forward_window/rollback/select, got {type(drafter).__name__}")
     if drafter.image_vocab_size != model.image_vocab_size:
         raise ValueError(f"drafter vocabulary ({drafter.image_vocab_size}) differs from the target's ({model.image_vocab_size})")
-    rule = acceptance or AcceptanceRule()
     gamma = cfg.window - 1
     if gamma < 1:
         raise ValueError(f"draft-model decoding needs window >= 2 (at least one drafted token), got {cfg.window}")
-    start = start_decoding(model, condition, num_tokens=num_tokens, grid_width=num_tokens, sampling=sampling,
-                           generator=generator, window=cfg.window)
-    state, logits, seeds, clock, vocab = start.state, start.logits, start.seeds, start.clock, start.vocab
-    batch, device = start.batch, start.device
+    num_tokens, sampling = job.num_tokens, job.sampling
+    start = start_decoding(model, condition, job, window=cfg.window, grid_width=num_tokens)
     d_state, _ = drafter.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=cfg.window)
-    zeros = torch.zeros(batch, dtype=torch.long, device=device)
+    zeros = torch.zeros(start.batch, dtype=torch.long, device=start.device)
+    batch = RaggedBatch(start, num_tokens, cfg.window + 1, first_token(start, job),
+                        caches={"target": (model, start.state), "drafter": (drafter, d_state)},
+                        state={"cached": zeros, "drafter_nfe": zeros}, reported=("drafter_nfe",))
+    tv = TVTracker(start.batch, start.device) if not rule.lossless else None
 
-    first = window_target(logits.cond, logits.uncond, zeros[:, None], torch.ones_like(zeros), seeds, sampling, processors,
-                          backend=backend).sample(fresh=torch.ones(batch, dtype=torch.bool, device=device), fresh_draws=zeros)[1]
-
-    results = SampleResults(batch, num_tokens, device)  # in the caller's batch order
-    tv = TVTracker(batch, device) if not rule.lossless else None
-
-    ids = torch.arange(batch, device=device)
-    buf = torch.zeros(batch, num_tokens + cfg.window + 1, dtype=torch.long, device=device)
-    buf[:, 0] = first
-    n = torch.ones(batch, dtype=torch.long, device=device)  # committed tokens (the newest, z, is not in the target cache)
-    cached = zeros.clone()  # committed tokens in the drafter's cache
-    nfe = torch.ones(batch, dtype=torch.long, device=device)
-    dnfe = zeros.clone()
-    accepted = zeros.clone()
-    step = 0
-    while True:
-        finished = n >= num_tokens
-        if bool(finished.any()):
-            results.finish(finished.nonzero().squeeze(1), ids, buf, nfe, accepted, clock.now(), drafter_nfe=dnfe)
-            keep = (~finished).nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
-            state, d_state = model.select(state, keep), drafter.select(d_state, keep)
-            ids, buf, n, cached, nfe, dnfe, accepted, seeds = (t[keep] for t in (ids, buf, n, cached, nfe, dnfe, accepted, seeds))
-        active = ids.numel()
+    while batch.compact():
+        n = batch.n
         drafts_b = (num_tokens - n - 1).clamp(min=0, max=gamma)  # γ_b: the bonus position n + γ_b stays < N
-        rounds = int(drafts_b.max())
-        slot_d = torch.arange(max(rounds, 1), device=device)
-        drafts = torch.full((active, max(rounds, 1)), -1, dtype=torch.long, device=device)
-        q = torch.zeros(active, max(rounds, 1), vocab, dtype=torch.float32, device=device)
 
-        # drafter: feed the tokens committed since its last round, then its own drafts
-        if rounds:
-            pending = n - cached
-            width = int(pending.max())
-            span = torch.arange(width, device=device)
-            feed = buf.gather(1, (cached[:, None] + span).clamp(max=buf.shape[1] - 1))
-            for i in range(rounds):
-                if i == 0:
-                    tokens, take, keep = feed, pending - 1, pending
-                else:
-                    tokens, take, keep = drafts[:, :i].clamp_min(0), torch.full_like(n, i - 1), torch.zeros_like(n)
-                draft, q_i = _draft_step(drafter, d_state, tokens, take, keep, n + i, seeds, nfe, sampling, processors, backend)
-                live = i < drafts_b
-                drafts[:, i] = torch.where(live, draft, torch.full_like(draft, -1))
-                q[:, i] = q_i
-            cached = n.clone()
-            dnfe = dnfe + torch.where(drafts_b > 0, drafts_b, torch.zeros_like(drafts_b))
-        buf.scatter_(1, (n[:, None] + slot_d).clamp(max=buf.shape[1] - 1), torch.where(drafts >= 0, drafts, buf.gather(1, (n[:, None] + slot_d).clamp(max=buf.shape[1] - 1))))
+        # 1. draft: the drafter proposes γ_b tokens at positions n .. n + γ_b - 1
+        drafts, q = _propose(drafter, batch, drafts_b, start.vocab, job)
+        width = drafts.shape[1] + 1
+        slot = torch.arange(width, device=n.device)
+        at = (n[:, None] + slot[:-1]).clamp(max=batch.tokens.shape[1] - 1)
+        batch.tokens.scatter_(1, at, torch.where(drafts >= 0, drafts, batch.tokens.gather(1, at)))
 
-        # target: verify [z, d_1 .. d_γ] in one forward; row j predicts position n + j and verifies d_{j+1}
-        width = rounds + 1
-        slot = torch.arange(width, device=device)
+        # 2. one target forward on [z, d_1 .. d_γ]; row j predicts position n + j and verifies d_{j+1}
         positions = n[:, None] - 1 + slot
-        window_tokens = buf.gather(1, positions)
-        out = model.forward_window(state, window_tokens)
-        target = window_target(out.cond, out.uncond, positions + 1, drafts_b + 1, seeds, sampling, processors,
-                               backend=backend, validate=False)
-        row_drafts = torch.full((active, width), -1, dtype=torch.long, device=device)
-        row_drafts[:, :rounds] = drafts[:, :rounds]
-        real = slot[None, :] < drafts_b[:, None]
-        q_index = torch.where(real, torch.arange(active, device=device)[:, None] * q.shape[1] + slot.clamp(max=q.shape[1] - 1),
-                              torch.full_like(row_drafts, -1)).reshape(-1)
-        q_flat = q.reshape(-1, vocab)
-        row_nfe = nfe[:, None].expand(-1, width).reshape(-1)
-        flags = target.accept(row_drafts.reshape(-1), q=q_flat, q_index=q_index, draws=row_nfe, rule=rule)
-        if tv is not None:
-            tv.measure(target, rule, ids, drafts_b, width, row_drafts.reshape(-1), q_flat, q_index)
-        m = target.first_rejection(flags, torch.arange(active, device=device) * width, drafts_b)
-        rejected_at = real & (slot[None, :] == m[:, None])
-        bonus_at = (slot[None, :] == drafts_b[:, None]) & (m == drafts_b)[:, None]
-        residual, fresh = target.sample(residual=rejected_at.reshape(-1), fresh=bonus_at.reshape(-1),
-                                        draft_tokens=row_drafts.reshape(-1), q=q_flat, q_index=q_index,
-                                        residual_draws=row_nfe, fresh_draws=row_nfe, rule=rule)
-        last = torch.maximum(residual, fresh).view(active, width).gather(1, m[:, None]).squeeze(1)
-        buf.scatter_(1, (n + m)[:, None], last[:, None])
+        out = model.forward_window(batch.cache(), batch.tokens.gather(1, positions))
+        target = window_target(out.cond, out.uncond, positions + 1, drafts_b + 1, batch.seeds, sampling, job.processors,
+                               backend=job.backend, validate=False)
 
-        model.rollback(state, m + 1)
-        n = n + m + 1
-        nfe = nfe + 1
-        accepted = accepted + m
-        step += 1
-        if callback is not None:
-            results.report_progress(callback, step, ids, n, buf)
+        # 3. verify
+        row_drafts = torch.cat([drafts, torch.full_like(n[:, None], -1)], dim=1)
+        verified = verify_window(target, rule, row_drafts, drafts_b, drafts_b + 1, batch.nfe, DRAFT_MODEL, q=q,
+                                 q_dense=slot[None, :] < drafts_b[:, None], tv=tv, ids=batch.ids)
 
-    return results.output(decoding.name, rule, tv)
+        # 4. commit; 5. keep the target's KV of z, d_1 .. d_m
+        batch.commit(verified)
+        model.rollback(batch.cache(), verified.num_accepted + 1)
+        batch.report(job.callback)
+
+    return batch.output(decoding.method, tv)
