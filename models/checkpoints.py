@@ -1,9 +1,11 @@
-"""Reading official checkpoint files without running untrusted pickles.
+"""Reading official checkpoint files without running untrusted pickles, and checking them strictly.
 
 LlamaGen checkpoints come as ``.pt`` files holding the weights raw (FSDP exports) or under
 ``"model"`` (DDP training), ``"module"`` (DeepSpeed), ``"state_dict"`` or ``"ema"``; DDP files also
 pickle an ``argparse.Namespace`` under ``"args"``. ``torch.load(weights_only=True)`` refuses such
 files; we never fall back silently: the caller opts in with ``trust_pickle=True``.
+:func:`check_state_dict` is the one strict key check every loader (LlamaGen GPT and VQ, LLaDA) runs
+before ``load_state_dict``: missing, unexpected and mis-shaped keys are listed, never ignored.
 """
 
 from __future__ import annotations
@@ -80,6 +82,33 @@ def _unwrap_state_dict(obj: Any, path: str) -> dict[str, torch.Tensor]:
             f"found keys {sorted(map(str, obj))[:10]}"
         )
     return tensors
+
+
+def check_state_dict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], source: str,
+                     target: str = "the model configuration") -> None:
+    """Raise ``ValueError`` if ``state_dict`` does not fit ``model`` exactly.
+
+    The message names ``source`` (the file or folder) and ``target`` (what it should match) and lists, sorted,
+    the missing keys, the unexpected keys and the shape mismatches (``key: checkpoint (..) vs model (..)``);
+    only the non-empty lists are shown. Works on models built on the meta device (only shapes are read).
+    """
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    shapes = sorted(
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in set(expected) & set(state_dict)
+        if tuple(state_dict[k].shape) != tuple(expected[k].shape)
+    )
+    problems = [f"{name} {_listed(keys)}" for name, keys in
+                (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)) if keys]
+    if problems:
+        raise ValueError(f"{source} does not match {target}: " + ", ".join(problems))
+
+
+def _listed(keys: list[str], limit: int = 20) -> str:
+    """``keys`` as a list literal, the first ``limit`` of them and a count of the rest."""
+    return str(keys) if len(keys) <= limit else f"{keys[:limit]} and {len(keys) - limit} more"
 
 
 def diffusers_load_kwargs() -> dict[str, Any]:

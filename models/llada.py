@@ -6,7 +6,8 @@ A Llama-style Transformer *encoder* (the causal mask removed), state-dict compat
 * blocks ``h = x + attn_out(Attn(RMSNorm(x)))``, ``y = h + ff_out(silu(ff_proj(z)) * up_proj(z))`` with
   ``z = RMSNorm(h)``; separate ``q_proj``/``k_proj``/``v_proj``; no biases; untied LM head;
 * RoPE (base ``rope_theta``) on half-split pairs: dimension ``i`` pairs with ``i + head_dim / 2``,
-  ``x' = x cos(p w) + rotate_half(x) sin(p w)``, ``w_i = rope_theta^(-2i / head_dim)``, in float32;
+  ``x' = x cos(p w) + rotate_half(x) sin(p w)``, ``w_i = rope_theta^(-2i / head_dim)``, in float32
+  (RMSNorm and RoPE come from :mod:`vispec.models.layers`, shared with the LlamaGen GPT);
 * grouped-query attention when ``n_kv_heads < n_heads`` (each key head serves ``n_heads / n_kv_heads``
   query heads);
 * logits have ``embedding_size`` columns (the padded embedding width, >= ``vocab_size``) exactly like
@@ -56,7 +57,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 from torch import Tensor, nn
 
-from vispec.models.llamagen_gpt import RMSNorm
+from vispec.models.layers import RMSNorm, apply_rope_half, rope_cos_sin
 
 # The official GSAI-ML/LLaDA-8B-{Base,Instruct} configuration (spec dllm.md §1.1).
 LLADA_8B_CONFIG: dict[str, object] = dict(
@@ -64,22 +65,6 @@ LLADA_8B_CONFIG: dict[str, object] = dict(
     embedding_size=126464, max_sequence_length=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
     mask_token_id=126336, eos_token_id=126081, eot_token_id=126348, pad_token_id=126081, bos_token_id=126080,
 )
-
-
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """``(cos, sin)`` of shape ``[B, T, head_dim]`` (float32) for integer ``positions [B, T]``."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim / 2]
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x [B, H, T, hd]`` (half-split pairs, as LLaDA / GPT-NeoX) by ``cos, sin [B, T, hd]``."""
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (xf * cos[:, None] + rotated * sin[:, None]).type_as(x)
 
 
 def position_ids_from_mask(attention_mask: Optional[Tensor], batch: int, length: int, device: torch.device) -> Tensor:
@@ -112,7 +97,7 @@ class LLaDABlock(nn.Module):
         q = self.q_proj(h).view(bsz, length, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(bsz, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(bsz, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin), v
 
     def finish(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
         """Attention of ``q`` over ``k, v`` (``mask`` bool ``[B, 1, 1, Tk]``, True = visible), then the MLP."""

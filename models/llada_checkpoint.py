@@ -17,9 +17,8 @@ from typing import Any, Optional
 
 import torch
 
-from vispec.models.checkpoints import diffusers_load_kwargs, read_checkpoint
+from vispec.models.checkpoints import check_state_dict, diffusers_load_kwargs, read_checkpoint
 from vispec.models.llada import LLADA_8B_CONFIG, LLaDAModelLM
-from vispec.models.llamagen_checkpoint import check_state_dict
 
 # config.json keys that map one to one onto LLaDAModelLM arguments
 _DIRECT_KEYS = (

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from vispec.models.checkpoints import read_checkpoint
+from vispec.models.checkpoints import check_state_dict, read_checkpoint
 from vispec.models.llamagen_gpt import GPT_CONFIGS, LlamaGenGPT, ffn_hidden_dim
 
 
@@ -70,23 +70,6 @@ def infer_llamagen_config(
         if hidden != expected:
             raise ValueError(f"feed-forward width {hidden} does not follow the LlamaGen rule ({expected}); pass multiple_of= / ffn_dim_multiplier=")
     return config
-
-
-def check_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
-    """Raise ``ValueError`` listing missing, unexpected and mis-shaped keys."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    shapes = sorted(
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in set(expected) & set(state_dict)
-        if state_dict[k].shape != expected[k].shape
-    )
-    if missing or unexpected or shapes:
-        raise ValueError(
-            f"{source} does not match the model configuration: missing keys {missing}, unexpected keys {unexpected}, "
-            f"shape mismatches {shapes}"
-        )
 
 
 def load_llamagen_gpt(

@@ -7,7 +7,8 @@ FoundationVision/LlamaGen ``autoregressive/models/gpt.py``:
   hidden size ``find_multiple(int(2 * 4d / 3), multiple_of)``; untied ``output`` head;
 * 2-D RoPE over the ``g x g`` token grid: the first half of each head's rotary pairs encodes the row,
   the second half the column (base 10000). The condition tokens get an all-zero cos/sin cache, which
-  zeroes their queries and keys exactly as the official code does;
+  zeroes their queries and keys exactly as the official code does (RMSNorm and RoPE come from
+  :mod:`vispec.models.layers`, shared with LLaDA);
 * condition: a class table with ``num_classes + 1`` rows when ``class_dropout_prob > 0`` (the last
   row is the null class used for CFG), or caption features through ``cap_proj`` (fc1, tanh-GELU,
   fc2, no biases) with a learnt ``uncond_embedding`` as the null caption.
@@ -30,6 +31,8 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import Tensor, nn
 
+from vispec.checks import check_int
+from vispec.models.layers import RMSNorm, apply_rope_interleaved, rope_cache_2d
 from vispec.protocol import WindowLogits
 
 # name -> (n_layer, n_head, dim). Official names from LlamaGen; GPT-mini is vispec's CPU-sized model.
@@ -55,37 +58,6 @@ def ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: Optional[floa
     if ffn_dim_multiplier is not None:
         hidden = int(ffn_dim_multiplier * hidden)
     return find_multiple(hidden, multiple_of)
-
-
-def rope_cache_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int) -> Tensor:
-    """``[cls_token_num + g*g, head_dim // 2, 2]`` (cos, sin); zeros for the condition tokens."""
-    half = head_dim // 2
-    inv_freq = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-    angles = torch.outer(torch.arange(grid_size).float(), inv_freq)  # [g, half // 2]
-    grid = torch.cat(
-        [angles[:, None, :].expand(-1, grid_size, -1), angles[None, :, :].expand(grid_size, -1, -1)], dim=-1
-    )  # [g, g, half]: row angles then column angles
-    cache = torch.stack([grid.cos(), grid.sin()], dim=-1).flatten(0, 1)
-    return torch.cat([torch.zeros(cls_token_num, half, 2), cache])
-
-
-def apply_rope(x: Tensor, cache: Tensor) -> Tensor:
-    """Rotate ``x [B, T, H, hd]`` by ``cache [B or 1, T, hd // 2, 2]`` (pairs of adjacent dims)."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = cache[:, :, None, :, 0], cache[:, :, None, :, 1]
-    out = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin, pairs[..., 1] * cos + pairs[..., 0] * sin], dim=-1)
-    return out.flatten(3).type_as(x)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
 class DropPath(nn.Module):
@@ -116,8 +88,8 @@ class Attention(nn.Module):
         bsz, seqlen, _ = x.shape
         kv = self.n_kv_head * self.head_dim
         q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
-        q = apply_rope(q.view(bsz, seqlen, self.n_head, self.head_dim), rope)
-        k = apply_rope(k.view(bsz, seqlen, self.n_kv_head, self.head_dim), rope)
+        q = apply_rope_interleaved(q.view(bsz, seqlen, self.n_head, self.head_dim), rope)
+        k = apply_rope_interleaved(k.view(bsz, seqlen, self.n_kv_head, self.head_dim), rope)
         return q.transpose(1, 2), k.transpose(1, 2), v.view(bsz, seqlen, self.n_kv_head, self.head_dim).transpose(1, 2)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -470,10 +442,8 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
                 "guidance_scale != 1 needs an unconditional branch, but this model has no null class "
                 "(class_dropout_prob=0); use guidance_scale=1.0"
             )
-        if not 1 <= max_new_tokens <= cfg.block_size:
-            raise ValueError(f"max_new_tokens must be in [1, {cfg.block_size}], got {max_new_tokens}")
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        check_int("max_new_tokens", max_new_tokens, minimum=1, maximum=cfg.block_size)
+        check_int("window", window, minimum=1)
         cls = cfg.cls_token_num
         emb = self._condition_embeddings(condition)
         if guidance:

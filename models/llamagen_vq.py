@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from diffusers import VQModel
 
-from vispec.models.checkpoints import read_llamagen_checkpoint
+from vispec.models.checkpoints import check_state_dict, read_llamagen_checkpoint
 
 __all__ = [
     "LLAMAGEN_VQ_VARIANTS",
@@ -230,20 +230,6 @@ def _infer_config_args(state_dict: Mapping[str, torch.Tensor]) -> dict[str, int]
     return inferred
 
 
-def _check_keys(model: VQModel, state_dict: Mapping[str, torch.Tensor], path: str) -> None:
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{path} does not match the VQModel architecture: missing keys {missing}, unexpected keys {unexpected}"
-        )
-    wrong = [f"{k}: {tuple(v.shape)} vs {tuple(expected[k].shape)}" for k, v in state_dict.items()
-             if v.shape != expected[k].shape]
-    if wrong:
-        raise ValueError(f"{path}: shape mismatch (checkpoint vs model): {wrong}")
-
-
 _CONFIG_ARGS = ("codebook_size", "codebook_embed_dim", "z_channels", "base_channels")
 
 
@@ -259,8 +245,9 @@ def load_llamagen_vq(
 
     Codebook size/dim, ``z_channels`` and the base width are inferred from the weights;
     ``config_overrides`` may set those (``codebook_size=...``) or any ``VQModel`` keyword. The weights are
-    loaded strictly: a ``ValueError`` lists missing and unexpected keys. ``weights_only=False`` is accepted
-    as a synonym of ``trust_pickle=True``. The model is returned in eval mode, in float32, on the CPU.
+    loaded strictly: a ``ValueError`` lists missing, unexpected and mis-shaped keys
+    (:func:`vispec.models.checkpoints.check_state_dict`). ``weights_only=False`` is accepted as a synonym of
+    ``trust_pickle=True``. The model is returned in eval mode, in float32, on the CPU.
     """
     if "weights_only" in config_overrides:
         trust_pickle = trust_pickle or not config_overrides.pop("weights_only")
@@ -270,7 +257,7 @@ def load_llamagen_vq(
     config = llamagen_vq_config(variant, **args)
     config.update({k: v for k, v in config_overrides.items() if k not in _CONFIG_ARGS})
     model = VQModel(**config)
-    _check_keys(model, state_dict, os.fspath(path))
+    check_state_dict(model, state_dict, os.fspath(path), "the VQModel architecture")
     model.load_state_dict(state_dict, strict=True)
     return model.eval()
 

@@ -9,8 +9,14 @@ A diffusers ``DiffusionPipeline`` following diffusers' ``LLaDA2Pipeline`` conven
   threshold, factor, entropy bound), swappable like diffusers schedulers.
 
 ``__call__`` tokenises the prompts (through the chat template when the tokenizer has one), left-pads
-them, decodes with :func:`vispec.dllm.generate` (semi-AR blocks, optional Prefix/Dual KV cache,
-per-sequence generators) and returns sequences, texts and per-sequence statistics.
+them, decodes with :func:`vispec.dllm.decode` (semi-AR blocks, optional Prefix/Dual KV cache,
+per-sequence generators) and returns sequences, texts and per-sequence statistics
+(:meth:`vispec.outputs.DecodeOutput.as_dicts`).
+
+Guidance follows vispec's one convention (as :class:`vispec.pipelines.LlamaGenPipeline` and diffusers):
+``guidance_scale = s`` gives ``ℓ = ℓ_u + s (ℓ_c - ℓ_u)`` with the prompt masked in the unconditional
+branch, and ``guidance_scale = 1`` (the default) turns guidance off. LLaDA's ``cfg_scale = w`` is
+``guidance_scale = w + 1`` (LLaDA's ``cfg_scale=0.5`` is ``guidance_scale=1.5``).
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
-from vispec.dllm import CACHES, UnmaskingScheduler, generate, make_scheduler
-from vispec.dllm.generate import check_generate_args
+import vispec.models.llada  # noqa: F401 (diffusers resolves the saved model class through this module)
+from vispec.dllm import CACHES, UnmaskingScheduler, check_decode_args, decode, make_scheduler
 from vispec.models.checkpoints import diffusers_load_kwargs
+from vispec.outputs import UNDECIDED, DecodeProgress
+from vispec.pipelines.common import StepCallbackMixin
 from vispec.pipelines.embedded import resolve_model_path
 
 OUTPUT_TYPES = ("seq", "text")
@@ -34,14 +42,15 @@ OUTPUT_TYPES = ("seq", "text")
 @dataclass
 class MaskedDiffusionLMPipelineOutput(BaseOutput):
     """``sequences [B, gen_length]`` (generated ids), ``texts`` (decoded up to the first EOS; ``None`` for
-    ``output_type="seq"``) and ``stats``: one dict per sequence (NFE, tokens, tokens per forward, latency)."""
+    ``output_type="seq"``) and ``stats``: one dict per sequence (:meth:`vispec.outputs.DecodeOutput.as_dicts`:
+    ``method`` (strategy name), ``scheduler``, ``cache``, ``nfe``, ``tokens``, ``tokens_per_forward``, ``latency_s``)."""
 
     sequences: torch.Tensor
     texts: Optional[list[str]]
     stats: list[dict]
 
 
-class MaskedDiffusionLMPipeline(DiffusionPipeline):
+class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
     """Generate text with a masked diffusion LM (module docstring).
 
     ``default_gen_length`` and ``default_block_length`` are saved with the pipeline, so an embedded model
@@ -126,15 +135,9 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline):
         return ids, mask
 
     def check_inputs(self, output_type: str, cache: str, num_sequences_per_prompt: int, callback_inputs: Sequence[str]) -> None:
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
+        self.check_common_inputs(output_type, OUTPUT_TYPES, "num_sequences_per_prompt", num_sequences_per_prompt, callback_inputs)
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-        if isinstance(num_sequences_per_prompt, bool) or not isinstance(num_sequences_per_prompt, int) or num_sequences_per_prompt < 1:
-            raise ValueError(f"num_sequences_per_prompt must be an integer >= 1, got {num_sequences_per_prompt!r}")
-        unknown = [k for k in callback_inputs if k not in self._callback_tensor_inputs]
-        if unknown:
-            raise ValueError(f"callback_on_step_end_tensor_inputs {unknown} are not among {self._callback_tensor_inputs}")
 
     def _scheduler(self, strategy: Union[str, UnmaskingScheduler, None], threshold: Optional[float]) -> UnmaskingScheduler:
         scheduler = self.scheduler if strategy is None else strategy
@@ -180,7 +183,7 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline):
         block_length: Optional[int] = None,
         num_inference_steps: Optional[int] = None,
         temperature: float = 0.0,
-        guidance_scale: float = 0.0,
+        guidance_scale: float = 1.0,
         strategy: Union[str, UnmaskingScheduler, None] = None,
         threshold: Optional[float] = None,
         cache: str = "none",
@@ -202,7 +205,8 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline):
             gen_length, block_length: canvas and semi-AR block lengths (default: the pipeline's config).
             num_inference_steps: total steps for fixed-step schedulers (default: ``gen_length``, one token per step).
             temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
-            guidance_scale: LLaDA's unsupervised CFG weight (0 = off).
+            guidance_scale: unsupervised CFG scale ``s >= 1`` (``ℓ = ℓ_u + s (ℓ_c - ℓ_u)``, the prompt masked in
+                the unconditional branch); 1 (default) = off. LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``.
             strategy: ``"llada"``, ``"threshold"``, ``"factor"``, ``"entropy"`` or a scheduler object (default:
                 the pipeline's ``scheduler``); ``threshold`` overrides τ of the threshold rule.
             cache: ``"none"``, ``"prefix"`` or ``"dual"`` (Fast-dLLM block KV caches).
@@ -228,45 +232,34 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline):
         batch = ids.shape[0]
         if isinstance(generator, list) and len(generator) != batch:
             raise ValueError(f"generator list has {len(generator)} entries, expected one per sequence ({batch})")
-        check_generate_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, self.mask_token_id)
+        check_decode_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, self.mask_token_id)
         scheduler.set_timesteps(steps, gen_length, block_length)  # validates steps against the blocks
 
         # 2. decode, with progress bars over blocks and committed tokens
-        num_blocks = gen_length // block_length if isinstance(gen_length, int) and isinstance(block_length, int) and block_length > 0 else 1
+        num_blocks = gen_length // block_length  # both validated above
         mask_id = self.mask_token_id
         with self.progress_bar(total=num_blocks) as block_bar, self.progress_bar(total=batch * gen_length) as token_bar:
-            state = {"block": 0, "committed": 0}
+            blocks_done = [0]
+            views = {"sequences": lambda p: p.tokens.masked_fill(p.tokens == UNDECIDED, mask_id),  # mask id where undecided
+                     "transfer_index": lambda p: p.details["transfer_index"]}
+            on_token = self.step_callback(token_bar, callback_on_step_end, callback_on_step_end_tensor_inputs, views)
 
-            def on_step(info: dict) -> None:
-                sequences = info["sequences"]
-                committed = int((sequences != mask_id).sum())
-                token_bar.update(committed - state["committed"])
-                state["committed"] = committed
-                if info["block"] > state["block"]:
-                    block_bar.update(info["block"] - state["block"])
-                    state["block"] = info["block"]
-                if callback_on_step_end is not None:
-                    available = {"sequences": sequences, "transfer_index": info["transfer_index"].clone()}
-                    outputs = callback_on_step_end(self, info["step"], info["step"], {k: available[k] for k in callback_on_step_end_tensor_inputs})
-                    if outputs is not None and not isinstance(outputs, dict):
-                        raise ValueError(f"callback_on_step_end must return a dict or None, got {type(outputs).__name__}")
+            def on_step(progress: DecodeProgress) -> None:
+                block_bar.update(progress.details["block"] - blocks_done[0])
+                blocks_done[0] = progress.details["block"]
+                on_token(progress)
 
-            out = generate(self.model, ids, mask, scheduler=scheduler, gen_length=gen_length, block_length=block_length, steps=steps,
-                           temperature=temperature, cfg_scale=guidance_scale, cache=cache, mask_token_id=mask_id,
-                           eos_token_id=getattr(self.tokenizer, "eos_token_id", None), logits_eos_inf=logits_eos_inf,
-                           confidence_eos_eot_inf=confidence_eos_eot_inf, early_stop_eos=early_stop_eos, generator=generator,
-                           callback=on_step)
-            block_bar.update(num_blocks - state["block"])
+            out = decode(self.model, ids, mask, scheduler=scheduler, gen_length=gen_length, block_length=block_length, steps=steps,
+                         temperature=temperature, guidance_scale=guidance_scale, cache=cache, mask_token_id=mask_id,
+                         eos_token_id=getattr(self.tokenizer, "eos_token_id", None), logits_eos_inf=logits_eos_inf,
+                         confidence_eos_eot_inf=confidence_eos_eot_inf, early_stop_eos=early_stop_eos, generator=generator,
+                         callback=on_step)
+            block_bar.update(num_blocks - blocks_done[0])
 
         # 3. post-process
-        texts = self.decode_texts(out.sequences) if output_type == "text" else None
-        name = type(scheduler).__name__
-        stats = [
-            {"scheduler": name, "cache": cache, "nfe": int(out.stats.nfe[i]), "tokens": int(out.stats.tokens[i]),
-             "tokens_per_forward": float(out.stats.tokens_per_forward[i]), "latency_s": float(out.stats.latency_s[i])}
-            for i in range(batch)
-        ]
+        texts = self.decode_texts(out.tokens) if output_type == "text" else None
+        stats = out.as_dicts()
         self.maybe_free_model_hooks()
         if not return_dict:
-            return (out.sequences, texts, stats)
-        return MaskedDiffusionLMPipelineOutput(sequences=out.sequences, texts=texts, stats=stats)
+            return (out.tokens, texts, stats)
+        return MaskedDiffusionLMPipelineOutput(sequences=out.tokens, texts=texts, stats=stats)

@@ -1,7 +1,9 @@
 """A plain, obviously-correct LLaDA sampler written from the spec's pseudo-code (dllm.md §1.3).
 
 One prompt at a time, Python loops everywhere, no caches: the yardstick the batched implementation
-in ``vispec.dllm`` must match token for token at temperature 0.
+in ``vispec.dllm`` must match token for token at temperature 0. It keeps LLaDA's own guidance
+argument, ``cfg_scale = w`` (``ℓ_u + (w + 1)(ℓ_c - ℓ_u)``, 0 = off), which is vispec's
+``guidance_scale = w + 1``.
 """
 
 from __future__ import annotations

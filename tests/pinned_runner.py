@@ -69,13 +69,13 @@ def run_case(case: dict, results: dict) -> None:
 
 
 def _run_text(case: dict, results: dict) -> None:
-    from vispec.dllm import generate, make_scheduler
+    from vispec.dllm import decode, make_scheduler
 
     pipe = _mdlm_pipe()
     ids, mask = pipe.prepare_input_ids(prompt=case["prompts"])
     scheduler = make_scheduler(case["strategy"], **case["settings"])
-    out = generate(pipe.model, ids, mask, scheduler=scheduler, gen_length=32, block_length=8,
-                   steps=32 if scheduler.fixed_steps else None, temperature=case["temperature"], cfg_scale=case["llada_cfg"],
-                   cache=case["cache"], early_stop_eos=True, eos_token_id=pipe.tokenizer.eos_token_id,
-                   generator=_gens(case["seeds"]))
-    record(results, case, out.sequences, out.stats.nfe.tolist(), {"counted": out.stats.tokens.tolist()})
+    out = decode(pipe.model, ids, mask, scheduler=scheduler, gen_length=32, block_length=8,
+                 steps=32 if scheduler.fixed_steps else None, temperature=case["temperature"],
+                 guidance_scale=case["llada_cfg"] + 1, cache=case["cache"], early_stop_eos=True,
+                 eos_token_id=pipe.tokenizer.eos_token_id, generator=_gens(case["seeds"]))
+    record(results, case, out.tokens, out.stats.nfe.tolist(), {"counted": out.stats.tokens.tolist()})

@@ -13,7 +13,7 @@ from vispec.dllm import (
     LLaDAScheduler,
     ThresholdScheduler,
     count_tokens,
-    generate,
+    decode,
     make_scheduler,
 )
 from vispec.models.llada import LLaDAModelLM
@@ -38,12 +38,13 @@ def prompts(lengths=(7, 4, 5), seed=1):
 @pytest.mark.parametrize("gen_length,block_length,steps", [(16, 16, 16), (16, 4, 8), (12, 4, 6), (8, 4, 16)])
 @pytest.mark.parametrize("cfg_scale", [0.0, 1.5])
 def test_temperature_zero_equals_the_reference_pseudo_code(model, gen_length, block_length, steps, cfg_scale):
+    """LLaDA's cfg_scale w is vispec's guidance_scale w + 1 (same arithmetic, same tokens)."""
     for prompt in prompts():
         expected = llada_reference(model, prompt, steps=steps, gen_length=gen_length, block_length=block_length,
                                    mask_id=MASK, cfg_scale=cfg_scale)
-        out = generate(model, prompt[None], scheduler=LLaDAScheduler(), steps=steps, gen_length=gen_length,
-                       block_length=block_length, cfg_scale=cfg_scale)
-        assert torch.equal(out.sequences[0], expected)
+        out = decode(model, prompt[None], scheduler=LLaDAScheduler(), steps=steps, gen_length=gen_length,
+                     block_length=block_length, guidance_scale=cfg_scale + 1)
+        assert torch.equal(out.tokens[0], expected)
 
 
 @pytest.mark.parametrize("options", [dict(logits_eos_inf=True), dict(confidence_eos_eot_inf=True)])
@@ -51,10 +52,10 @@ def test_eos_options_match_the_reference(model, options):
     for prompt in prompts():
         expected = llada_reference(model, prompt, steps=8, gen_length=8, block_length=8, mask_id=MASK, eos_id=EOS,
                                    eot_id=EOT, **options)
-        out = generate(model, prompt[None], scheduler=LLaDAScheduler(), steps=8, gen_length=8, block_length=8, **options)
-        assert torch.equal(out.sequences[0], expected)
+        out = decode(model, prompt[None], scheduler=LLaDAScheduler(), steps=8, gen_length=8, block_length=8, **options)
+        assert torch.equal(out.tokens[0], expected)
         if options.get("logits_eos_inf"):
-            assert not (out.sequences == EOS).any()
+            assert not (out.tokens == EOS).any()
 
 
 def test_confidence_eos_eot_inf_ranks_eos_last_at_any_temperature():
@@ -79,8 +80,8 @@ def test_confidence_eos_eot_inf_ranks_eos_last_at_any_temperature():
 
 def test_quota_schedule_front_loads_the_remainder(model):
     commits = []
-    generate(model, prompts()[0][None], scheduler=LLaDAScheduler(), steps=6, gen_length=14, block_length=7,
-             callback=lambda info: commits.append((info["block"], int(info["transfer_index"].sum()))))
+    decode(model, prompts()[0][None], scheduler=LLaDAScheduler(), steps=6, gen_length=14, block_length=7,
+           callback=lambda p: commits.append((p.details["block"], int(p.details["transfer_index"].sum()))))
     # 7 masks over 3 steps per block: 3, 2, 2
     assert commits == [(0, 3), (0, 2), (0, 2), (1, 3), (1, 2), (1, 2)]
     sched = LLaDAScheduler()
@@ -88,10 +89,47 @@ def test_quota_schedule_front_loads_the_remainder(model):
     assert [int(sched.quota(torch.tensor([4]), i)) for i in range(8)] == [1, 1, 1, 1, 0, 0, 0, 0]
 
 
+def test_output_and_progress_speak_the_shared_vocabulary(model):
+    """decode returns a DecodeOutput and reports DecodeProgress (vispec.outputs), as the image decoders do."""
+    from vispec.dllm import SCHEDULERS
+    from vispec.outputs import UNDECIDED, DecodeOutput, DecodeProgress
+
+    assert {name: cls.strategy for name, cls in SCHEDULERS.items()} == {name: name for name in SCHEDULERS}
+    ids, mask = left_padded(prompts(), PAD)
+    kwargs = dict(scheduler=make_scheduler("threshold", threshold=0.5), gen_length=8, block_length=4, cache="dual",
+                  temperature=0.7, generator=[torch.Generator().manual_seed(i) for i in range(3)])
+    seen = []
+
+    def callback(progress):
+        seen.append(DecodeProgress(progress.step, progress.num_committed.clone(), progress.tokens.clone(),
+                                   {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in progress.details.items()}))
+        progress.tokens.fill_(0)  # copies: cannot change decoding
+        progress.details["transfer_index"].fill_(True)
+
+    out = decode(model, ids, mask, callback=callback, **kwargs)
+    kwargs["generator"] = [torch.Generator().manual_seed(i) for i in range(3)]
+    assert torch.equal(decode(model, ids, mask, **kwargs).tokens, out.tokens)
+    assert isinstance(out, DecodeOutput) and out.tokens.shape == (3, 8) and out.method == "threshold"
+    assert out.labels == {"scheduler": "ThresholdScheduler", "cache": "dual"}
+    rows = out.as_dicts()
+    assert [r["nfe"] for r in rows] == out.stats.nfe.tolist() and [r["tokens"] for r in rows] == out.stats.tokens.tolist()
+    assert rows[0]["method"] == "threshold" and rows[0]["scheduler"] == "ThresholdScheduler" and rows[0]["cache"] == "dual"
+    assert [p.step for p in seen] == list(range(len(seen))) and len(seen) >= 2
+    before = torch.zeros(3, dtype=torch.long)
+    for p in seen:
+        decided = p.tokens != UNDECIDED
+        assert torch.equal(p.num_committed, decided.sum(dim=1)) and (p.num_committed >= before).all()
+        assert torch.equal(p.tokens[decided], out.tokens[decided])  # a committed token never changes
+        assert set(p.details) == {"block", "step_in_block", "rows", "transfer_index"}
+        assert p.details["transfer_index"].shape == (p.details["rows"].numel(), 4)
+        before = p.num_committed
+    assert torch.equal(seen[-1].tokens, out.tokens) and seen[-1].num_committed.tolist() == [8, 8, 8]
+
+
 def test_steps_beyond_the_masks_cost_no_forward(model):
-    out = generate(model, prompts()[0][None], scheduler=LLaDAScheduler(), steps=16, gen_length=8, block_length=4)
+    out = decode(model, prompts()[0][None], scheduler=LLaDAScheduler(), steps=16, gen_length=8, block_length=4)
     assert out.stats.nfe.tolist() == [8]  # 8 steps per block, 4 masks: the 4 empty steps are skipped
-    assert not (out.sequences == MASK).any()
+    assert not (out.tokens == MASK).any()
 
 
 def _all_settings():
@@ -105,12 +143,12 @@ def test_batch_with_padding_equals_one_by_one(model, strategy, settings, steps, 
     rows = prompts()
     ids, mask = left_padded(rows, PAD)
     gens = lambda: [torch.Generator().manual_seed(10 + i) for i in range(len(rows))]
-    kwargs = dict(steps=steps, gen_length=16, block_length=8, cache=cache, temperature=0.8, cfg_scale=0.5,
+    kwargs = dict(steps=steps, gen_length=16, block_length=8, cache=cache, temperature=0.8, guidance_scale=1.5,
                   early_stop_eos=True)
-    batched = generate(model, ids, mask, scheduler=make_scheduler(strategy, **settings), generator=gens(), **kwargs)
+    batched = decode(model, ids, mask, scheduler=make_scheduler(strategy, **settings), generator=gens(), **kwargs)
     for i, row in enumerate(rows):
-        alone = generate(model, row[None], scheduler=make_scheduler(strategy, **settings), generator=[gens()[i]], **kwargs)
-        assert torch.equal(batched.sequences[i], alone.sequences[0]), (strategy, cache, i)
+        alone = decode(model, row[None], scheduler=make_scheduler(strategy, **settings), generator=[gens()[i]], **kwargs)
+        assert torch.equal(batched.tokens[i], alone.tokens[0]), (strategy, cache, i)
         assert batched.stats.nfe[i] == alone.stats.nfe[0]
 
 
@@ -120,17 +158,17 @@ def test_caches_are_exact_when_each_block_takes_one_step(model, cache):
     its first step must give the cache-free tokens exactly."""
     ids, mask = left_padded(prompts(), PAD)
     one_step = lambda: ThresholdScheduler(threshold=1e-12)
-    ref = generate(model, ids, mask, scheduler=one_step(), gen_length=16, block_length=4)
-    out = generate(model, ids, mask, scheduler=one_step(), gen_length=16, block_length=4, cache=cache)
-    assert torch.equal(out.sequences, ref.sequences) and out.stats.nfe.tolist() == [4, 4, 4]
+    ref = decode(model, ids, mask, scheduler=one_step(), gen_length=16, block_length=4)
+    out = decode(model, ids, mask, scheduler=one_step(), gen_length=16, block_length=4, cache=cache)
+    assert torch.equal(out.tokens, ref.tokens) and out.stats.nfe.tolist() == [4, 4, 4]
 
 
 def test_caches_cost_the_same_forwards_and_approximate_within_a_block(model):
     ids, mask = left_padded(prompts(), PAD)
-    results = {c: generate(model, ids, mask, scheduler=LLaDAScheduler(), steps=16, gen_length=16, block_length=4, cache=c)
+    results = {c: decode(model, ids, mask, scheduler=LLaDAScheduler(), steps=16, gen_length=16, block_length=4, cache=c)
                for c in ("none", "prefix", "dual")}
     for out in results.values():
-        assert out.stats.nfe.tolist() == [16, 16, 16] and not (out.sequences == MASK).any()
+        assert out.stats.nfe.tolist() == [16, 16, 16] and not (out.tokens == MASK).any()
 
 
 def test_threshold_rule_commits_confident_positions_and_at_least_one():
@@ -160,7 +198,7 @@ def test_entropy_bound_prefix():
 
 
 def test_early_stop_fills_after_eos_and_counts_tokens_before_it():
-    from vispec.dllm.generate import _fill_after_eos
+    from vispec.dllm.decode import _fill_after_eos
 
     x = torch.tensor([[9, 5, EOS, MASK, 7, MASK], [9, MASK, 6, 6, MASK, MASK]])
     _fill_after_eos(x, torch.arange(2), 1, EOS, MASK)
@@ -184,9 +222,9 @@ def test_early_stop_saves_forwards(model):
             return type("O", (), {"logits": logits})()
 
     ids = torch.tensor([[5, 6, 7]])
-    out = generate(EosFirst(), ids, scheduler=ThresholdScheduler(0.9), gen_length=12, block_length=4, early_stop_eos=True)
-    assert out.stats.nfe.tolist() == [1] and out.sequences[0].tolist() == [EOS] * 12 and out.stats.tokens.tolist() == [0]
-    slow = generate(EosFirst(), ids, scheduler=ThresholdScheduler(0.9), gen_length=12, block_length=4)
+    out = decode(EosFirst(), ids, scheduler=ThresholdScheduler(0.9), gen_length=12, block_length=4, early_stop_eos=True)
+    assert out.stats.nfe.tolist() == [1] and out.tokens[0].tolist() == [EOS] * 12 and out.stats.tokens.tolist() == [0]
+    slow = decode(EosFirst(), ids, scheduler=ThresholdScheduler(0.9), gen_length=12, block_length=4)
     assert slow.stats.nfe.tolist() == [12]
 
 
@@ -198,12 +236,16 @@ def test_bad_input(model):
         (dict(gen_length=200, block_length=8, steps=200), "exceeds the model's context"),
         (dict(gen_length=8, block_length=8, steps=8, cache="paged"), "cache must be one of"),
         (dict(gen_length=8, block_length=8, steps=8, temperature=-1.0), "temperature must be"),
+        (dict(gen_length=8, block_length=8, steps=8, guidance_scale=0.5),
+         r"guidance_scale must be a finite number >= 1 \(1 disables guidance; LLaDA's cfg_scale w is guidance_scale w \+ 1\)"),
+        (dict(gen_length=8, block_length=8), "steps must be an integer >= 1"),
+        (dict(gen_length=8, block_length=True, steps=8), "block_length must be an integer >= 1"),
     ]
     for kwargs, words in cases:
         with pytest.raises(ValueError, match=words):
-            generate(model, p, scheduler=LLaDAScheduler(), **kwargs)
-    for bad in (0.0, 1.5, -0.1):
-        with pytest.raises(ValueError, match="threshold must be a number in \\(0, 1\\]"):
+            decode(model, p, scheduler=LLaDAScheduler(), **kwargs)
+    for bad in (0.0, 1.5, -0.1, float("nan"), True):
+        with pytest.raises(ValueError, match="threshold must be a finite number in \\(0, 1\\]"):
             ThresholdScheduler(threshold=bad)
     with pytest.raises(ValueError, match="strategy must be one of"):
         make_scheduler("greedy")

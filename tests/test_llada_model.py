@@ -231,3 +231,35 @@ def test_bad_input_raises_value_errors(model, batch):
         tiny_llada(mask_token_id=126336)
     with pytest.raises(ValueError, match="n_heads=4 must be a multiple of n_kv_heads=3"):
         tiny_llada(n_kv_heads=3)
+
+
+def test_models_share_their_layers():
+    """RMSNorm and RoPE live in vispec.models.layers (LLaDA and LlamaGen use the same code), and the LLaDA files
+    import nothing from the LlamaGen files (tests/test_layering.py checks the imports of the other layers)."""
+    import ast
+    import pathlib
+
+    import vispec.models
+    from vispec.models import layers, llada, llamagen_gpt
+
+    assert llada.RMSNorm is layers.RMSNorm and llamagen_gpt.RMSNorm is layers.RMSNorm
+    assert llada.rope_cos_sin is layers.rope_cos_sin and llamagen_gpt.rope_cache_2d is layers.rope_cache_2d
+    for path in sorted(pathlib.Path(vispec.models.__file__).parent.glob("llada*.py")):
+        tree = ast.parse(path.read_text())
+        names = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        assert not [n for n in names if n.startswith("vispec.models.llamagen")], path
+
+
+def test_rope_frequencies_are_shared():
+    """Both pairings use w_i = base^(-2i / dim): LLaDA's over head_dim, each axis of LlamaGen's 2-D table over head_dim / 2."""
+    from vispec.models.layers import rope_cache_2d, rope_cos_sin, rope_inv_freq
+
+    inv = rope_inv_freq(8, 10000.0)
+    torch.testing.assert_close(inv, torch.tensor([10000.0 ** (-i / 4) for i in range(4)]), rtol=1e-6, atol=0)
+    cos, sin = rope_cos_sin(torch.tensor([[3]]), 8, 10000.0)
+    torch.testing.assert_close(cos[0, 0], torch.cat([(3 * inv).cos()] * 2), rtol=0, atol=0)
+    table = rope_cache_2d(grid_size=2, head_dim=16, base=10000.0, cls_token_num=1)  # token (row 1, col 0) at 1 + 2
+    assert table.shape == (5, 8, 2) and not table[0].any()
+    torch.testing.assert_close(table[3, :4, 0], (1 * rope_inv_freq(8, 10000.0)).cos(), rtol=0, atol=0)
+    torch.testing.assert_close(table[3, 4:, 0], torch.ones(4), rtol=0, atol=0)

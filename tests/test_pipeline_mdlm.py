@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vispec.dllm import LLaDAScheduler, ThresholdScheduler
-from vispec.eval.text_tokenizer import train_word_tokenizer
+from vispec.eval.train.tokenizer import train_word_tokenizer
 from vispec.models.llada import LLaDAModelLM
 from vispec.pipelines import MaskedDiffusionLMPipeline
 
@@ -32,6 +32,8 @@ def test_output_types_and_stats(pipe):
     out = pipe(prompt=["what is one plus two", "sort the list"])
     assert out.sequences.shape == (2, 8) and len(out.texts) == 2 and all(isinstance(t, str) for t in out.texts)
     assert [s["nfe"] for s in out.stats] == [8, 8] and out.stats[0]["scheduler"] == "LLaDAScheduler"
+    assert set(out.stats[0]) == {"method", "scheduler", "cache", "nfe", "tokens", "tokens_per_forward", "latency_s"}
+    assert out.stats[0]["method"] == "llada" and out.stats[0]["cache"] == "none"
     seq = pipe(prompt="what is one plus two", output_type="seq")
     assert seq.texts is None and torch.equal(seq.sequences[0], out.sequences[0])
     sequences, texts, stats = pipe(prompt="sort the list", return_dict=False)
@@ -73,6 +75,8 @@ def test_callbacks_and_progress(pipe):
 
     def callback(p, step, timestep, kwargs):
         assert set(kwargs) == {"sequences", "transfer_index"}
+        masked = int((kwargs["sequences"] == p.mask_token_id).sum())
+        assert masked == 8 - sum(n for _, n in seen) - int(kwargs["transfer_index"].sum())  # mask id where undecided
         kwargs["sequences"].fill_(0)  # copies: cannot change decoding
         seen.append((step, int(kwargs["transfer_index"].sum())))
         return {}
@@ -87,6 +91,27 @@ def test_callbacks_and_progress(pipe):
         pipe(prompt="sort", output_type="seq")
     finally:
         pipe.set_progress_bar_config(disable=True)
+
+
+def test_guidance_scale_one_is_off_and_maps_llada_cfg(pipe):
+    """guidance_scale = 1 (the default) runs no unconditional branch; LLaDA's cfg_scale w is guidance_scale w + 1."""
+    from vispec.dllm import LLaDAScheduler as Sched, decode
+
+    ids, mask = pipe.prepare_input_ids(prompt=["sort the list", "reverse"])
+    calls = []
+    hook = pipe.model.register_forward_hook(lambda module, args, output: calls.append(args[0].shape[0]))
+    try:
+        off = pipe(input_ids=ids, attention_mask=mask, output_type="seq")
+        assert set(calls) == {2}  # two rows per forward: no unconditional half
+        calls.clear()
+        guided = pipe(input_ids=ids, attention_mask=mask, output_type="seq", guidance_scale=1.5)
+        assert set(calls) == {4}
+    finally:
+        hook.remove()
+    assert torch.equal(off.sequences, pipe(input_ids=ids, attention_mask=mask, output_type="seq", guidance_scale=1.0).sequences)
+    direct = decode(pipe.model, ids, mask, scheduler=Sched(), gen_length=8, block_length=4, steps=8, guidance_scale=1.5,
+                    early_stop_eos=True, mask_token_id=pipe.mask_token_id, eos_token_id=pipe.tokenizer.eos_token_id)
+    assert torch.equal(guided.sequences, direct.tokens)
 
 
 def test_scheduler_swap_and_threshold(pipe):
@@ -111,8 +136,10 @@ def test_save_load_round_trip(pipe, tmp_path):
     (dict(prompt="sort", gen_length=10, block_length=4), "multiple of block_length"),
     (dict(prompt="sort", gen_length=8, block_length=4, num_inference_steps=3), "divisible by the number of blocks"),
     (dict(prompt="sort " * 70), "exceeds the model's context"),
-    (dict(prompt="sort", strategy="threshold", threshold=1.5), "threshold must be a number in \\(0, 1\\]"),
-    (dict(prompt="sort", strategy="threshold", threshold=0.0), "threshold must be a number in \\(0, 1\\]"),
+    (dict(prompt="sort", strategy="threshold", threshold=1.5), "threshold must be a finite number in \\(0, 1\\]"),
+    (dict(prompt="sort", strategy="threshold", threshold=0.0), "threshold must be a finite number in \\(0, 1\\]"),
+    (dict(prompt="sort", guidance_scale=0.0), "guidance_scale must be a finite number >= 1 \\(1 disables guidance; LLaDA's cfg_scale w"),
+    (dict(prompt="sort", num_sequences_per_prompt=0), "num_sequences_per_prompt must be an integer >= 1"),
     (dict(prompt="sort", strategy="llada", threshold=0.5), "threshold applies to the threshold strategy"),
     (dict(prompt="sort", strategy="fastest"), "strategy must be one of"),
     (dict(), "pass prompt, messages or input_ids"),

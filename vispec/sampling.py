@@ -20,12 +20,13 @@ Plain AR decoding of a LlamaGen-style model draws each token from the *processed
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
+
+from vispec.checks import check_int, check_number
 
 PositionProcessor = Callable[[Tensor, Tensor], Tensor]
 """``f(logits [B, W, V], positions [B, W]) -> logits``: a per-position logits processor."""
@@ -53,17 +54,11 @@ class SamplingConfig:
     cfg_interval: int = -1
 
     def __post_init__(self) -> None:
-        _check_finite("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables top-k), got {self.top_k!r}")
-        _check_finite("top_p", self.top_p)
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 disables top-p), got {self.top_p}")
-        _check_finite("guidance_scale", self.guidance_scale)
-        if isinstance(self.cfg_interval, bool) or not isinstance(self.cfg_interval, int) or self.cfg_interval < -1:
-            raise ValueError(f"cfg_interval must be an integer >= -1 (-1 guides every token), got {self.cfg_interval!r}")
+        check_number("temperature", self.temperature, minimum=0, hint=" (0 means greedy)")
+        check_int("top_k", self.top_k, minimum=0, hint=" (0 disables top-k)")
+        check_number("top_p", self.top_p, minimum=0, maximum=1, exclusive_minimum=True, hint=" (1 disables top-p)")
+        check_number("guidance_scale", self.guidance_scale, hint=" (1 means no guidance)")
+        check_int("cfg_interval", self.cfg_interval, minimum=-1, hint=" (-1 guides every token)")
 
     @property
     def uses_guidance(self) -> bool:
@@ -81,11 +76,6 @@ class SamplingConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _check_finite(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def guided_logits(

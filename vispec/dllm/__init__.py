@@ -1,6 +1,11 @@
-"""Masked diffusion LM decoding: unmasking schedulers and the block loop with KV caches."""
+"""Masked diffusion LM decoding: unmasking schedulers and the block loop with KV caches.
 
-from vispec.dllm.generate import CACHES, TextDecodeOutput, TextDecodeStats, count_tokens, generate
+:func:`decode` speaks the image half's vocabulary (:mod:`vispec.outputs`): it returns a
+:class:`vispec.outputs.DecodeOutput`, reports :class:`vispec.outputs.DecodeProgress` to its step callback
+and takes ``guidance_scale`` (1 = off; LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``).
+"""
+
+from vispec.dllm.decode import CACHES, check_decode_args, count_tokens, decode
 from vispec.dllm.schedulers import (
     SCHEDULERS,
     EntropyBoundScheduler,
@@ -14,7 +19,7 @@ from vispec.dllm.schedulers import (
 )
 
 __all__ = [
-    "CACHES", "SCHEDULERS", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "TextDecodeOutput",
-    "TextDecodeStats", "ThresholdScheduler", "UnmaskNoise", "UnmaskSchedulerOutput", "UnmaskingScheduler",
-    "count_tokens", "generate", "make_scheduler",
+    "CACHES", "SCHEDULERS", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "ThresholdScheduler",
+    "UnmaskNoise", "UnmaskSchedulerOutput", "UnmaskingScheduler", "check_decode_args", "count_tokens", "decode",
+    "make_scheduler",
 ]

@@ -36,6 +36,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 from torch import Tensor
 
+from vispec.checks import check_int, check_number
 from vispec.kernels.philox import Stream, uniforms
 from vispec.kernels.unmask import RowNoise, unmask_candidates
 
@@ -71,20 +72,17 @@ class UnmaskNoise:
     draws: Tensor
 
 
-def _check_probability(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 < value <= 1.0):
-        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
-
-
 class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
     """Base class: candidate proposal and the batched commit step; subclasses choose the commit set.
 
     ``fixed_steps`` is True for policies with a step budget per block (the block loop runs exactly
     ``steps_per_block`` steps); adaptive policies run until the block has no masked position.
+    ``strategy`` is the policy's name in :data:`SCHEDULERS` (the ``method`` of a decode's output).
     """
 
     config_name = "scheduler_config.json"
     order = 1
+    strategy = ""
     fixed_steps = False
     uses_remask_noise = False
 
@@ -96,16 +94,14 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
     def set_timesteps(self, num_inference_steps: Optional[int], gen_length: int, block_length: int,
                       device: "torch.device | str | None" = None) -> None:
         """Validate the canvas split; fixed-step policies also need ``num_inference_steps`` (total over blocks)."""
-        for name, value in (("gen_length", gen_length), ("block_length", block_length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int("gen_length", gen_length, minimum=1)
+        check_int("block_length", block_length, minimum=1)
         if gen_length % block_length:
             raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
         self.num_blocks = gen_length // block_length
         if self.fixed_steps:
-            steps = num_inference_steps
-            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-                raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+            steps = check_int("steps", num_inference_steps, minimum=1,
+                              hint=f" (the total over all blocks; {type(self).__name__} runs a fixed number per block)")
             if steps % self.num_blocks:
                 raise ValueError(f"steps ({steps}) must be divisible by the number of blocks "
                                  f"(gen_length / block_length = {self.num_blocks})")
@@ -190,6 +186,7 @@ class LLaDAScheduler(UnmaskingScheduler):
             rest) or ``"random"`` (commit ``n_i`` positions chosen uniformly at random).
     """
 
+    strategy = "llada"
     fixed_steps = True
 
     @register_to_config
@@ -219,10 +216,12 @@ class LLaDAScheduler(UnmaskingScheduler):
 class ThresholdScheduler(UnmaskingScheduler):
     """Fast-dLLM threshold rule: commit ``c ≥ threshold``, and at least the most confident position."""
 
+    strategy = "threshold"
+
     @register_to_config
     def __init__(self, threshold: float = 0.9):
         super().__init__()
-        _check_probability("threshold", threshold)
+        check_number("threshold", threshold, minimum=0, maximum=1, exclusive_minimum=True)
 
     def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         return (masked & (confidence >= self.config.threshold)) | most_confident(confidence)
@@ -231,11 +230,12 @@ class ThresholdScheduler(UnmaskingScheduler):
 class FactorScheduler(UnmaskingScheduler):
     """Fast-dLLM factor rule: the longest confidence-sorted prefix with ``(n + 1)(1 - c_(n)) ≤ factor``."""
 
+    strategy = "factor"
+
     @register_to_config
     def __init__(self, factor: float = 1.0):
         super().__init__()
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
-            raise ValueError(f"factor must be a number > 0, got {factor!r}")
+        check_number("factor", factor, minimum=0, exclusive_minimum=True)
 
     def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         sorted_conf, order = confidence.sort(dim=-1, descending=True, stable=True)
@@ -255,11 +255,12 @@ class EntropyBoundScheduler(UnmaskingScheduler):
         order_by: ``"entropy"`` (ascending) or ``"confidence"`` (descending) as the error proxy.
     """
 
+    strategy = "entropy"
+
     @register_to_config
     def __init__(self, gamma: float = 0.1, order_by: str = "entropy"):
         super().__init__()
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or gamma < 0:
-            raise ValueError(f"gamma must be a number >= 0, got {gamma!r}")
+        check_number("gamma", gamma, minimum=0, hint=" (an entropy budget in nats)")
         if order_by not in ("entropy", "confidence"):
             raise ValueError(f"order_by must be 'entropy' or 'confidence', got {order_by!r}")
 

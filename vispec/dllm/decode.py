@@ -18,14 +18,23 @@ Caches (Fast-dLLM, Wu et al., arXiv 2505.22618, §3.1; spec ``dllm.md`` §4.3):
 
 Every forward counts one NFE for every row it serves, the cache-refreshing full forward included.
 
-Guidance is LLaDA's unsupervised CFG: the unconditional branch masks the prompt and
-``ℓ = ℓ_u + (w + 1)(ℓ_c - ℓ_u)``. ``early_stop_eos``: once a row commits EOS, its masked positions
-after that EOS become EOS and it spends no more forwards on them.
+Guidance is LLaDA's unsupervised CFG (the unconditional branch masks the prompt) in vispec's one
+convention (:mod:`vispec.outputs`, as the image half): ``guidance_scale = s`` mixes
+``ℓ = ℓ_u + s (ℓ_c - ℓ_u)`` and ``s = 1`` means no guidance (no unconditional branch is run). LLaDA's
+``cfg_scale = w`` (``ℓ = ℓ_u + (w + 1)(ℓ_c - ℓ_u)``, ``w = 0`` off) is ``guidance_scale = w + 1``: the
+same arithmetic, so LLaDA's ``cfg_scale=0.5`` and vispec's ``guidance_scale=1.5`` give the same tokens.
+``early_stop_eos``: once a row commits EOS, its masked positions after that EOS become EOS and it
+spends no more forwards on them.
 
 Batching: all rows share the block index (so caches refresh together), but each row commits its own
 positions, keeps its own noise (Philox keyed by its seed, position and forward count) and leaves the
-forward as soon as its block is complete; a row's tokens are those it would get alone. Statistics
-per row: NFE, tokens (those before the first EOS, EOS and EoT excluded: spec §16.4), latency.
+forward as soon as its block is complete; a row's tokens are those it would get alone.
+
+:func:`decode` returns a :class:`vispec.outputs.DecodeOutput` like the image decoders
+(:func:`vispec.decoding.decode`): ``tokens [B, gen_length]`` (the generated canvas, prompt excluded),
+per-row :class:`vispec.outputs.DecodeStats` (NFE, tokens before the first EOS, EOS and EoT excluded:
+spec §16.4, latency), ``method`` (the scheduler's strategy name) and ``labels`` (scheduler class and
+cache). A step callback receives a :class:`vispec.outputs.DecodeProgress` after every forward.
 
 Model protocol: ``model(input_ids, attention_mask).logits`` (``[B, N, V]``) and ``model.config`` with
 ``mask_token_id`` (and ``eos_token_id``, ``eot_token_id``, ``vocab_size``, ``max_sequence_length``
@@ -36,42 +45,19 @@ when present); the caches also need ``compute_kv_cache`` / ``forward_span`` and 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-from vispec.decoding.common import GeneratorArg, per_sample_seeds
+from vispec.checks import check_int, check_number
 from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
+from vispec.kernels.philox import GeneratorArg, per_sample_seeds
+from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback, committed_view
 
 CACHES = ("none", "prefix", "dual")
 
-StepCallback = Callable[[dict], None]
-"""``f(info)`` after every step, ``info`` holding ``step`` (global), ``block``, ``step_in_block``,
-``rows`` (batch indices that took part), ``transfer_index [R, Lb]`` and ``sequences`` (a copy of the
-generated canvas ``[B, L]``, mask ids where not yet committed)."""
-
-
-@dataclass
-class TextDecodeStats:
-    """Per-row statistics (``[B]`` tensors)."""
-
-    nfe: Tensor
-    tokens: Tensor  # generated tokens before the first EOS, EOS / EoT excluded
-    latency_s: Tensor
-
-    @property
-    def tokens_per_forward(self) -> Tensor:
-        return self.tokens.double() / self.nfe.clamp_min(1).double()
-
-
-@dataclass
-class TextDecodeOutput:
-    """``sequences [B, L]``: the generated canvas (prompt excluded); ``stats`` per row."""
-
-    sequences: Tensor
-    stats: TextDecodeStats
+_GUIDANCE_HINT = " (1 disables guidance; LLaDA's cfg_scale w is guidance_scale w + 1)"
 
 
 def _config_id(model: Any, name: str) -> Optional[int]:
@@ -79,23 +65,20 @@ def _config_id(model: Any, name: str) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def check_generate_args(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], gen_length: int, block_length: int,
-                         temperature: float, cfg_scale: float, cache: str, mask_token_id: Optional[int]) -> int:
-    """Validate :func:`generate`'s arguments (errors name the argument); returns the mask id."""
+def check_decode_args(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], gen_length: int, block_length: int,
+                      temperature: float, guidance_scale: float, cache: str, mask_token_id: Optional[int]) -> int:
+    """Validate :func:`decode`'s arguments (errors name the argument); returns the mask id."""
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids must be a LongTensor [batch, prompt_length >= 1], got "
                          f"{tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__}")
     if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
-    for name, value in (("gen_length", gen_length), ("block_length", block_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    check_int("gen_length", gen_length, minimum=1)
+    check_int("block_length", block_length, minimum=1)
     if gen_length % block_length:
         raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
-    if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if not isinstance(cfg_scale, (int, float)) or cfg_scale < 0:
-        raise ValueError(f"cfg_scale must be a number >= 0, got {cfg_scale!r}")
+    check_number("temperature", temperature, minimum=0, hint=" (0 means arg-max candidates)")
+    check_number("guidance_scale", guidance_scale, minimum=1, hint=_GUIDANCE_HINT)
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     if cache != "none" and not hasattr(model, "compute_kv_cache"):
@@ -116,32 +99,33 @@ def check_generate_args(model: Any, input_ids: Tensor, attention_mask: Optional[
 class _Forward:
     """Runs the model for a subset of rows (with the guidance branch) and keeps the block cache."""
 
-    def __init__(self, model: Any, prompt_len: int, key_mask: Tensor, cfg_scale: float, mask_id: int, cache: str):
+    def __init__(self, model: Any, prompt_len: int, key_mask: Tensor, guidance_scale: float, mask_id: int, cache: str):
         self.model, self.prompt_len, self.key_mask = model, prompt_len, key_mask
-        self.cfg_scale, self.mask_id, self.cache_mode = cfg_scale, mask_id, cache
+        self.guidance_scale, self.mask_id, self.cache_mode = guidance_scale, mask_id, cache
+        self.guided = guidance_scale != 1.0
         self.cache = None
         self.cache_rows: Optional[Tensor] = None  # batch rows the cache holds, in order
 
     def _inputs(self, x: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
         ids, mask = x[rows], self.key_mask[rows]
-        if self.cfg_scale > 0:
+        if self.guided:
             uncond = ids.clone()
             uncond[:, : self.prompt_len] = self.mask_id
             ids, mask = torch.cat([ids, uncond]), torch.cat([mask, mask])
         return ids, mask
 
     def _guide(self, logits: Tensor) -> Tensor:
-        if self.cfg_scale <= 0:
+        if not self.guided:
             return logits
         cond, uncond = logits.chunk(2)
-        return uncond + (self.cfg_scale + 1) * (cond - uncond)
+        return uncond + self.guidance_scale * (cond - uncond)
 
     def _select_cache(self, rows: Tensor) -> None:
         """Keep the cache rows of ``rows`` (a subset of ``cache_rows``, same order)."""
         if self.cache_rows.numel() == rows.numel():
             return
         where = torch.searchsorted(self.cache_rows, rows)
-        if self.cfg_scale > 0:
+        if self.guided:
             where = torch.cat([where, where + self.cache_rows.numel()])
         self.cache = self.cache.select(where)
         self.cache_rows = rows
@@ -184,7 +168,7 @@ def _token_masks(model: Any, vocab: int, mask_id: int, eos_id: Optional[int], eo
 
 
 @torch.no_grad()
-def generate(
+def decode(
     model: Any,
     input_ids: Tensor,
     attention_mask: Optional[Tensor] = None,
@@ -194,7 +178,7 @@ def generate(
     block_length: int = 128,
     steps: Optional[int] = None,
     temperature: float = 0.0,
-    cfg_scale: float = 0.0,
+    guidance_scale: float = 1.0,
     cache: str = "none",
     mask_token_id: Optional[int] = None,
     eos_token_id: Optional[int] = None,
@@ -205,22 +189,31 @@ def generate(
     suppress_mask_token: bool = True,
     generator: GeneratorArg = None,
     callback: Optional[StepCallback] = None,
-) -> TextDecodeOutput:
+) -> DecodeOutput:
     """Decode ``gen_length`` tokens after each prompt (module docstring).
 
     Args:
         input_ids: ``[B, P]`` left-padded prompts; ``attention_mask [B, P]`` marks real tokens.
         scheduler: the unmasking policy; ``steps`` (total over blocks) is required by fixed-step ones.
         temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
-        cfg_scale: unsupervised CFG weight ``w`` (0 = off).
+        guidance_scale: unsupervised CFG scale ``s >= 1``, ``ℓ = ℓ_u + s (ℓ_c - ℓ_u)``; 1 = off. LLaDA's
+            ``cfg_scale = w`` is ``guidance_scale = w + 1``.
         cache: ``"none"``, ``"prefix"`` or ``"dual"``.
         logits_eos_inf: never propose EOS. ``confidence_eos_eot_inf``: rank EOS/EoT proposals last.
         early_stop_eos: fill the masked positions after a committed EOS with EOS.
         suppress_mask_token: never propose the mask token (nor padded embedding columns).
         generator: one ``torch.Generator`` or a list with one per row.
+        callback: ``callback(progress)`` after every forward, ``progress`` a :class:`vispec.outputs.DecodeProgress`:
+            ``step`` (global), ``num_committed [B]`` (committed generated tokens per row), ``tokens [B, gen_length]``
+            (the canvas, :data:`vispec.outputs.UNDECIDED` where still masked) and ``details`` with ``block``,
+            ``step_in_block``, ``rows`` (batch rows that took part) and ``transfer_index [R, Lb]`` (all copies).
+
+    Returns:
+        :class:`vispec.outputs.DecodeOutput`: ``tokens [B, gen_length]``, per-row ``stats``, ``method`` (the
+        scheduler's strategy name) and ``labels`` ``{"scheduler": class name, "cache": cache}``.
     """
-    mask_id = check_generate_args(model, input_ids, attention_mask, gen_length, block_length, temperature, cfg_scale,
-                                   cache, mask_token_id)
+    mask_id = check_decode_args(model, input_ids, attention_mask, gen_length, block_length, temperature, guidance_scale,
+                                cache, mask_token_id)
     eos_id = eos_token_id if eos_token_id is not None else _config_id(model, "eos_token_id")
     eot_id = eot_token_id if eot_token_id is not None else _config_id(model, "eot_token_id")
     for flag, name in ((early_stop_eos, "early_stop_eos"), (logits_eos_inf, "logits_eos_inf")):
@@ -229,12 +222,11 @@ def generate(
     scheduler.set_timesteps(steps, gen_length, block_length)
     device = input_ids.device
     batch, prompt_len = input_ids.shape
-    total = prompt_len + gen_length
     x = torch.cat([input_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long, device=device)], dim=1)
     prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.to(device).bool()
     key_mask = torch.cat([prompt_mask, torch.ones(batch, gen_length, dtype=torch.bool, device=device)], dim=1)
     seeds = per_sample_seeds(generator, batch, device)
-    forward = _Forward(model, prompt_len, key_mask, float(cfg_scale), mask_id, cache)
+    forward = _Forward(model, prompt_len, key_mask, float(guidance_scale), mask_id, cache)
     nfe = torch.zeros(batch, dtype=torch.long, device=device)
     finished_at = torch.full((batch,), float("nan"), dtype=torch.float64)
     masks: Optional[tuple] = None
@@ -269,15 +261,21 @@ def generate(
             done = rows[~(x[rows, prompt_len:] == mask_id).any(dim=1)]
             finished_at[done.cpu()] = time.perf_counter() - start_time
             if callback is not None:
-                callback({"step": global_step, "block": block, "step_in_block": step, "rows": rows,
-                          "transfer_index": out.transfer_index, "sequences": x[:, prompt_len:].clone()})
+                canvas = x[:, prompt_len:]
+                decided = canvas != mask_id
+                callback(DecodeProgress(
+                    step=global_step, num_committed=decided.sum(dim=1), tokens=committed_view(canvas, decided),
+                    details={"block": block, "step_in_block": step, "rows": rows.clone(),
+                             "transfer_index": out.transfer_index.clone()}))
             step += 1
             global_step += 1
     elapsed = time.perf_counter() - start_time
     finished_at = torch.where(torch.isnan(finished_at), torch.full_like(finished_at, elapsed), finished_at)
-    sequences = x[:, prompt_len:]
-    stats = TextDecodeStats(nfe=nfe.cpu(), tokens=count_tokens(sequences, eos_id, eot_id).cpu(), latency_s=finished_at)
-    return TextDecodeOutput(sequences=sequences, stats=stats)
+    tokens = x[:, prompt_len:]
+    stats = DecodeStats(nfe=nfe.cpu(), tokens=count_tokens(tokens, eos_id, eot_id).cpu(), latency_s=finished_at)
+    method = getattr(scheduler, "strategy", "") or type(scheduler).__name__
+    return DecodeOutput(tokens=tokens, stats=stats, method=method,
+                        labels={"scheduler": type(scheduler).__name__, "cache": cache})
 
 
 def _fill_after_eos(x: Tensor, rows: Tensor, prompt_len: int, eos_id: int, mask_id: int) -> None:

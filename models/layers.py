@@ -1,0 +1,80 @@
+"""Layers the LlamaGen GPT and LLaDA share: RMSNorm and rotary position embeddings (RoPE).
+
+* :class:`RMSNorm`: ``x / sqrt(mean(x²) + eps) * weight``, normalised in float32 and cast back before
+  the weight (as LlamaGen and LLaDA/OLMo do).
+* RoPE frequencies :func:`rope_inv_freq`: ``w_i = base^(-2i / dim)`` for ``i < dim / 2`` (float32).
+  Two pairings of the rotated dimensions, both computed in float32 and cast back to the input dtype:
+
+  - *interleaved* pairs ``(2i, 2i + 1)`` (LlamaGen, Meta Llama): :func:`rope_cache_2d` builds LlamaGen's
+    2-D table over a ``g x g`` token grid (row angles in the first half of the pairs, column angles in
+    the second; all-zero rows for the condition tokens) and :func:`apply_rope_interleaved` rotates;
+  - *half-split* pairs ``(i, i + head_dim / 2)`` (LLaDA, GPT-NeoX): :func:`rope_cos_sin` gives
+    ``cos``/``sin`` for integer positions and :func:`apply_rope_half` rotates,
+    ``x' = x cos + rotate_half(x) sin``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm with a learnt scale (no bias, no mean subtraction)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_inv_freq(dim: int, base: float, device: Optional[torch.device] = None) -> Tensor:
+    """``[dim // 2]`` float32 inverse frequencies ``base^(-2i / dim)`` of a rotary embedding over ``dim`` dimensions."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+
+
+# ---------------------------------------------------------------------------- interleaved pairs (LlamaGen)
+def rope_cache_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int) -> Tensor:
+    """``[cls_token_num + g*g, head_dim // 2, 2]`` (cos, sin) of LlamaGen's 2-D RoPE; zeros for the condition tokens.
+
+    Each axis gets ``head_dim // 2`` dimensions: the first ``head_dim // 4`` pairs rotate by the token's
+    row, the last ``head_dim // 4`` by its column (tokens in raster order)."""
+    half = head_dim // 2
+    inv_freq = rope_inv_freq(half, base)
+    angles = torch.outer(torch.arange(grid_size).float(), inv_freq)  # [g, half // 2]
+    grid = torch.cat(
+        [angles[:, None, :].expand(-1, grid_size, -1), angles[None, :, :].expand(grid_size, -1, -1)], dim=-1
+    )  # [g, g, half]: row angles then column angles
+    cache = torch.stack([grid.cos(), grid.sin()], dim=-1).flatten(0, 1)
+    return torch.cat([torch.zeros(cls_token_num, half, 2), cache])
+
+
+def apply_rope_interleaved(x: Tensor, cache: Tensor) -> Tensor:
+    """Rotate ``x [B, T, H, hd]`` by ``cache [B or 1, T, hd // 2, 2]`` (cos, sin) on pairs of adjacent dims."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = cache[:, :, None, :, 0], cache[:, :, None, :, 1]
+    out = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin, pairs[..., 1] * cos + pairs[..., 0] * sin], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+# ---------------------------------------------------------------------------- half-split pairs (LLaDA)
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """``(cos, sin)`` of shape ``[B, T, head_dim]`` (float32) for integer ``positions [B, T]`` (half-split pairs)."""
+    inv_freq = rope_inv_freq(head_dim, theta, positions.device)
+    angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim / 2]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x [B, H, T, hd]`` (half-split pairs, as LLaDA / GPT-NeoX) by ``cos, sin [B, T, hd]``."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (xf * cos[:, None] + rotated * sin[:, None]).type_as(x)
