@@ -24,7 +24,7 @@ import time
 import torch
 from PIL import Image, ImageDraw
 
-from vispec.eval.bench_decoders import ALL_METHODS, DecoderBenchConfig, format_table, run_decoder_bench
+from vispec.eval.bench.decoders import ALL_METHODS, DecoderBenchConfig, format_table, run_decoder_bench
 
 DEMO_CLASSES = (0, 3, 4, 8, 12, 13)
 DEMO_METHODS = ("ar", "sjd", "mc-sjd", "mc-sjd+lantern:k=1000,delta=0.1")  # the last one is lossy (TV in the report)
@@ -49,7 +49,7 @@ def _grid(rows: list[list[Image.Image]], row_names: list[str], col_names: list[s
 
 
 def run_tiny_c2i_demo(out_dir: str) -> dict:
-    from vispec.eval.data import CLASS_NAMES
+    from vispec.eval.bench.data import CLASS_NAMES
     from vispec.pipelines import LlamaGenPipeline
 
     pipe = LlamaGenPipeline.from_pretrained("vispec/tiny-c2i")
@@ -104,7 +104,7 @@ def run_text_demo() -> dict:
     """A few test-split arithmetic problems solved by LLaDA's 1-token-per-step baseline and by the threshold
     rule with DualCache (Fast-dLLM), with NFE, latency and the speed-up."""
     from vispec.dllm import LLaDAScheduler, ThresholdScheduler
-    from vispec.eval.text_tasks import get_task, split_items
+    from vispec.eval.bench.text_tasks import get_task, split_items
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     pipe = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")

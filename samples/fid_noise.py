@@ -16,9 +16,9 @@ import statistics
 
 import torch
 
-from vispec.eval.bench_image import RESEED_OFFSET, ImageBenchConfig, fid_score, generate_uint8
-from vispec.eval.data import CropSampler
-from vispec.eval.evaluator import CropClassifier, classify_accuracy
+from vispec.eval.bench.data import CropSampler
+from vispec.eval.bench.evaluator import CropClassifier, classify_accuracy
+from vispec.eval.bench.image import RESEED_OFFSET, ImageBenchConfig, fid_score, generate_uint8
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.pipelines import LlamaGenPipeline, resolve_model_path
 

@@ -12,9 +12,9 @@ import os
 
 import torch
 
-from vispec.eval.bench_image import ImageBenchConfig, fid_score, generate_uint8
-from vispec.eval.data import CropSampler
-from vispec.eval.evaluator import CropClassifier, classify_accuracy
+from vispec.eval.bench.data import CropSampler
+from vispec.eval.bench.evaluator import CropClassifier, classify_accuracy
+from vispec.eval.bench.image import ImageBenchConfig, fid_score, generate_uint8
 from vispec.pipelines import LlamaGenPipeline
 from vispec.pipelines.llamagen import resolve_model_path
 

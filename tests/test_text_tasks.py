@@ -9,14 +9,14 @@ import re
 import pytest
 import torch
 
-from vispec.eval.text_tasks import (
+from vispec.eval.bench.text_tasks import (
     TASKS, ArithmeticTask, flexible_extract, get_task, gsm8k_scores, is_test_prompt, split_items, strict_match_extract,
 )
-from vispec.eval.text_tokenizer import (
-    EOT, MASK, PAD, answer_ids, decode_answer, eot_token_id, load_text_tokenizer, prompt_ids, train_task_tokenizer,
-)
-from vispec.eval.train_mdlm import (
+from vispec.eval.train.mdlm import (
     MDLMTrainConfig, build_model, decode_low_confidence, encode_items, evaluate_greedy, sft_loss, train_mdlm,
+)
+from vispec.eval.train.tokenizer import (
+    EOT, MASK, PAD, answer_ids, decode_answer, eot_token_id, load_text_tokenizer, prompt_ids, train_task_tokenizer,
 )
 from vispec.models.llada import LLaDAModelLM
 

@@ -9,10 +9,11 @@ pytest.importorskip("skimage", reason="tiny-c2i data needs the train extra (scik
 
 from diffusers import VQModel  # noqa: E402
 
-from vispec.eval.data import CLASS_NAMES, CropSampler, load_photos, split_tiles  # noqa: E402
-from vispec.eval.evaluator import CropClassifier, EvaluatorTrainConfig, FIDFeatures, train_evaluator  # noqa: E402
-from vispec.eval.train_gpt import GPTTrainConfig, train_gpt  # noqa: E402
-from vispec.eval.train_vq import VQTrainConfig, train_vq  # noqa: E402
+from vispec.eval.bench.data import CLASS_NAMES, CropSampler, load_photos, split_tiles  # noqa: E402
+from vispec.eval.bench.evaluator import CropClassifier, FIDFeatures  # noqa: E402
+from vispec.eval.train.evaluator import EvaluatorTrainConfig, train_evaluator  # noqa: E402
+from vispec.eval.train.gpt import GPTTrainConfig, train_gpt  # noqa: E402
+from vispec.eval.train.vq import VQTrainConfig, train_vq  # noqa: E402
 from vispec.models.llamagen_gpt import LlamaGenGPT  # noqa: E402
 from vispec.models.llamagen_vq import decode_tokens, encode_to_tokens  # noqa: E402
 
@@ -105,8 +106,8 @@ def test_fid_features_plug_into_torchmetrics():
 
 
 def test_assemble_and_bench_image_on_the_trained_parts(trained, tmp_path):
-    from vispec.eval.assemble import AssembleConfig, assemble
-    from vispec.eval.bench_image import ImageBenchConfig, format_image_table, run_image_bench
+    from vispec.eval.bench.image import ImageBenchConfig, format_image_table, run_image_bench
+    from vispec.eval.train.assemble import AssembleConfig, assemble
     from vispec.pipelines import LlamaGenPipeline
 
     root = trained[0]
@@ -119,8 +120,9 @@ def test_assemble_and_bench_image_on_the_trained_parts(trained, tmp_path):
     result = run_image_bench(ImageBenchConfig(model=str(folder), methods=("ar", "mc-sjd", "sjd:window=3"), num_images=4,
                                               batch_size=2, latency_images=1, real_images=16, noise_repeats=2),
                              progress=lambda msg: None)
-    assert set(result["methods"]) == {"ar", "mc-sjd", "sjd:window=3", "ar-reseed-1", "ar-reseed-2"}
-    for name in ("ar", "mc-sjd", "sjd:window=3"):
+    canonical = ("ar", "mc-sjd-maximal", "sjd-horizontal:window=3")  # rows are named by DecodingConfig.name
+    assert set(result["methods"]) == set(canonical) | {"ar-reseed-1", "ar-reseed-2"}
+    for name in canonical:
         row = result["methods"][name]
         assert {"nfe", "step_compression", "latency_s", "speedup", "images_per_s", "accuracy", "fid", "peak_mem_mb"} <= set(row)
         assert 0.0 <= row["accuracy"] <= 1.0 and row["nfe"] <= 256
@@ -130,5 +132,5 @@ def test_assemble_and_bench_image_on_the_trained_parts(trained, tmp_path):
     assert noise["fid_values"][0] == result["methods"]["ar"]["fid"]
     assert len(set(noise["fid_values"])) == 3  # re-seeds draw other images (torch seeds use 32 bits)
     assert noise["fid_sd"] > 0 and noise["fid_interval"] > noise["fid_sd"]
-    assert isinstance(result["methods"]["mc-sjd"]["fid_within_noise"], bool)
+    assert isinstance(result["methods"]["mc-sjd-maximal"]["fid_within_noise"], bool)
     assert "ar-reseed-2" in format_image_table(result) and "AR sampling noise over 3 runs" in format_image_table(result)

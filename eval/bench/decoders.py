@@ -12,16 +12,14 @@ up to make distributions peaked, which is still no substitute for a trained mode
 
 from __future__ import annotations
 
-import json
-import platform
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.eval.memory import PeakMemory
+from vispec.eval.bench.memory import PeakMemory
+from vispec.eval.bench.report import environment
 from vispec.models.llamagen_gpt import GPT_CONFIGS, LlamaGenCondition, LlamaGenGPT
 from vispec.sampling import SamplingConfig
 
@@ -122,9 +120,7 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print) -> dict:
         res["step_compression"] = ar["nfe"] / res["nfe"]
         res["speedup"] = ar["latency_s"] / res["latency_s"]
     config = {k: v for k, v in vars(cfg).items() if k != "extra"}
-    config.update(methods=list(methods), parameters=sum(p.numel() for p in model.parameters()),
-                  torch=torch.__version__, machine=platform.machine(), threads=torch.get_num_threads(),
-                  device_name=torch.cuda.get_device_name() if cfg.device.startswith("cuda") else platform.processor() or "cpu")
+    config.update(methods=list(methods), parameters=sum(p.numel() for p in model.parameters()), **environment(cfg.device))
     return {"config": config, "methods": {m: results[m] for m in methods if m in cfg.methods or m == "ar"}}
 
 
@@ -140,16 +136,3 @@ def format_table(result: dict) -> str:
         lines.append(" ".join(cells))
     return "\n".join(lines)
 
-
-def write_json(result: dict, path: Optional[str]) -> None:
-    if path:
-        with open(path, "w") as handle:
-            json.dump(result, handle, indent=2)
-
-
-def emit(table: str, result: dict, path: Optional[str]) -> None:
-    """What every ``vispec bench`` command ends with: the table on stdout, the JSON to ``path``."""
-    print(table)
-    write_json(result, path)
-    if path:
-        print(f"wrote {path}")

@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import copy
 import math
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 import torch
 
-from vispec.eval.memory import PeakMemory
+from vispec.decoding import AcceptanceConfig, DecodingConfig
+from vispec.eval.bench.memory import PeakMemory
+from vispec.eval.bench.report import environment
 
 SEED_STRIDE = 1_000_003
 # AR re-seed k uses seeds + k * RESEED_OFFSET. torch's CPU generator keeps only the low 32 bits of a seed, so
@@ -72,17 +73,17 @@ class ImageBenchConfig:
 
 
 def expand_methods(methods: tuple[str, ...], lantern_k: tuple[int, ...], lantern_delta: tuple[float, ...]) -> list[str]:
-    """Labels with ``gsd`` spelled out and every option-less ``+lantern`` swept over ``k x δ``."""
+    """Canonical specs (:attr:`DecodingConfig.name`), with every ``+lantern`` at its default settings swept
+    over ``lantern_k x lantern_delta``."""
     out: list[str] = []
     for method in methods:
-        if method == "gsd" or method.startswith("gsd:"):
-            method = "sjd+" + method
-        decoding, plus, rule = method.partition("+")
-        if plus and rule == "lantern":
-            out += [f"{decoding}+lantern:k={k},delta={d:g}" for k in lantern_k for d in lantern_delta]
+        config = DecodingConfig.parse(method)
+        if config.rule == AcceptanceConfig(rule="lantern"):
+            out += [DecodingConfig.parse(config, acceptance=f"lantern:k={k},delta={d}").name for k in lantern_k for d in lantern_delta]
         else:
-            out.append(method)
+            out.append(config.name)
     return list(dict.fromkeys(out))
+
 
 def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_size: int, cfg: ImageBenchConfig):
     """uint8 images, per-image stats, wall time."""
@@ -104,7 +105,7 @@ def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], ba
 def fid_score(evaluator, real: torch.Tensor, fake: torch.Tensor) -> float:
     from torchmetrics.image.fid import FrechetInceptionDistance
 
-    from vispec.eval.evaluator import FIDFeatures
+    from vispec.eval.bench.evaluator import FIDFeatures
 
     metric = FrechetInceptionDistance(feature=FIDFeatures(copy.deepcopy(evaluator)))
     metric.set_dtype(torch.float64)  # casts the (copied) feature module too
@@ -118,8 +119,8 @@ def fid_score(evaluator, real: torch.Tensor, fake: torch.Tensor) -> float:
 def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = print) -> dict:
     import os
 
-    from vispec.eval.data import CropSampler
-    from vispec.eval.evaluator import CropClassifier, classify_accuracy
+    from vispec.eval.bench.data import CropSampler
+    from vispec.eval.bench.evaluator import CropClassifier, classify_accuracy
     from vispec.models.checkpoints import diffusers_load_kwargs
     from vispec.pipelines import LlamaGenPipeline
     from vispec.pipelines.llamagen import resolve_model_path
@@ -139,10 +140,10 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     num_classes = pipe.transformer.config.num_classes
     methods = expand_methods(("ar",) + tuple(cfg.methods), cfg.lantern_k, cfg.lantern_delta)
     for method in methods:  # validate names (and build LANTERN tables) before hours of work
-        decoding, _, rule = method.partition("+")
-        if pipe.decoding_config.parse(decoding).config.strategy == "sd" and pipe.drafter is None:
+        config = DecodingConfig.parse(method, base=pipe.decoding_config)
+        if config.config.strategy == "sd" and pipe.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter, but the pipeline {cfg.model!r} has none")
-        pipe.acceptance_rule(rule or None)
+        pipe.acceptance_rule(config.rule)
 
     # real held-out crops: evaluator accuracy and the FID floor (two disjoint sets)
     held_out = CropSampler("eval")
@@ -208,8 +209,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     config = {k: v for k, v in asdict(cfg).items() if k != "extra"}
     config.update(methods=methods, sampling=sampling.to_dict(), window=pipe.decoding_config.config.window,
                   fid_features="tiny-c2i evaluator penultimate layer (torchmetrics FrechetInceptionDistance)",
-                  torch=torch.__version__, threads=torch.get_num_threads(), machine=platform.machine(),
-                  device_name=torch.cuda.get_device_name() if cfg.device.startswith("cuda") else platform.processor() or "cpu")
+                  **environment(cfg.device))
     return {"config": config, "methods": results, "noise": noise, "real": real_stats}
 
 

@@ -23,7 +23,6 @@ kernels' compile results for sm_80/sm_90 are reported instead (:mod:`vispec.kern
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,9 +32,11 @@ from typing import Callable, Optional
 
 import torch
 
+from vispec.eval.bench.report import environment
 from vispec.kernels.backend import triton_available
 from vispec.kernels.target import Target
 from vispec.kernels.unmask import RowNoise, unmask_candidates
+from vispec.kernels.verify import Drafts, SampleRequest
 from vispec.sampling import SamplingConfig
 
 # HBM bandwidth in GB/s by device-name fragment (vendor data sheets)
@@ -154,7 +155,8 @@ class VerifyProblem:
         rows = self.cond.shape[0]
         width = int(self.num_drafts[0]) + 1
         draws = torch.ones(rows, dtype=torch.long, device=self.cond.device)
-        accepted = target.accept(self.drafts, q=self.q, q_index=self.q_index, draws=draws)
+        drafts = Drafts(self.drafts, self.q, self.q_index)
+        accepted = target.accept(drafts, draws)
         m = target.first_rejection(accepted, self.row_start, self.num_drafts)
         slot = torch.arange(rows, device=self.cond.device) % width
         m_row = m[self.row_sample]
@@ -162,8 +164,8 @@ class VerifyProblem:
         fresh = slot > m_row
         store_rows = torch.where(fresh, self.row_sample * width + slot - m_row - 1, torch.full_like(slot, -1))
         store = torch.empty(rows, self.cond.shape[1], dtype=torch.float32, device=self.cond.device)
-        target.sample(residual=residual, fresh=fresh | (slot == width - 1), draft_tokens=self.drafts, q=self.q,
-                      q_index=self.q_index, residual_draws=draws, fresh_draws=draws, store_rows=store_rows, store_out=store)
+        target.sample(SampleRequest(residual=residual, fresh=fresh | (slot == width - 1), residual_draws=draws,
+                                    fresh_draws=draws, store_rows=store_rows, store_out=store), drafts)
         return store, self.bytes_moved(residual, fresh | (slot == width - 1))
 
     def bytes_moved(self, residual: torch.Tensor, fresh: torch.Tensor) -> int:
@@ -301,9 +303,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
 
     result = {
         "config": {**asdict(cfg), "device": str(device)},
-        "environment": {"torch": torch.__version__, "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-                        else (platform.processor() or platform.machine()), "threads": torch.get_num_threads(),
-                        "peak_gbps": peak, "triton": triton_available()},
+        "environment": {**environment(device), "peak_gbps": peak, "triton": triton_available()},
         "kernels_timed": on_gpu,
         "step_backend": backend,
         "cells": cells,

@@ -1,6 +1,6 @@
 """``vispec bench text``: accuracy and speed of unmasking strategies and caches on a masked diffusion LM.
 
-For every task (test split of :mod:`vispec.eval.text_tasks`), strategy (``llada`` = one token per step,
+For every task (test split of :mod:`vispec.eval.bench.text_tasks`), strategy (``llada`` = one token per step,
 the baseline; ``threshold``; ``factor``; ``entropy``) and cache (``none``, ``prefix``, ``dual``), two runs:
 
 * batch 1: problems one at a time; accuracy (strict-match and flexible-extract for arithmetic, as
@@ -18,14 +18,12 @@ same task and batch size: ``speedup`` is the ratio of tokens/s (Fast-dLLM's defi
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-import torch
-
-from vispec.eval.memory import PeakMemory
+from vispec.eval.bench.memory import PeakMemory
+from vispec.eval.bench.report import environment
 
 STRATEGIES = ("llada", "threshold", "factor", "entropy")
 
@@ -83,7 +81,7 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
 
 def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print) -> dict:
     from vispec.dllm import CACHES
-    from vispec.eval.text_tasks import get_task, split_items
+    from vispec.eval.bench.text_tasks import get_task, split_items
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     for name in ("num_problems", "batch_size"):
@@ -122,9 +120,7 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
         row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] > 0 else float("nan")
         row["latency_speedup"] = base["latency_s"] / row["latency_s"]
     config = asdict(cfg)
-    config.update(torch=torch.__version__, threads=torch.get_num_threads(), machine=platform.machine(),
-                  device_name=torch.cuda.get_device_name() if cfg.device.startswith("cuda") else platform.processor() or "cpu",
-                  temperature=0.0, baseline_steps=cfg.gen_length)
+    config.update(**environment(cfg.device), temperature=0.0, baseline_steps=cfg.gen_length)
     return {"config": config, "runs": runs}
 
 

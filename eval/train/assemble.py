@@ -1,11 +1,21 @@
-"""Assembling trained parts into the embedded ``tiny-c2i`` pipeline folder (package data).
+"""Writing trained parts as pipeline folders (package data under ``models/pretrained/``).
 
-Layout (a diffusers pipeline folder plus the evaluator and a model card)::
+``tiny-c2i`` (:func:`assemble`; a diffusers pipeline folder plus the evaluator and a model card)::
 
     models/pretrained/tiny-c2i/
         model_index.json, transformer/, vqvae/, decoding_config/   <- LlamaGenPipeline.from_pretrained
         evaluator/                                                 <- CropClassifier (accuracy, FID features)
+        drafter/, lantern neighbour table                          <- added by assemble_drafter
         README.md                                                  <- training settings and metrics
+
+``tiny-mdlm`` (:func:`assemble_mdlm`)::
+
+    models/pretrained/tiny-mdlm/
+        model_index.json, model/, tokenizer/, scheduler/   <- MaskedDiffusionLMPipeline.from_pretrained
+        README.md                                          <- tasks, sizes, training settings and metrics
+        logs/model.jsonl                                   <- the loss log
+
+Both go through :func:`write_pipeline_folder`.
 """
 
 from __future__ import annotations
@@ -14,16 +24,41 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from typing import Callable
 
 from diffusers import VQModel
 
 from vispec.decoding import DecodingConfig
+from vispec.eval.bench.data import CLASS_NAMES
+from vispec.eval.bench.evaluator import CropClassifier
 from vispec.models.checkpoints import diffusers_load_kwargs
-from vispec.eval.data import CLASS_NAMES
-from vispec.eval.evaluator import CropClassifier
 from vispec.models.llamagen_gpt import LlamaGenGPT
 
-WEIGHT_FILES = ("config.json", "diffusion_pytorch_model.safetensors")
+
+def read_record(folder: str, required: bool = False) -> dict:
+    """A trainer's ``train_config.json`` (config and metrics); ``{}`` when absent unless ``required``."""
+    path = os.path.join(folder, "train_config.json")
+    if not required and not os.path.exists(path):
+        return {}
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def write_pipeline_folder(pipe, out: str, card: list[str], record: dict, *, record_title: str,
+                          extras: dict[str, Callable[[str], None]] | None = None) -> dict:
+    """Replace ``out`` by ``pipe.save_pretrained(out)``; ``extras[relative path](path)`` writes each further file or
+    folder; ``README.md`` is the model ``card`` followed by ``record`` as a JSON block under ``## record_title``."""
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    pipe.save_pretrained(out)
+    for relative, write in (extras or {}).items():
+        path = os.path.join(out, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write(path)
+    lines = [*card, "", f"## {record_title}", "```json", json.dumps(record, indent=2), "```"]
+    with open(os.path.join(out, "README.md"), "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return {"out": out, "files": sorted(os.listdir(out))}
 
 
 @dataclass
@@ -40,11 +75,6 @@ class AssembleConfig:
     init: str = "horizontal"
 
 
-def _train_metrics(folder: str) -> dict:
-    path = os.path.join(folder, "train_config.json")
-    return json.load(open(path)) if os.path.exists(path) else {}
-
-
 def assemble(cfg: AssembleConfig) -> dict:
     from vispec.pipelines import LlamaGenPipeline
 
@@ -55,11 +85,8 @@ def assemble(cfg: AssembleConfig) -> dict:
         raise ValueError(f"VQ codebook ({vqvae.config.num_vq_embeddings}) != GPT vocabulary ({transformer.config.vocab_size})")
     decoding = DecodingConfig(strategy="mc-sjd", window=cfg.window, init=cfg.init, guidance_scale=cfg.guidance_scale,
                               temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-    if os.path.isdir(cfg.out):
-        shutil.rmtree(cfg.out)
-    LlamaGenPipeline(transformer=transformer, vqvae=vqvae, decoding_config=decoding).save_pretrained(cfg.out)
-    evaluator.save_pretrained(os.path.join(cfg.out, "evaluator"))
-    info = {name: _train_metrics(folder) for name, folder in (("vqvae", cfg.vq), ("transformer", cfg.gpt), ("evaluator", cfg.evaluator))}
+    pipe = LlamaGenPipeline(transformer=transformer, vqvae=vqvae, decoding_config=decoding)
+    info = {name: read_record(folder) for name, folder in (("vqvae", cfg.vq), ("transformer", cfg.gpt), ("evaluator", cfg.evaluator))}
     card = [
         "# tiny-c2i: vispec's embedded class-conditional LlamaGen model",
         "",
@@ -72,12 +99,72 @@ def assemble(cfg: AssembleConfig) -> dict:
         f"- Default sampling: CFG {cfg.guidance_scale}, temperature {cfg.temperature}, top-k {cfg.top_k}, top-p {cfg.top_p}; "
         f"decoding mc-sjd (window {cfg.window}).",
         "- Reproduce with samples/train_tiny_c2i.sh (seeded).",
-        "",
-        "## Training records",
-        "```json",
-        json.dumps(info, indent=2),
-        "```",
     ]
-    with open(os.path.join(cfg.out, "README.md"), "w") as handle:
-        handle.write("\n".join(card) + "\n")
-    return {"out": cfg.out, "files": sorted(os.listdir(cfg.out))}
+    return write_pipeline_folder(pipe, cfg.out, card, info, record_title="Training records",
+                                 extras={"evaluator": evaluator.save_pretrained})
+
+
+@dataclass
+class DrafterAssembleConfig:
+    drafter: str = "out/tiny-c2i-drafter"
+    pipeline: str = "models/pretrained/tiny-c2i"
+    lantern_k: int = 1000  # neighbour table stored with the pipeline (LANTERN's default k)
+
+
+def assemble_drafter(cfg: DrafterAssembleConfig) -> dict:
+    """Add a trained drafter to a pipeline folder (``drafter/`` component) and store the LANTERN
+    neighbour table of its tokenizer, so ``decoding="sd"`` and ``acceptance="lantern"`` work offline."""
+    from vispec.pipelines.llamagen import LlamaGenPipeline
+
+    pipe = LlamaGenPipeline.from_pretrained(cfg.pipeline)
+    drafter = LlamaGenGPT.from_pretrained(cfg.drafter).eval()
+    if drafter.config.vocab_size != pipe.transformer.config.vocab_size:
+        raise ValueError(f"drafter vocabulary {drafter.config.vocab_size} differs from the pipeline's {pipe.transformer.config.vocab_size}")
+    pipe.register_modules(drafter=drafter)
+    pipe.acceptance_rule(f"lantern:k={cfg.lantern_k}")  # computes and caches the raw-codebook table
+    pipe.save_pretrained(cfg.pipeline)
+    return {"drafter_parameters": sum(p.numel() for p in drafter.parameters()),
+            "neighbors": list(pipe.lantern_neighbors["raw"].shape)}
+
+
+@dataclass
+class MDLMAssembleConfig:
+    trained: str = "out/tiny-mdlm"  # the folder `vispec train mdlm --out` wrote
+    out: str = "models/pretrained/tiny-mdlm"
+    gen_length: int = 0  # 0: the training answer length
+    block_length: int = 8
+    threshold: float = 0.9  # the default scheduler: Fast-dLLM's threshold rule
+
+
+def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
+    from vispec.dllm import ThresholdScheduler
+    from vispec.eval.train.tokenizer import load_text_tokenizer
+    from vispec.models.llada import LLaDAModelLM
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    record = read_record(cfg.trained, required=True)
+    gen_length = cfg.gen_length or record["config"]["answer_length"]
+    if gen_length % cfg.block_length:
+        raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({cfg.block_length})")
+    model = LLaDAModelLM.from_pretrained(os.path.join(cfg.trained, "transformer"), **diffusers_load_kwargs()).eval()
+    tokenizer = load_text_tokenizer(os.path.join(cfg.trained, "tokenizer"))
+    pipe = MaskedDiffusionLMPipeline(model=model, tokenizer=tokenizer, scheduler=ThresholdScheduler(threshold=cfg.threshold),
+                                     default_gen_length=gen_length, default_block_length=cfg.block_length)
+    c = model.config
+    card = [
+        "# tiny-mdlm: vispec's embedded masked diffusion LM",
+        "",
+        "A LLaDA-architecture mask predictor (bidirectional Llama blocks, RMSNorm, SwiGLU, RoPE, untied head) trained",
+        "with LLaDA's SFT objective on vispec's synthetic task suite (vispec.eval.bench.text_tasks): arithmetic word problems",
+        "with worked solutions ending in `#### <answer>` (GSM8K format), sorting digits with repeats (tokens depend",
+        "strongly on each other) and reversing letters (nearly independent tokens).",
+        "",
+        f"- Model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, d_model {c.d_model}, {c.n_layers} layers, "
+        f"{c.n_heads} heads, MLP {c.mlp_hidden_size}, vocabulary {c.vocab_size} (word-level tokenizer, numbers as single tokens).",
+        f"- Defaults: gen length {gen_length}, block length {cfg.block_length}, scheduler threshold {cfg.threshold} "
+        "(pass strategy='llada' for the one-token-per-step baseline).",
+        "- Reproduce with samples/train_tiny_mdlm.sh (seeded).",
+    ]
+    train_log = os.path.join(cfg.trained, "train_log.jsonl")
+    return write_pipeline_folder(pipe, cfg.out, card, record, record_title="Training record",
+                                 extras={"logs/model.jsonl": lambda path: shutil.copy(train_log, path)})

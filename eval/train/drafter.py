@@ -14,7 +14,6 @@ not the data. Distillation therefore has two parts:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from vispec.eval.training import gpt_optimizer, warmup_cosine, write_record
+from vispec.eval.train.common import fit_sequences, write_record
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 
 
@@ -91,57 +90,25 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
     # eval mode throughout: no dropout layers are used, and the label dropout is done here (so the
     # teacher sees the same condition) rather than inside the model
     drafter = build_drafter(cfg, target).eval()
-    opt = gpt_optimizer(drafter, cfg.lr, cfg.weight_decay)
-    sched = warmup_cosine(opt, cfg.steps, warmup=100, floor=0.1)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
+
+    def distillation_loss(seq: torch.Tensor, labels: torch.Tensor, gen: torch.Generator):
+        """KL(p_target || q_drafter) per position, under a condition dropped with probability class_dropout_prob."""
+        drop = torch.rand(seq.shape[0], generator=gen) < cfg.class_dropout_prob
+        cond = LlamaGenCondition(class_labels=labels)
+        with torch.no_grad():
+            teacher = F.log_softmax(target(seq[:, :-1], cond, condition_drop=drop).float(), dim=-1)
+        student = F.log_softmax(drafter(seq[:, :-1], cond, condition_drop=drop).float(), dim=-1)
+        kl = F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1).mean()
+
+        def tv() -> dict:  # total variation from the teacher, on logged steps only
+            return {"tv": round(0.5 * (student.exp() - teacher.exp()).abs().sum(-1).mean().item(), 4)}
+
+        return kl, tv
+
     train_start = time.time()
-    with open(os.path.join(cfg.out, "train_log.jsonl"), "w") as log:
-        bar = tqdm(range(cfg.steps), desc="train drafter", mininterval=5)
-        for step in bar:
-            pick = torch.randint(0, tokens.shape[0], (cfg.batch_size,), generator=gen)
-            seq = tokens[pick].long()
-            drop = torch.rand(cfg.batch_size, generator=gen) < cfg.class_dropout_prob
-            cond = LlamaGenCondition(class_labels=labels[pick])
-            with torch.no_grad():
-                teacher = F.log_softmax(target(seq[:, :-1], cond, condition_drop=drop).float(), dim=-1)
-            student = F.log_softmax(drafter(seq[:, :-1], cond, condition_drop=drop).float(), dim=-1)
-            loss = F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                tv = 0.5 * (student.exp() - teacher.exp()).abs().sum(-1).mean().item()
-                log.write(json.dumps({"step": step, "kl": loss.item(), "tv": round(tv, 4),
-                                      "elapsed_s": round(time.time() - train_start, 1)}) + "\n")
-                log.flush()
-                bar.set_postfix(kl=f"{loss.item():.3f}", tv=f"{tv:.3f}")
+    last = fit_sequences(drafter, tokens, labels, cfg, distillation_loss, desc="train drafter", loss_name="kl")
     metrics = {"sample_minutes": round(sample_minutes, 1), "train_minutes": round((time.time() - train_start) / 60, 1),
-               "final_kl": loss.item(), "final_tv": tv, "parameters": sum(p.numel() for p in drafter.parameters())}
+               "final_kl": last["kl"], "final_tv": last["tv"], "parameters": sum(p.numel() for p in drafter.parameters())}
     drafter.save_pretrained(cfg.out)
     write_record(cfg.out, cfg, metrics)
     return metrics
-
-
-@dataclass
-class DrafterAssembleConfig:
-    drafter: str = "out/tiny-c2i-drafter"
-    pipeline: str = "models/pretrained/tiny-c2i"
-    lantern_k: int = 1000  # neighbour table stored with the pipeline (LANTERN's default k)
-
-
-def assemble_drafter(cfg: DrafterAssembleConfig) -> dict:
-    """Add a trained drafter to a pipeline folder (``drafter/`` component) and store the LANTERN
-    neighbour table of its tokenizer, so ``decoding="sd"`` and ``acceptance="lantern"`` work offline."""
-    from vispec.pipelines.llamagen import LlamaGenPipeline
-
-    pipe = LlamaGenPipeline.from_pretrained(cfg.pipeline)
-    drafter = LlamaGenGPT.from_pretrained(cfg.drafter).eval()
-    if drafter.config.vocab_size != pipe.transformer.config.vocab_size:
-        raise ValueError(f"drafter vocabulary {drafter.config.vocab_size} differs from the pipeline's {pipe.transformer.config.vocab_size}")
-    pipe.register_modules(drafter=drafter)
-    pipe.acceptance_rule(f"lantern:k={cfg.lantern_k}")  # computes and caches the raw-codebook table
-    pipe.save_pretrained(cfg.pipeline)
-    return {"drafter_parameters": sum(p.numel() for p in drafter.parameters()),
-            "neighbors": list(pipe.lantern_neighbors["raw"].shape)}

@@ -8,7 +8,6 @@ crops (scale jitter, flips) encoded by the trained VQ tokenizer.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -18,10 +17,9 @@ import torch.nn.functional as F
 from diffusers import VQModel
 from tqdm.auto import tqdm
 
-from vispec.eval.training import gpt_optimizer, warmup_cosine, write_record
-
+from vispec.eval.bench.data import CropSampler, to_model_range
+from vispec.eval.train.common import fit_sequences, write_record
 from vispec.models.checkpoints import diffusers_load_kwargs
-from vispec.eval.data import CropSampler, to_model_range
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import encode_to_tokens
 
@@ -78,28 +76,15 @@ def train_gpt(cfg: GPTTrainConfig) -> dict:
         torch.save({"tokens": tokens, "labels": labels}, cache)
     num_classes = int(labels.max()) + 1
     gpt = build_gpt(cfg, vq.config.num_vq_embeddings, num_classes).train()
-    opt = gpt_optimizer(gpt, cfg.lr, cfg.weight_decay)
-    sched = warmup_cosine(opt, cfg.steps, warmup=100, floor=0.1)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
+
+    def next_token_loss(seq: torch.Tensor, labels: torch.Tensor, gen: torch.Generator):
+        logits = gpt(seq[:, :-1], LlamaGenCondition(class_labels=labels))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq.reshape(-1)), None
+
     start = time.time()
-    with open(os.path.join(cfg.out, "train_log.jsonl"), "w") as log:
-        bar = tqdm(range(cfg.steps), desc="train gpt", mininterval=5)
-        for step in bar:
-            pick = torch.randint(0, tokens.shape[0], (cfg.batch_size,), generator=gen)
-            seq = tokens[pick].long()
-            logits = gpt(seq[:, :-1], LlamaGenCondition(class_labels=labels[pick]))
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                log.write(json.dumps({"step": step, "loss": loss.item(), "elapsed_s": round(time.time() - start, 1)}) + "\n")
-                log.flush()
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+    last = fit_sequences(gpt, tokens, labels, cfg, next_token_loss, desc="train gpt")
     gpt.eval()
-    metrics = {"train_minutes": round((time.time() - start) / 60, 1), "final_loss": loss.item(),
+    metrics = {"train_minutes": round((time.time() - start) / 60, 1), "final_loss": last["loss"],
                "parameters": sum(p.numel() for p in gpt.parameters())}
     gpt.save_pretrained(cfg.out)
     write_record(cfg.out, cfg, metrics)

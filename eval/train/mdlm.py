@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from vispec.eval.text_tasks import TextItem, TextTask, get_task, split_items, train_stream
-from vispec.eval.text_tokenizer import answer_ids, decode_answer, eot_token_id, prompt_ids, train_task_tokenizer
-from vispec.eval.training import warmup_cosine, write_record
+from vispec.eval.bench.text_tasks import TextItem, TextTask, get_task, split_items, train_stream
+from vispec.eval.train.common import adamw, warmup_cosine, write_record
+from vispec.eval.train.tokenizer import answer_ids, decode_answer, eot_token_id, prompt_ids, train_task_tokenizer
 from vispec.models.llada import LLaDAModelLM
 
 
@@ -212,10 +212,7 @@ def train_mdlm(cfg: MDLMTrainConfig) -> dict:
     tokenizer = train_task_tokenizer(tasks, cfg.tokenizer_corpus, cfg.seed)
     tokenizer.save_pretrained(os.path.join(cfg.out, "tokenizer"))
     model = build_model(cfg, tokenizer).train()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
+    opt = adamw(model, cfg.lr, cfg.weight_decay)
     sched = warmup_cosine(opt, cfg.steps, warmup=cfg.warmup, floor=0.1)
     streams = [train_stream(task, cfg.seed) for task in tasks]
     picker = random.Random(cfg.seed)

@@ -62,8 +62,8 @@ def train_task_tokenizer(
     tasks: Iterable = ("arithmetic", "sort", "reverse"), n_per_task: int = 2000, seed: int = 0
 ) -> PreTrainedTokenizerFast:
     """The tokenizer of the task suite: trained on ``n_per_task`` train-side prompts and answers of each task
-    (:mod:`vispec.eval.text_tasks`), plus every word a task can produce (numbers, letters)."""
-    from vispec.eval.text_tasks import get_task, split_items
+    (:mod:`vispec.eval.bench.text_tasks`), plus every word a task can produce (numbers, letters)."""
+    from vispec.eval.bench.text_tasks import get_task, split_items
 
     tasks = [get_task(task) for task in tasks]
     texts = (f"{item.prompt} {item.answer}" for task in tasks for item in split_items(task, "train", n_per_task, seed))

@@ -15,7 +15,6 @@ LlamaGen checkpoints, so :func:`vispec.models.llamagen_vq.encode_to_tokens` / ``
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -24,11 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from diffusers import VQModel
-from tqdm.auto import tqdm
 
-from vispec.eval.training import warmup_cosine, write_record
-
-from vispec.eval.data import CropSampler, to_model_range
+from vispec.eval.bench.data import CropSampler, to_model_range
+from vispec.eval.train.common import fit, warmup_cosine, write_record
 from vispec.models.llamagen_vq import llamagen_vq_config
 
 
@@ -99,37 +96,32 @@ def train_vq(cfg: VQTrainConfig) -> dict:
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
     sched = warmup_cosine(opt, cfg.steps, warmup=200)
     os.makedirs(cfg.out, exist_ok=True)
-    log_path = os.path.join(cfg.out, "train_log.jsonl")
     last_used = torch.zeros(cfg.codebook_size, dtype=torch.long)
+    batch: dict = {}  # this step's encoder outputs and codes, for the codebook restarts
+
+    def step_loss(step: int):
+        images = to_model_range(train.sample(cfg.batch_size, gen)[0])
+        z, zq, codes = quantize(vq, images)
+        recon = reconstruct(vq, z + (zq - z).detach())
+        rec = F.l1_loss(recon, images) + F.mse_loss(recon, images)
+        vq_loss = F.mse_loss(zq, z.detach()) + cfg.beta * F.mse_loss(z, zq.detach())
+        batch.update(z=z.detach(), codes=codes)
+        return rec + vq_loss, lambda: {"rec": rec.item(), "vq": vq_loss.item(), "codes_in_batch": int(codes.unique().numel())}
+
+    def restart_dead_codes(step: int) -> None:
+        last_used[batch["codes"].unique()] = step
+        if cfg.restart_every and (step + 1) % cfg.restart_every == 0:
+            dead = (step - last_used >= cfg.restart_every).nonzero().squeeze(1)
+            if dead.numel():
+                flat = batch["z"].permute(0, 2, 3, 1).reshape(-1, cfg.embed_dim)
+                pick = torch.randint(0, flat.shape[0], (dead.numel(),), generator=gen)
+                with torch.no_grad():
+                    vq.quantize.embedding.weight[dead] = flat[pick] + 0.01 * torch.randn(dead.numel(), cfg.embed_dim, generator=gen)
+                last_used[dead] = step
+
     start = time.time()
-    with open(log_path, "w") as log:
-        bar = tqdm(range(cfg.steps), desc="train vq", mininterval=5)
-        for step in bar:
-            images = to_model_range(train.sample(cfg.batch_size, gen)[0])
-            z, zq, codes = quantize(vq, images)
-            recon = reconstruct(vq, z + (zq - z).detach())
-            rec = F.l1_loss(recon, images) + F.mse_loss(recon, images)
-            vq_loss = F.mse_loss(zq, z.detach()) + cfg.beta * F.mse_loss(z, zq.detach())
-            loss = rec + vq_loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            last_used[codes.unique()] = step
-            if cfg.restart_every and (step + 1) % cfg.restart_every == 0:
-                dead = (step - last_used >= cfg.restart_every).nonzero().squeeze(1)
-                if dead.numel():
-                    flat = z.detach().permute(0, 2, 3, 1).reshape(-1, cfg.embed_dim)
-                    pick = torch.randint(0, flat.shape[0], (dead.numel(),), generator=gen)
-                    with torch.no_grad():
-                        vq.quantize.embedding.weight[dead] = flat[pick] + 0.01 * torch.randn(dead.numel(), cfg.embed_dim, generator=gen)
-                    last_used[dead] = step
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                record = {"step": step, "loss": loss.item(), "rec": rec.item(), "vq": vq_loss.item(),
-                          "codes_in_batch": int(codes.unique().numel()), "elapsed_s": round(time.time() - start, 1)}
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-                bar.set_postfix(rec=f"{record['rec']:.4f}", codes=record["codes_in_batch"])
+    fit(vq, opt, sched, cfg.steps, step_loss, out=cfg.out, desc="train vq", log_every=cfg.log_every, clip_norm=None,
+        after_step=restart_dead_codes)
     vq.eval()
     with torch.no_grad():  # bake the cosine codebook in, as for converted LlamaGen checkpoints
         vq.quantize.embedding.weight.copy_(F.normalize(vq.quantize.embedding.weight, dim=1))

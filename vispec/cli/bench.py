@@ -1,0 +1,121 @@
+"""``vispec bench decoders | image | text | kernels``: flags built from each benchmark's config dataclass."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from vispec.cli.args import add_config_args, config_from_args
+from vispec.decoding.config import split_specs
+
+DECODER_HELP = {
+    "model": "named GPT config, randomly initialised",
+    "image_tokens": "tokens per image (a square number)",
+    "init_std": "std of the random weights (LlamaGen: 0.02)",
+    "methods": "comma-separated decoding specs",
+}
+IMAGE_HELP = {
+    "model": "embedded model or pipeline folder",
+    "methods": "decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4,mc-sjd+lantern,gsd,sd,sd+lantern",
+    "num_images": "images per method for accuracy and FID",
+    "latency_images": "images decoded one at a time for batch-1 latency",
+    "noise_repeats": "extra AR runs with other seeds for the FID/accuracy noise",
+    "real_images": "held-out real crops for FID",
+    "guidance_scale": "default: the pipeline's",
+    "temperature": "default: the pipeline's",
+    "top_k": "default: the pipeline's",
+    "top_p": "default: the pipeline's",
+    "evaluator": "CropClassifier folder (default: <model>/evaluator)",
+    "lantern_k": "comma-separated k values swept for every '+lantern' method",
+    "lantern_delta": "comma-separated delta values swept for every '+lantern' method",
+}
+TEXT_HELP = {
+    "model": "embedded model name or a pipeline folder",
+    "strategies": "comma-separated: llada, threshold, factor, entropy",
+    "caches": "comma-separated caches: none, prefix, dual",
+    "tasks": "comma-separated: arithmetic, sort, reverse",
+    "num_problems": "test problems per task",
+    "batch_size": "the batched run's batch size (batch 1 always runs)",
+    "threshold": "confidence threshold τ of the threshold rule",
+    "factor": "f of the factor rule",
+    "entropy_bound": "entropy budget γ of the EB rule (nats)",
+    "gen_length": "tokens to generate (default: the model's)",
+    "block_length": "semi-AR block length (default: the model's)",
+    "early_stop_eos": "keep decoding after EOS is committed",
+}
+TEXT_FLAGS = {"caches": "--cache", "early_stop_eos": "--no-early-stop"}
+# the unmasking knobs `generate text` shares with `bench text`
+STRATEGY_KNOBS = ("threshold", "factor", "entropy_bound", "gen_length", "block_length", "early_stop_eos")
+KERNEL_HELP = {
+    "rows": "rows per call",
+    "vocab": "vocabulary sizes",
+    "ops": "comma-separated: verify, unmask",
+    "window": "rows per sample in a verification pass",
+    "guidance_scale": "CFG scale fused into verification",
+    "dtype": "logits dtype: float32, bfloat16 or float16",
+    "device": "auto (cuda if available), cuda or cpu",
+    "repeats": "timed calls per measurement (0: fit in --max-seconds)",
+    "max_seconds": "time budget per measurement when --repeats is 0",
+    "step_batch": "samples in the decoding-step shares (0: 32 on CUDA, 4 on CPU)",
+    "peak_gbps": "device peak memory bandwidth (default: from the device name)",
+    "compile_check": "skip the sm_80/sm_90 compile check on CPU",
+}
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# bench name -> (module, config class, run function, table function)
+BENCHES = {
+    "decoders": ("vispec.eval.bench.decoders", "DecoderBenchConfig", "run_decoder_bench", "format_table"),
+    "image": ("vispec.eval.bench.image", "ImageBenchConfig", "run_image_bench", "format_image_table"),
+    "text": ("vispec.eval.bench.text", "TextBenchConfig", "run_text_bench", "format_text_table"),
+    "kernels": ("vispec.eval.bench.kernels", "KernelBenchConfig", "run_kernel_bench", "format_kernel_table"),
+}
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark named by the subcommand, print its table and write its JSON (and the image bench's plot)."""
+    from vispec.eval.bench.report import emit
+
+    module_name, config_name, run_name, table_name = BENCHES[args.subcommand]
+    module = importlib.import_module(module_name)
+    result = getattr(module, run_name)(config_from_args(getattr(module, config_name), args), progress=_progress)
+    emit(getattr(module, table_name)(result), result, args.json_path)
+    if args.subcommand == "image":
+        plot = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else None)
+        if plot:
+            print(f"wrote {module.speed_fid_plot(result, plot)}")
+    return 0
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    from vispec.eval.bench.decoders import DecoderBenchConfig
+    from vispec.eval.bench.image import ImageBenchConfig
+    from vispec.eval.bench.kernels import KernelBenchConfig
+    from vispec.eval.bench.text import TextBenchConfig
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="subcommand", metavar="BENCH")
+    specs = {"methods": split_specs}
+
+    decoders = bench.add_parser("decoders", help="AR vs SJD vs MC-SJD on a randomly initialised LlamaGen GPT")
+    add_config_args(decoders, DecoderBenchConfig, help=DECODER_HELP, splitters=specs)
+    decoders.set_defaults(func=_cmd_bench)
+
+    image = bench.add_parser("image", help="speed, accuracy and FID of the decoders on a LlamaGen pipeline")
+    add_config_args(image, ImageBenchConfig, help=IMAGE_HELP, splitters=specs)
+    image.add_argument("--plot", default=None, help="speed-versus-FID PNG (default: next to --json)")
+    image.set_defaults(func=_cmd_bench)
+
+    text = bench.add_parser("text", help="accuracy and speed of unmasking strategies and caches on a masked diffusion LM")
+    add_config_args(text, TextBenchConfig, help=TEXT_HELP, flags=TEXT_FLAGS)
+    text.set_defaults(func=_cmd_bench)
+
+    kernels = bench.add_parser("kernels", help="Triton verification/unmasking kernels against the PyTorch reference")
+    add_config_args(kernels, KernelBenchConfig, help=KERNEL_HELP)
+    kernels.set_defaults(func=_cmd_bench)
+    for parser in (decoders, image, text, kernels):
+        parser.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")

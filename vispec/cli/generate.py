@@ -1,0 +1,100 @@
+"""``vispec generate image | text``: samples from a LlamaGen pipeline or a masked diffusion LM pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from vispec.cli.args import add_config_args
+from vispec.cli.bench import STRATEGY_KNOBS, TEXT_FLAGS, TEXT_HELP
+
+
+def _quiet(args: argparse.Namespace) -> None:
+    if args.quiet:
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+
+
+def _cmd_image(args: argparse.Namespace) -> int:
+    import torch
+
+    from vispec.pipelines import LlamaGenPipeline
+
+    _quiet(args)
+    pipe = LlamaGenPipeline.from_pretrained(args.model)
+    pipe.set_progress_bar_config(disable=args.quiet)
+    if args.num_images < 1:
+        raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
+    generators = [torch.Generator().manual_seed(args.seed + i) for i in range(args.num_images)]
+    out = pipe(class_labels=[args.class_label] * args.num_images, guidance_scale=args.guidance_scale,
+               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, decoding=args.decoding,
+               generator=generators)
+    stem, ext = os.path.splitext(args.out)
+    for i, (image, stats) in enumerate(zip(out.images, out.stats)):
+        path = args.out if args.num_images == 1 else f"{stem}-{i}{ext or '.png'}"
+        image.save(path)
+        print(f"{path}: {stats['method']} NFE {stats['nfe']} for {stats['tokens']} tokens "
+              f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.2f} s")
+    return 0
+
+
+def _cmd_text(args: argparse.Namespace) -> int:
+    import torch
+
+    from vispec.dllm import make_scheduler
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    _quiet(args)
+    settings = {"threshold": {"threshold": args.threshold}, "factor": {"factor": args.factor},
+                "entropy": {"gamma": args.entropy_bound}, "llada": {"remasking": args.remasking}}
+    if args.strategy not in settings:
+        raise ValueError(f"--strategy must be one of {tuple(settings)}, got {args.strategy!r}")
+    scheduler = make_scheduler(args.strategy, **settings[args.strategy])
+    pipe = MaskedDiffusionLMPipeline.from_pretrained(args.model)
+    pipe.set_progress_bar_config(disable=args.quiet)
+    out = pipe(prompt=args.prompt, strategy=scheduler, cache=args.cache, gen_length=args.gen_length,
+               block_length=args.block_length, num_inference_steps=args.steps, temperature=args.temperature,
+               guidance_scale=args.guidance_scale, early_stop_eos=args.early_stop_eos,
+               generator=torch.Generator().manual_seed(args.seed))
+    stats = out.stats[0]
+    print(out.texts[0])
+    print(f"[{args.strategy} + {args.cache} cache: NFE {stats['nfe']} for {stats['tokens']} tokens "
+          f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.3f} s]", file=sys.stderr)
+    return 0
+
+
+def add_generate(sub: argparse._SubParsersAction) -> None:
+    from vispec.eval.bench.text import TextBenchConfig
+
+    generate = sub.add_parser("generate", help="generate samples").add_subparsers(dest="subcommand", metavar="KIND")
+    image = generate.add_parser("image", help="class-conditional images from a LlamaGen pipeline")
+    image.add_argument("--model", default="tiny-c2i", help="embedded model name or a pipeline folder (default: %(default)s)")
+    image.add_argument("--class", dest="class_label", type=int, required=True)
+    image.add_argument("--decoding", default=None,
+                       help="ar, sjd[-init], mc-sjd[-coupling], sd, optionally +lantern[:k=..,delta=..] or +gsd (lossy); "
+                            "default: the pipeline's")
+    image.add_argument("--seed", type=int, default=0)
+    image.add_argument("--num-images", type=int, default=1)
+    image.add_argument("--guidance-scale", type=float, default=None)
+    image.add_argument("--temperature", type=float, default=None)
+    image.add_argument("--top-k", type=int, default=None)
+    image.add_argument("--top-p", type=float, default=None)
+    image.add_argument("--out", default="image.png")
+    image.add_argument("--quiet", action="store_true", help="no progress bar")
+    image.set_defaults(func=_cmd_image)
+
+    text = generate.add_parser("text", help="text from a masked diffusion LM pipeline")
+    text.add_argument("--model", default="tiny-mdlm", help="embedded model name or a pipeline folder (default: %(default)s)")
+    text.add_argument("--prompt", required=True)
+    text.add_argument("--strategy", default="threshold", help="llada, threshold, factor or entropy (default: %(default)s)")
+    text.add_argument("--remasking", default="low_confidence", help="llada: low_confidence or random")
+    text.add_argument("--cache", default="none", help="none, prefix or dual (default: %(default)s)")
+    text.add_argument("--steps", type=int, default=None, help="llada: total steps (default: gen length)")
+    text.add_argument("--temperature", type=float, default=0.0)
+    text.add_argument("--guidance-scale", type=float, default=1.0, help="1 = off (LLaDA's cfg_scale w is w + 1)")
+    text.add_argument("--seed", type=int, default=0)
+    text.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_config_args(text, TextBenchConfig, only=STRATEGY_KNOBS, help=TEXT_HELP, flags=TEXT_FLAGS)
+    text.set_defaults(func=_cmd_text)

@@ -1,0 +1,37 @@
+"""``vispec train MODEL``: the embedded models' trainers and assemblers, flags from their config dataclasses."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+from vispec.cli.args import add_config_args, config_from_args
+
+TRAINERS = {
+    # name: (module, config class, train function, help)
+    "vq": ("vispec.eval.train.vq", "VQTrainConfig", "train_vq", "the tiny-c2i VQ tokenizer"),
+    "evaluator": ("vispec.eval.train.evaluator", "EvaluatorTrainConfig", "train_evaluator", "the tiny-c2i crop classifier (accuracy, FID features)"),
+    "gpt": ("vispec.eval.train.gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
+    "assemble": ("vispec.eval.train.assemble", "AssembleConfig", "assemble", "write the trained parts as the embedded tiny-c2i pipeline"),
+    "drafter": ("vispec.eval.train.drafter", "DrafterTrainConfig", "train_drafter", "the tiny-c2i-drafter GPT, distilled from tiny-c2i's samples"),
+    "assemble-drafter": ("vispec.eval.train.assemble", "DrafterAssembleConfig", "assemble_drafter", "add a trained drafter (and LANTERN's neighbour table) to a pipeline folder"),
+    "mdlm": ("vispec.eval.train.mdlm", "MDLMTrainConfig", "train_mdlm", "the tiny-mdlm masked diffusion LM (task suite, tokenizer, SFT)"),
+    "assemble-mdlm": ("vispec.eval.train.assemble", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as the embedded tiny-mdlm pipeline"),
+}
+
+
+def _run(config_cls: type, train, args: argparse.Namespace) -> int:
+    print(json.dumps(train(config_from_args(config_cls, args)), indent=2))
+    return 0
+
+
+def add_train(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser("train", help="train the embedded models (needs vispec[train])")
+    trainers = train.add_subparsers(dest="subcommand", metavar="MODEL")
+    for name, (module, config_name, func_name, help_text) in TRAINERS.items():
+        mod = importlib.import_module(module)
+        config_cls, func = getattr(mod, config_name), getattr(mod, func_name)
+        parser = trainers.add_parser(name, help=help_text)
+        add_config_args(parser, config_cls)
+        parser.set_defaults(func=lambda args, config_cls=config_cls, func=func: _run(config_cls, func, args))
