@@ -80,11 +80,12 @@ def run_tiny_c2i_demo(out_dir: str) -> dict:
     grid_path = os.path.join(out_dir, "grid.png")
     grid.save(grid_path)
     sampling = pipe.decoding_config.sampling().to_dict()
-    table = [f"{'method':<36} {'nfe':>7} {'step x':>7} {'latency s':>10} {'speedup':>8} {'TV mean':>8}"]
+    width = max(len("method"), *(len(methods[m]["decoder"]) for m in DEMO_METHODS))
+    table = [f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'latency s':>10} {'speedup':>8} {'TV mean':>8}"]
     for m in DEMO_METHODS:
         r = methods[m]
         tv = f"{r['tv_mean']:>8.4f}" if "tv_mean" in r else f"{'exact':>8}"
-        table.append(f"{r['decoder']:<36} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>10.3f} {r['speedup']:>8.2f} {tv}")
+        table.append(f"{r['decoder']:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>10.3f} {r['speedup']:>8.2f} {tv}")
     report = {"model": "vispec/tiny-c2i", "classes": {c: CLASS_NAMES[c] for c in labels}, "sampling": sampling,
               "window": pipe.decoding_config.config.window, "methods": methods, "grid": grid_path}
     print("\n".join(table))
