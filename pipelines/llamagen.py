@@ -195,8 +195,7 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
         """
         # 1. check inputs
         self.check_inputs(output_type, num_images_per_prompt, callback_on_step_end_tensor_inputs)
-        config = DecodingConfig.resolve(decoding, base=self.decoding_config,
-                                        acceptance=acceptance.config if isinstance(acceptance, AcceptanceRule) else acceptance)
+        config = DecodingConfig.resolve(decoding, base=self.decoding_config, acceptance=acceptance)
         rule = acceptance if isinstance(acceptance, AcceptanceRule) else self.acceptance_rule(config.rule)
         if config.config.strategy == "sd" and self.drafter is None:
             raise ValueError("decoding 'sd' needs a drafter: this pipeline has none (pass drafter= when building it)")

@@ -115,17 +115,14 @@ def add_config_args(
             kwargs["required"] = True
         else:
             kwargs["default"] = default
+        on = kind is bool and default is not dataclasses.MISSING and bool(default)  # a switch that defaults to on
+        flag = flags.get(name) or ("--no-" if on else "--") + name.replace("_", "-")
         if kind is bool:
-            on = bool(default) if default is not dataclasses.MISSING else False
-            flag = flags.get(name) or ("--no-" if on else "--") + name.replace("_", "-")
             parser.add_argument(flag, action="store_false" if on else "store_true", **kwargs)
         elif origin is tuple:
-            item_type = typing.get_args(kind)[0]
-            flag = flags.get(name) or "--" + name.replace("_", "-")
             parser.add_argument(flag, nargs="+", action=_ListAction, split=splitters.get(name, split_list),
-                                item_type=item_type, metavar=name.upper(), **kwargs)
+                                item_type=typing.get_args(kind)[0], metavar=name.upper(), **kwargs)
         else:
-            flag = flags.get(name) or "--" + name.replace("_", "-")
             if kind in (int, float):
                 kwargs["type"] = kind
             parser.add_argument(flag, **kwargs)
