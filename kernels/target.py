@@ -24,8 +24,8 @@ from torch import Tensor
 from vispec.kernels import verify
 from vispec.kernels.backend import resolve_backend
 from vispec.kernels.philox import Stream, exponentials, uniforms
-from vispec.kernels.verify import Drafts, LogitRows, SampleRequest, as_long
-from vispec.sampling import PositionProcessor, SamplingConfig, guided_logits, process_logits
+from vispec.kernels.verify import Drafts, LogitRows, SampleRequest, as_long, noise_race
+from vispec.sampling import PositionProcessor, SamplingConfig, guided_logits, process_logits_status, raise_status
 
 
 def block_size(vocab_size: int) -> int:
@@ -52,9 +52,10 @@ class Target:
         processors: per-position logits processors (applied in PyTorch before the kernels).
         backend: ``"auto"``, ``"triton"`` or ``"reference"``.
         block: vocabulary tile of the kernels (default :func:`block_size`).
-        validate: check index arguments against their ranges (token ids, row indices). Each check
-            reads a value back from the device; decoders that build the indices themselves turn
-            it off. Kernels do not bounds-check these indices.
+        validate: check index arguments against their ranges (token ids, row indices) and raise on NaN
+            logits at once. Each check reads a value back from the device; decoders that build the
+            indices themselves turn it off, and check :attr:`status` once per step instead
+            (:meth:`check_status`). Kernels do not bounds-check these indices.
     """
 
     def __init__(
@@ -91,9 +92,13 @@ class Target:
         sampling.check_vocab(vocab)
         self._row_stats: Optional[tuple[Tensor, Tensor, Tensor]] = None  # (m, s, amax) of the last accept kernel
         self.logit_rows: Optional[LogitRows] = None
+        # worst problem seen so far, on the device (vispec.sampling.STATUS_*), checked at the caller's sync point
+        self.status = torch.zeros((), dtype=torch.int64, device=self.device)
         if self.backend == "reference":
-            self.probs: Optional[Tensor] = process_logits(cond[None], None if uncond is None else uncond[None],
-                                                          self.positions[None], sampling, processors)[0]
+            probs, status = process_logits_status(cond[None], None if uncond is None else uncond[None], self.positions[None],
+                                                  sampling, processors)
+            self.probs: Optional[Tensor] = probs[0]
+            self._raise_status(status)
             return
         self.probs = None
         self.logit_rows = self._logit_rows(cond, uncond, processors)
@@ -154,11 +159,15 @@ class Target:
         return self.probs
 
     def _raise_status(self, status: Tensor) -> None:
-        worst = int(status.max()) if status.numel() else 0
-        if worst == 1:
-            raise ValueError("logits contain NaN; the model produced invalid outputs")
-        if worst == 2:
-            raise ValueError("every token was masked out at some position (all logits -inf after processing)")
+        """Raise on a bad status now (``validate``), or keep the worst for :meth:`check_status`."""
+        if self.validate:
+            raise_status(status)
+        elif status.numel():
+            self.status = torch.maximum(self.status, status.max().to(self.status.device))
+
+    def check_status(self) -> None:
+        """Raise if any operation so far saw NaN logits or a position with no token left (one read-back)."""
+        raise_status(self.status)
 
     # ---- operations ----------------------------------------------------------------------------
 
@@ -177,8 +186,10 @@ class Target:
         real = (drafts.tokens >= 0) & (self.row_sample >= 0)
         return verify.accept_reference(self.probs, drafts, self.accept_uniforms(draws) if uniforms is None else uniforms, real)
 
-    def first_rejection(self, accepted: Tensor, row_start: Tensor, num_drafts: Tensor) -> Tensor:
-        """``[B]`` leading accepted rows among ``row_start[b] .. row_start[b] + num_drafts[b] - 1``."""
+    def first_rejection(self, accepted: Tensor, row_start: Tensor, num_drafts: Tensor, width: Optional[int] = None) -> Tensor:
+        """``[B]`` leading accepted rows among ``row_start[b] .. row_start[b] + num_drafts[b] - 1``.
+
+        ``width``: a bound on ``num_drafts`` known on the host (else it is read back from the device)."""
         batch = num_drafts.shape[0] if num_drafts.dim() == 1 else -1
         row_start = as_long(row_start, "row_start", (batch,))
         num_drafts = as_long(num_drafts, "num_drafts", (batch,))
@@ -187,13 +198,14 @@ class Target:
             raise ValueError(f"row_start + num_drafts must describe rows inside [0, {self.num_rows}] with num_drafts >= 0")
         if self.backend == "triton":
             return _kernels().launch_first_rejection(accepted, row_start, num_drafts)
-        return verify.first_rejection_reference(accepted, row_start, num_drafts)
+        return verify.first_rejection_reference(accepted, row_start, num_drafts, width)
 
     def sample(self, request: SampleRequest, drafts: Optional[Drafts] = None) -> tuple[Tensor, Tensor]:
         """``(residual_tokens [T], fresh_tokens [T])``, -1 on rows not asked for (:class:`SampleRequest`)."""
+        wants_residual, wants_fresh = request.residual is not None, request.fresh is not None
         request = request.checked(self.num_rows, self.vocab, self.device, self.validate)
         if drafts is None:
-            if bool(request.residual.any()):
+            if wants_residual and self.validate and bool(request.residual.any()):
                 raise ValueError("residual rows need drafts")
             drafts = Drafts.none(self.num_rows, self.device)
         drafts = drafts.checked(self.num_rows, self.vocab, self.validate)
@@ -205,23 +217,32 @@ class Target:
                     self.logit_rows, Drafts.none(self.num_rows, self.device), torch.zeros_like(self.positions), None)
                 self._raise_status(status)
             return _kernels().launch_sample(self.logit_rows, self._row_stats, request, drafts)
-        residual_noise, fresh_noise = self._race_noise(request)
-        tokens = verify.sample_reference(self.probs, request.residual, request.fresh, drafts, residual_noise, fresh_noise)
+        race = (noise_race(request.noise.residual, request.noise.fresh) if request.noise is not None
+                else self._keyed_race(request))
+        tokens = verify.sample_reference(self.probs, request.residual if wants_residual else None,
+                                         request.fresh if wants_fresh else None, drafts, race)
         if request.store_rows is not None:
-            keep = (request.store_rows >= 0) & (self.row_sample >= 0)
-            request.store_out[request.store_rows[keep]] = self.probs[keep].to(request.store_out.dtype)
+            self._store(request.store_rows, request.store_out)
         return tokens
 
-    def _race_noise(self, request: SampleRequest) -> tuple[Tensor, Tensor]:
-        """Exp(1) rows for the residual and the fresh rows of a checked request, in row order."""
-        rr, fr = request.residual.nonzero().squeeze(1), request.fresh.nonzero().squeeze(1)
-        if request.noise is not None:
-            return request.noise.residual[rr], request.noise.fresh[fr]
-        # one Philox evaluation for both kinds of rows (counter-keyed: the same numbers as two calls)
-        noise = self.race_noise(torch.cat([rr, fr]),
-                                torch.cat([torch.full_like(rr, int(Stream.RESIDUAL)), request.fresh_stream[fr]]),
-                                torch.cat([request.residual_draws[rr], request.fresh_draws[fr]]))
-        return noise[: rr.numel()], noise[rr.numel():]
+    def _keyed_race(self, request: SampleRequest) -> verify.RaceFn:
+        """Races with every row's Philox noise: RESIDUAL keyed by ``residual_draws``, the fresh stream by ``fresh_draws``."""
+        def race(weights: Tensor, kind: str) -> Tensor:
+            if kind == "residual":
+                stream, draws = torch.full_like(self.positions, int(Stream.RESIDUAL)), request.residual_draws
+            else:
+                stream, draws = request.fresh_stream, request.fresh_draws
+            noise = exponentials(self._row_seeds(), self.positions[:, None], stream[:, None], draws, self.vocab)[:, 0]
+            return verify.race_argmax(weights, noise)
+        return race
+
+    def _store(self, store_rows: Tensor, store_out: Tensor) -> None:
+        """``store_out[store_rows[t]] = p_t`` for real rows with ``store_rows[t] >= 0``, without a read-back: the
+        other rows go to a scratch row past the end (the kept indices are distinct)."""
+        keep = (store_rows >= 0) & (self.row_sample >= 0)
+        scratch = torch.cat([store_out, store_out.new_zeros(1, store_out.shape[1])])
+        scratch.index_copy_(0, torch.where(keep, store_rows, store_out.shape[0]), self.probs.to(store_out.dtype))
+        store_out.copy_(scratch[:-1])
 
 
 def window_target(

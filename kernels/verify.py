@@ -35,7 +35,7 @@ the noise an explicit input, so a kernel can reproduce the choice exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -227,9 +227,11 @@ def accept_reference(p: Tensor, drafts: Drafts, u: Tensor, real: Tensor) -> Tens
     return speculative_test(u, drafts.q_at_draft(p_at.dtype), p_at) & real
 
 
-def first_rejection_reference(accepted: Tensor, row_start: Tensor, num_drafts: Tensor) -> Tensor:
-    """``[B]`` leading accepted rows among ``row_start[b] .. row_start[b] + num_drafts[b] - 1``."""
-    width = int(num_drafts.max()) if num_drafts.numel() else 0
+def first_rejection_reference(accepted: Tensor, row_start: Tensor, num_drafts: Tensor, width: Optional[int] = None) -> Tensor:
+    """``[B]`` leading accepted rows among ``row_start[b] .. row_start[b] + num_drafts[b] - 1`` (``width``: a
+    host-side bound on ``num_drafts``; without it the maximum is read back from the device)."""
+    if width is None:
+        width = int(num_drafts.max()) if num_drafts.numel() else 0
     slots = torch.arange(width, device=accepted.device)
     real = slots[None, :] < num_drafts[:, None]
     if not width:
@@ -238,18 +240,32 @@ def first_rejection_reference(accepted: Tensor, row_start: Tensor, num_drafts: T
     return torch.cumprod(flags.to(torch.int64), dim=1).sum(dim=1)
 
 
-def sample_reference(p: Tensor, residual: Tensor, fresh: Tensor, drafts: Drafts, residual_noise: Tensor,
-                     fresh_noise: Tensor) -> tuple[Tensor, Tensor]:
+RaceFn = Callable[[Tensor, str], Tensor]
+"""``race(weights [T, V], kind) -> [T]``: every row's exponential race over ``weights`` with the noise of
+``kind`` (``"residual"`` or ``"fresh"``) for that row."""
+
+
+def sample_reference(p: Tensor, residual: Optional[Tensor], fresh: Optional[Tensor], drafts: Drafts,
+                     race: RaceFn) -> tuple[Tensor, Tensor]:
     """``(residual_tokens [T], fresh_tokens [T])`` (-1 where not asked): races over :func:`residual_weights`
-    of the rows in ``residual`` and over ``p`` of the rows in ``fresh``, with ``[R, V]`` noise for each
-    set's rows in row order."""
-    rows = p.shape[0]
-    rr, fr = residual.nonzero().squeeze(1), fresh.nonzero().squeeze(1)
-    residual_tokens = torch.full((rows,), -1, dtype=torch.int64, device=p.device)
-    fresh_tokens = residual_tokens.clone()
-    if rr.numel():
-        weights = residual_weights(p[rr], drafts.dense(rr, p.shape[-1], p.dtype))
-        residual_tokens[rr] = sample_from_weights(weights, residual_noise)
-    if fr.numel():
-        fresh_tokens[fr] = sample_from_weights(p[fr], fresh_noise)
+    of the rows in ``residual`` and over ``p`` of the rows in ``fresh`` (None: no row asks).
+
+    Dense and static: every row races (its noise is keyed per row, so the rows not asked for change
+    nothing), and no shape depends on the flags, so no value is read back from the device."""
+    none = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
+    residual_tokens = fresh_tokens = none
+    if residual is not None:
+        weights = residual_weights(p, drafts.dense(torch.arange(p.shape[0], device=p.device), p.shape[-1], p.dtype))
+        residual_tokens = torch.where(residual, race(_race_dtype(weights), "residual"), none)
+    if fresh is not None:
+        fresh_tokens = torch.where(fresh, race(_race_dtype(p), "fresh"), none)
     return residual_tokens, fresh_tokens
+
+
+def _race_dtype(weights: Tensor) -> Tensor:
+    return weights.to(torch.float32) if weights.dtype != torch.float64 else weights
+
+
+def noise_race(residual: Tensor, fresh: Tensor) -> RaceFn:
+    """A :data:`RaceFn` with given Exp(1) noise ``[T, V]`` per kind (tests, :class:`InjectedNoise`)."""
+    return lambda weights, kind: race_argmax(weights, residual if kind == "residual" else fresh)

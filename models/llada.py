@@ -42,13 +42,25 @@ their own padding and positions (batch > 1 with different left padding is exact)
 from the current sequence the span logits equal the full forward's; with a stale cache only the cached
 positions' contributions are stale: the approximation Fast-dLLM makes on purpose. Refresh the cache (one
 full forward, counted as an NFE) at block boundaries.
+
+**Static, compilable forwards.** Each entry point (``forward``, ``compute_kv_cache``, ``forward_span``) checks
+its arguments on the host (shapes, dtypes, ``start``; nothing read back from a tensor) and then runs a core,
+``_full_core`` or ``_span_core``, that reads no tensor value on the host and branches only on shapes and
+Python flags: no ``.item()``, no skipping an all-ones mask (a given ``attention_mask`` is always applied;
+pass None when nothing is padded), and the span's positions enter as an index tensor, so ``start`` does not
+shape the graph. With ``compile=True`` the entry points run the core through
+``torch.compile(fullgraph=True)`` (:meth:`LLaDAModelLM.compiled_core`, cached on the model)::
+
+    model(x, mask, compile=True)                                  # one graph per input shape
+    model.forward_span(x[:, s:e], s, cache, compile=True)         # one graph for every block start
+    model.forward_span(x[:, s:], s, cache, compile=True, dynamic=True)  # shrinking spans: symbolic length
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +84,19 @@ def position_ids_from_mask(attention_mask: Optional[Tensor], batch: int, length:
     if attention_mask is None:
         return torch.arange(length, device=device)[None].expand(batch, -1)
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def key_mask(attention_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """Bool key mask ``[B, N]`` (True = visible) from ``attention_mask`` (0/1 or bool), or None for None.
+
+    An all-padding row sees every key (finite garbage instead of NaN). No value is read back: a given mask
+    is always applied, even when it hides nothing (callers that know there is no padding pass None, as
+    :func:`vispec.dllm.decode` does after one check before its block loop).
+    """
+    if attention_mask is None:
+        return None
+    mask = attention_mask.bool()
+    return mask | ~mask.any(-1, keepdim=True)
 
 
 class LLaDABlock(nn.Module):
@@ -256,16 +281,13 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
         if input_ids.shape[1] < 1:
             raise ValueError(f"{name} must hold at least one position, got shape {tuple(input_ids.shape)}")
 
-    def _key_mask(self, attention_mask: Optional[Tensor], shape: torch.Size) -> Optional[Tensor]:
-        """``attention_mask [B, N]`` (0/1 or bool) -> bool, or None when there is nothing to hide."""
+    def _check_mask(self, attention_mask: Optional[Tensor], shape: torch.Size) -> Optional[Tensor]:
+        """Shape check only (no read-back): ``attention_mask`` on the model's device, or None."""
         if attention_mask is None:
             return None
         if attention_mask.shape != shape:
             raise ValueError(f"attention_mask must have shape {tuple(shape)} like input_ids, got {tuple(attention_mask.shape)}")
-        mask = attention_mask.to(self.device).bool()
-        if bool(mask.all()):
-            return None
-        return mask | ~mask.any(-1, keepdim=True)  # an all-padding row attends to everything (finite garbage)
+        return attention_mask.to(self.device)
 
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(positions, self.head_dim, self.config.rope_theta)
@@ -276,37 +298,52 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ full forward
     def forward(
-        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None
+        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None, *,
+        compile: bool = False,
     ) -> LLaDAOutput:
         """Logits ``[B, N, embedding_size]`` (float32) for ``input_ids [B, N]`` (mask token at masked positions).
 
         ``attention_mask [B, N]``: 1/True for real tokens, 0/False for (left) padding, hidden from all queries.
         ``position_ids [B, N]`` override the RoPE positions (default ``cumsum(attention_mask) - 1``).
+        ``compile``: run the static core through ``torch.compile(fullgraph=True)`` (:meth:`compiled_core`).
         """
-        return self._full(input_ids, attention_mask, position_ids, keep_kv=False)
+        return self._full(input_ids, attention_mask, position_ids, keep_kv=False, compile=compile)
 
     @torch.no_grad()
     def compute_kv_cache(
-        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None
+        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None, *,
+        compile: bool = False,
     ) -> LLaDAOutput:
         """One full forward returning ``logits`` (as :meth:`forward`) and ``kv_cache`` for :meth:`forward_span`."""
-        return self._full(input_ids, attention_mask, position_ids, keep_kv=True)
+        return self._full(input_ids, attention_mask, position_ids, keep_kv=True, compile=compile)
 
-    def _full(
-        self, input_ids: Tensor, attention_mask: Optional[Tensor], position_ids: Optional[Tensor], keep_kv: bool
-    ) -> LLaDAOutput:
+    def _full(self, input_ids: Tensor, attention_mask: Optional[Tensor], position_ids: Optional[Tensor], keep_kv: bool,
+              compile: bool) -> LLaDAOutput:
         self._check_ids(input_ids, "input_ids")
         input_ids = input_ids.to(self.device)
+        attention_mask = self._check_mask(attention_mask, input_ids.shape)
+        if position_ids is not None:
+            if position_ids.shape != input_ids.shape:
+                raise ValueError(
+                    f"position_ids must have shape {tuple(input_ids.shape)} like input_ids, got {tuple(position_ids.shape)}"
+                )
+            position_ids = position_ids.to(self.device)
+        core = self.compiled_core("_full_core") if compile else self._full_core
+        logits, keys, values, positions, mask = core(input_ids, attention_mask, position_ids, keep_kv)
+        cache = LLaDAKVCache(keys, values, input_ids.clone(), positions, mask) if keep_kv else None
+        return LLaDAOutput(logits=logits, kv_cache=cache)
+
+    def _full_core(
+        self, input_ids: Tensor, attention_mask: Optional[Tensor], position_ids: Optional[Tensor], keep_kv: bool
+    ) -> tuple[Tensor, list[Tensor], list[Tensor], Tensor, Optional[Tensor]]:
+        """The full forward on checked inputs: static shapes, no host read-back (compilable with ``fullgraph``).
+
+        Returns ``logits`` and, with ``keep_kv``, the per-layer K/V, the RoPE positions and the key mask.
+        """
         bsz, length = input_ids.shape
-        mask = self._key_mask(attention_mask, input_ids.shape)
+        mask = key_mask(attention_mask)
         if position_ids is None:
-            given = None if attention_mask is None else attention_mask.to(self.device)
-            position_ids = position_ids_from_mask(given, bsz, length, self.device)
-        elif position_ids.shape != input_ids.shape:
-            raise ValueError(
-                f"position_ids must have shape {tuple(input_ids.shape)} like input_ids, got {tuple(position_ids.shape)}"
-            )
-        position_ids = position_ids.to(self.device)
+            position_ids = position_ids_from_mask(attention_mask, bsz, length, input_ids.device)
         cos, sin = self._rope(position_ids)
         attn_mask = None if mask is None else mask[:, None, None, :]
         h = self.model.transformer.wte(input_ids)
@@ -320,18 +357,22 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
         logits = self._head(h)
         if self.config.logits_shift:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        cache = LLaDAKVCache(keys, values, input_ids.clone(), position_ids.clone(), mask) if keep_kv else None
-        return LLaDAOutput(logits=logits, kv_cache=cache)
+        return logits, keys, values, position_ids.clone(), mask
 
     # ------------------------------------------------------------------ block-cached forward
     @torch.no_grad()
-    def forward_span(self, span_ids: Tensor, start: int, cache: LLaDAKVCache, *, use_suffix: bool = True) -> LLaDAOutput:
+    def forward_span(self, span_ids: Tensor, start: int, cache: LLaDAKVCache, *, use_suffix: bool = True,
+                     compile: bool = False, dynamic: bool = False) -> LLaDAOutput:
         """Logits ``[B, S, embedding_size]`` for positions ``[start, start + S)`` given ``span_ids [B, S]``.
 
         The span's queries attend to the cached K/V of positions ``[0, start)`` (and ``[start + S, N)`` with
         ``use_suffix``; DualCache) plus the span's fresh K/V, which are written into ``cache`` at the span's
         positions (in place). Padding and RoPE positions come from the cache, so every row keeps its own.
         With ``logits_shift`` the position before the span is recomputed too (from ``cache.input_ids``).
+
+        The span's positions reach the core as an index tensor, not as slice bounds, so one graph serves
+        every ``start`` (``compile=True``: :meth:`compiled_core`; ``dynamic=True`` compiles it with
+        symbolic shapes, for spans whose length changes from call to call, as PrefixCache's do).
         """
         if not isinstance(cache, LLaDAKVCache):
             raise ValueError(f"cache must be a LLaDAKVCache from compute_kv_cache, got {type(cache).__name__}")
@@ -345,19 +386,60 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
             raise ValueError(f"start must satisfy 0 <= start and start + span length ({width}) <= {total}, got {start}")
         end = start + width
         lo = start - 1 if self.config.logits_shift and start > 0 else start
-        span_ids = span_ids.to(self.device)
-        cache.input_ids[:, start:end] = span_ids
-        ids = cache.input_ids[:, lo:end]
-        cos, sin = self._rope(cache.positions[:, lo:end])
-        kv_end = total if use_suffix else end
-        attn_mask = None if cache.key_mask is None else cache.key_mask[:, None, None, :kv_end]
+        index = torch.arange(lo, end, device=self.device)
+        core = self.compiled_core("_span_core", dynamic=dynamic) if compile else self._span_core
+        logits = core(span_ids.to(self.device), index, start - lo, None if use_suffix else end, cache.input_ids,
+                      cache.positions, cache.key_mask, cache.keys, cache.values)
+        return LLaDAOutput(logits=logits)
+
+    def _span_core(self, span_ids: Tensor, index: Tensor, offset: int, kv_end: Optional[int], cache_ids: Tensor,
+                   positions: Tensor, mask: Optional[Tensor], keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        """The span forward on checked inputs: static shapes, no host read-back (compilable with ``fullgraph``).
+
+        ``index [W]``: the positions computed (the span, after ``offset`` recomputed ones before it for
+        ``logits_shift``); ``kv_end``: attend to cache positions ``[0, kv_end)`` (None: all). Writes the
+        span's ids and K/V into the cache tensors in place.
+        """
+        span = index[offset:]
+        cache_ids.index_copy_(1, span, span_ids)
+        ids = cache_ids.index_select(1, index)
+        cos, sin = self._rope(positions.index_select(1, index))
+        attn_mask = None if mask is None else mask[:, None, None, :kv_end]
         h = self.model.transformer.wte(ids)
-        for block, keys, values in zip(self.model.transformer.blocks, cache.keys, cache.values):
+        for block, k_cache, v_cache in zip(self.model.transformer.blocks, keys, values):
             q, k, v = block.project(h, cos, sin)
-            keys[:, :, start:end] = k[:, :, start - lo :]
-            values[:, :, start:end] = v[:, :, start - lo :]
-            h = block.finish(h, q, keys[:, :, :kv_end], values[:, :, :kv_end], attn_mask)
+            k_cache.index_copy_(2, span, k[:, :, offset:])
+            v_cache.index_copy_(2, span, v[:, :, offset:])
+            h = block.finish(h, q, k_cache[:, :, :kv_end], v_cache[:, :, :kv_end], attn_mask)
         logits = self._head(h)
         if self.config.logits_shift:
-            logits = logits[:, :-1] if lo < start else torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return LLaDAOutput(logits=logits)
+            logits = logits[:, :-1] if offset else torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits
+
+    # ------------------------------------------------------------------ torch.compile
+    def compiled_core(self, name: str, dynamic: bool = False) -> Callable:
+        """``torch.compile(core, fullgraph=True, dynamic=dynamic)`` of ``"_full_core"`` or ``"_span_core"``,
+        cached on the model (repeated calls reuse the graphs; a new input shape compiles a new graph once).
+
+        The cores read no tensor value on the host and branch only on shapes and Python flags, so
+        ``fullgraph=True`` holds (any graph break raises). ``dynamic=False`` specialises on every shape;
+        torch's per-function recompile limit (``torch._dynamo.config.recompile_limit``, 8 by default, a
+        hard error with ``fullgraph``) is raised to :attr:`compile_recompile_limit` while a compiled core
+        runs, so that many prompt lengths and batch sizes can each get their graph.
+        """
+        if name not in ("_full_core", "_span_core"):
+            raise ValueError(f"name must be '_full_core' or '_span_core', got {name!r}")
+        cores = self.__dict__.setdefault("_compiled_cores", {})
+        key = (name, bool(dynamic))
+        if key not in cores:
+            compiled = torch.compile(getattr(self, name), fullgraph=True, dynamic=bool(dynamic))
+            limit = self.compile_recompile_limit
+
+            def run(*args, _compiled=compiled):
+                with torch._dynamo.config.patch(recompile_limit=max(limit, torch._dynamo.config.recompile_limit)):
+                    return _compiled(*args)
+
+            cores[key] = run
+        return cores[key]
+
+    compile_recompile_limit = 64

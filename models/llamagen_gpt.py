@@ -199,26 +199,39 @@ class LlamaGenCondition:
         source = self.class_labels if self.class_labels is not None else self.caption_embeds
         return 0 if source is None else int(source.shape[0])
 
+    def select(self, index: Tensor) -> "LlamaGenCondition":
+        """The conditions of samples ``index`` (requests entering a running batch)."""
+        pick = lambda x: None if x is None else x[index.to(x.device)]  # noqa: E731
+        return LlamaGenCondition(pick(self.class_labels), pick(self.caption_embeds), pick(self.caption_mask))
+
 
 class _LayerCache:
-    """One layer's slice of the ragged cache, bound to the current window's write positions."""
+    """One layer's slice of the cache, bound to the current window's write positions.
 
-    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, positions: Tensor, kv_len: int):
-        self.k, self.v, self.rows, self.positions, self.kv_len = k, v, rows, positions, kv_len
+    Keys are written at ``(rows[r], positions[r, w])``; attention reads the first ``kv_len`` positions
+    of ``read_rows`` (all rows when None), masked by position."""
+
+    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, positions: Tensor, kv_len: int, read_rows: Optional[Tensor]):
+        self.k, self.v, self.rows, self.positions, self.kv_len, self.read_rows = k, v, rows, positions, kv_len, read_rows
 
     def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         # k: [R, Hkv, W, hd] -> cache[r, :, positions[r, w]] (advanced indices first: [R, W, Hkv, hd])
         self.k[self.rows, :, self.positions] = k.transpose(1, 2).to(self.k.dtype)
         self.v[self.rows, :, self.positions] = v.transpose(1, 2).to(self.v.dtype)
-        return self.k[:, :, : self.kv_len], self.v[:, :, : self.kv_len]
+        keys, values = self.k[:, :, : self.kv_len], self.v[:, :, : self.kv_len]
+        if self.read_rows is None:
+            return keys, values
+        return keys[self.read_rows], values[self.read_rows]
 
 
 @dataclass
 class LlamaGenDecodeState:
-    """Ragged pointer KV cache for a batch of ``B`` samples (``2B`` rows with guidance, conditional first).
+    """Fixed-capacity KV cache for a batch of ``B`` samples (``2B`` rows with guidance, conditional first).
 
     ``lengths[b]`` counts cached sequence positions of sample ``b`` (condition tokens included);
-    ``last_window`` is the width of the most recent window, which ``rollback`` trims.
+    ``last_window`` is the width of the most recent window, which ``rollback`` trims. ``validate``:
+    check values that need a read-back from the device (decoders that build their own indices turn
+    it off, so a decode step has no host synchronisation).
     """
 
     keys: list[Tensor]  # per layer [R, Hkv, capacity, hd]
@@ -227,10 +240,15 @@ class LlamaGenDecodeState:
     cond_mask: Optional[Tensor]  # [R, cls_token_num] bool, True = visible caption token
     guidance: bool
     last_window: int = 0
+    validate: bool = True
 
     @property
     def batch_size(self) -> int:
         return int(self.lengths.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys[0].shape[2])
 
     def rows_lengths(self) -> Tensor:
         """Per-row cached lengths (duplicated for the unconditional half)."""
@@ -430,57 +448,99 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         return self.output(self.norm(h)).float()[:, cls - 1 :]
 
     # ------------------------------------------------------------------ decoding protocol
-    @torch.no_grad()
-    def prefill(
-        self, condition: LlamaGenCondition, *, guidance: bool, max_new_tokens: int, window: int = 1
-    ) -> tuple[LlamaGenDecodeState, WindowLogits]:
-        """Cache the condition tokens; return logits ``[B, 1, V]`` for image token 0."""
-        cfg = self.config
-        batch = self._check_condition(condition)
+    def _condition_rows(self, condition: LlamaGenCondition, guidance: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """Embeddings ``[R, cls, d]`` of a checked condition (null condition appended with guidance) and its key mask."""
+        batch = condition.batch_size
         if guidance and not self.has_unconditional:
             raise ValueError(
                 "guidance_scale != 1 needs an unconditional branch, but this model has no null class "
                 "(class_dropout_prob=0); use guidance_scale=1.0"
             )
-        check_int("max_new_tokens", max_new_tokens, minimum=1, maximum=cfg.block_size)
-        check_int("window", window, minimum=1)
-        cls = cfg.cls_token_num
         emb = self._condition_embeddings(condition)
         if guidance:
             emb = torch.cat([emb, self._null_embeddings(batch)])
-        rows = emb.shape[0]
+        return emb, self._cond_key_mask(condition, emb.shape[0])
+
+    @torch.no_grad()
+    def prefill(
+        self, condition: LlamaGenCondition, *, guidance: bool, max_new_tokens: int, window: int = 1, validate: bool = True
+    ) -> tuple[LlamaGenDecodeState, WindowLogits]:
+        """Cache the condition tokens; return logits ``[B, 1, V]`` for image token 0.
+
+        The cache holds ``cls_token_num + max_new_tokens + window`` positions. ``validate=False``: later
+        calls check nothing that needs a device read-back (the caller keeps lengths within capacity)."""
+        cfg = self.config
+        batch = self._check_condition(condition)
+        check_int("max_new_tokens", max_new_tokens, minimum=1, maximum=cfg.block_size)
+        check_int("window", window, minimum=1)
+        emb, cond_mask = self._condition_rows(condition, guidance)
+        rows, cls = emb.shape[0], cfg.cls_token_num
         capacity = cls + max_new_tokens + window
         head_dim = cfg.dim // cfg.n_head
         n_kv = cfg.n_kv_head or cfg.n_head
         keys = [torch.zeros(rows, n_kv, capacity, head_dim, dtype=self.dtype, device=self.device) for _ in self.layers]
         values = [torch.zeros_like(k) for k in keys]
-        state = LlamaGenDecodeState(
-            keys, values, torch.zeros(batch, dtype=torch.long, device=self.device), self._cond_key_mask(condition, rows), guidance
-        )
-        logits = self._run(state, emb, torch.arange(cls, device=self.device)[None].expand(rows, -1), prefill=True)
+        state = LlamaGenDecodeState(keys, values, torch.zeros(batch, dtype=torch.long, device=self.device), cond_mask,
+                                    guidance, validate=validate)
+        positions = torch.arange(cls, device=self.device)[None].expand(rows, -1)
+        logits = self._run(state.keys, state.values, state.cond_mask, emb, positions, cls)
         state.lengths += cls
         return state, self._split(state, logits[:, -1:])
 
     @torch.no_grad()
-    def forward_window(self, state: LlamaGenDecodeState, tokens: Tensor) -> WindowLogits:
-        """Append ``tokens [B, W]`` after each sample's cached prefix; logits ``[B, W, V]``."""
+    def refill(self, state: LlamaGenDecodeState, index: Tensor, condition: LlamaGenCondition) -> WindowLogits:
+        """Start new samples in slots ``index [k]`` of a running batch (continuous batching): cache their
+        condition tokens there, reset their lengths, and return logits ``[k, 1, V]`` for their image token 0.
+        The slots' old keys need no clearing: attention only reads positions a sample has written."""
+        if self._check_condition(condition) != index.shape[0]:
+            raise ValueError(f"condition has {condition.batch_size} samples for {index.shape[0]} slots")
+        cls = self.config.cls_token_num
+        index = index.to(self.device)
+        emb, cond_mask = self._condition_rows(condition, state.guidance)
+        rows = state.rows(index)
+        if state.cond_mask is not None:
+            state.cond_mask[rows] = cond_mask
+        positions = torch.arange(cls, device=self.device)[None].expand(rows.shape[0], -1)
+        logits = self._run(state.keys, state.values, None if state.cond_mask is None else state.cond_mask[rows], emb,
+                           positions, cls, rows=rows)
+        state.lengths[index] = cls
+        return self._split(state, logits[:, -1:])
+
+    @torch.no_grad()
+    def forward_window(self, state: LlamaGenDecodeState, tokens: Tensor, longest: Optional[int] = None) -> WindowLogits:
+        """Append ``tokens [B, W]`` after each sample's cached prefix; logits ``[B, W, V]``.
+
+        ``longest``: the most image tokens any sample has cached (a decoder that tracks lengths on the
+        host passes it); attention then reads ``cls_token_num + longest + W`` positions. Without it, a
+        validating state reads the longest length back from the device, and a non-validating one
+        attends over the whole capacity with a mask gathered by position: nothing is read back and
+        shapes depend only on ``B``, ``W`` and the capacity, so the call compiles with
+        ``torch.compile(fullgraph=True)`` (the logits then differ from the shorter read in float rounding)."""
         if tokens.dim() != 2 or tokens.shape[0] != state.batch_size or tokens.shape[1] < 1:
             raise ValueError(f"tokens must have shape [{state.batch_size}, W>=1], got {tuple(tokens.shape)}")
         width = tokens.shape[1]
-        capacity = state.keys[0].shape[2]
-        if int(state.lengths.max()) + width > capacity:
-            raise ValueError(f"window of {width} tokens overflows the cache (capacity {capacity})")
+        cls = self.config.cls_token_num
+        if longest is not None:
+            kv_length = cls + longest + width
+            if state.validate and int(state.lengths.max()) + width > kv_length:
+                raise ValueError(f"longest={longest} is less than the longest sample's cached tokens")
+        else:
+            kv_length = int(state.lengths.max()) + width if state.validate else state.capacity
+        if kv_length > state.capacity:
+            raise ValueError(f"window of {width} tokens overflows the cache (capacity {state.capacity})")
         tokens = tokens.to(self.device)
         if state.guidance:
             tokens = torch.cat([tokens, tokens])
         positions = state.rows_lengths()[:, None] + torch.arange(width, device=self.device)
-        logits = self._run(state, self.tok_embeddings(tokens), positions, prefill=False)
+        logits = self._run(state.keys, state.values, state.cond_mask, self.tok_embeddings(tokens), positions, kv_length)
         state.last_window = width
         return self._split(state, logits)
 
     def rollback(self, state: LlamaGenDecodeState, keep: Tensor) -> None:
         """Keep the first ``keep[b]`` tokens of the last window for each sample."""
-        if keep.shape != state.lengths.shape or int(keep.min()) < 0 or int(keep.max()) > state.last_window:
+        if keep.shape != state.lengths.shape:
+            raise ValueError(f"keep must be a [{state.batch_size}] tensor, got shape {tuple(keep.shape)}")
+        if state.validate and (int(keep.min()) < 0 or int(keep.max()) > state.last_window):
             raise ValueError(f"keep must be a [{state.batch_size}] tensor with values in [0, {state.last_window}]")
         state.lengths += keep.to(state.lengths)
         state.last_window = 0
@@ -496,6 +556,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             None if state.cond_mask is None else state.cond_mask[rows],
             state.guidance,
             state.last_window,
+            state.validate,
         )
 
     def _split(self, state: LlamaGenDecodeState, logits: Tensor) -> WindowLogits:
@@ -504,20 +565,23 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         cond, uncond = logits.chunk(2)
         return WindowLogits(cond, uncond)
 
-    def _run(self, state: LlamaGenDecodeState, h: Tensor, positions: Tensor, *, prefill: bool) -> Tensor:
-        """Run all layers on ``h [R, W, d]`` written at sequence ``positions [R, W]``."""
+    def _run(self, keys: list[Tensor], values: list[Tensor], cond_mask: Optional[Tensor], h: Tensor, positions: Tensor,
+             kv_len: int, rows: Optional[Tensor] = None) -> Tensor:
+        """Run all layers on ``h [R, W, d]`` written at sequence ``positions [R, W]`` of cache ``rows`` (all by default).
+
+        Attention reads cache positions ``< kv_len``: key ``t`` is visible to a query at position ``s``
+        iff ``t <= s`` (and, for caption tokens, ``cond_mask``; a token always sees its own key)."""
         cls = self.config.cls_token_num
-        rows = torch.arange(h.shape[0], device=self.device)[:, None]
-        kv_len = int(positions.max()) + 1
+        read_rows = rows
+        rows = torch.arange(h.shape[0], device=self.device) if rows is None else rows
         keys_at = torch.arange(kv_len, device=self.device)
-        # visible: key t <= query position, and caption padding hidden (except a token's own key)
         visible = keys_at[None, None, :] <= positions[:, :, None]
-        if state.cond_mask is not None:
-            cond_visible = torch.ones(h.shape[0], kv_len, dtype=torch.bool, device=self.device)
-            cond_visible[:, :cls] = state.cond_mask
-            visible &= cond_visible[:, None, :] | (keys_at[None, None, :] == positions[:, :, None])
+        if cond_mask is not None:
+            is_cond = keys_at[None, :] < cls
+            cond_visible = cond_mask.gather(1, keys_at.clamp(max=cls - 1)[None].expand(h.shape[0], -1).contiguous())
+            visible = visible & ((~is_cond | cond_visible)[:, None, :] | (keys_at[None, None, :] == positions[:, :, None]))
         mask = visible[:, None]
         rope = self._rope(positions)
-        for layer, k, v in zip(self.layers, state.keys, state.values):
-            h = layer(h, rope, mask, _LayerCache(k, v, rows, positions, kv_len))
+        for layer, k, v in zip(self.layers, keys, values):
+            h = layer(h, rope, mask, _LayerCache(k, v, rows[:, None], positions, kv_len, read_rows))
         return self.output(self.norm(h)).float()

@@ -24,7 +24,7 @@ from scipy import stats
 
 import vispec.kernels.verify as verify_module
 from vispec.decoding import DecodingConfig, decode
-from vispec.kernels.verify import Drafts, accept_reference, sample_reference
+from vispec.kernels.verify import Drafts, accept_reference, noise_race, sample_reference
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
 
@@ -169,8 +169,8 @@ def test_single_verification_acceptance_rate_is_one_minus_tv(dense_q):
     p_rows = p.expand(trials, vocab)
     accepted = accept_reference(p_rows, rows, torch.rand(trials, generator=gen, dtype=torch.float64),
                                 torch.ones(trials, dtype=torch.bool))
-    noise = torch.empty(int((~accepted).sum()), vocab, dtype=torch.float64).exponential_(generator=gen)
-    residual, _ = sample_reference(p_rows, ~accepted, torch.zeros_like(accepted), rows, noise, noise[:0])
+    noise = torch.empty(trials, vocab, dtype=torch.float64).exponential_(generator=gen)
+    residual, _ = sample_reference(p_rows, ~accepted, None, rows, noise_race(noise, noise))
     coupled = torch.where(accepted, drafts, residual)
     assert not bool((coupled < 0).any())
     rate = float(accepted.double().mean())

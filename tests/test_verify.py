@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vispec.kernels.verify import (
+    noise_race,
     Drafts,
     InjectedNoise,
     SampleRequest,
@@ -54,19 +55,16 @@ def oracle_first_rejection(accepted, row_start, num_drafts) -> list[int]:
 
 
 def oracle_sample(p, residual, fresh, drafts, residual_noise, fresh_noise) -> tuple[list[int], list[int]]:
-    """Noise rows are consumed in row order by each set of rows (the reference's contract)."""
+    """Row ``t`` races with noise row ``t`` of its kind (the reference's contract: noise is keyed per row)."""
     vocab = p.shape[1]
     res, fr = [-1] * p.shape[0], [-1] * p.shape[0]
-    r_at = f_at = 0
     for t in range(p.shape[0]):
         p_row = [float(x) for x in p[t]]
         if bool(residual[t]):
             weights = [max(0.0, a - b) for a, b in zip(p_row, _q_row(drafts, t, vocab))]
-            res[t] = _race(weights, residual_noise[r_at].tolist())
-            r_at += 1
+            res[t] = _race(weights, residual_noise[t].tolist())
         if bool(fresh[t]):
-            fr[t] = _race(p_row, fresh_noise[f_at].tolist())
-            f_at += 1
+            fr[t] = _race(p_row, fresh_noise[t].tolist())
     return res, fr
 
 
@@ -133,7 +131,7 @@ def test_sample_reference_races_per_row(seed):
     noise = InjectedNoise(torch.empty(rows, vocab, dtype=torch.float64).exponential_(generator=gen),
                           torch.empty(rows, vocab, dtype=torch.float64).exponential_(generator=gen))
     for d in (drafts, Drafts(drafts.tokens)):
-        res, fr = sample_reference(p, residual, fresh, d, noise.residual[: int(residual.sum())], noise.fresh[: int(fresh.sum())])
+        res, fr = sample_reference(p, residual, fresh, d, noise_race(noise.residual, noise.fresh))
         expected = oracle_sample(p, residual, fresh, d, noise.residual, noise.fresh)
         assert (res.tolist(), fr.tolist()) == expected
         assert bool((res[~residual] == -1).all()) and bool((fr[~fresh] == -1).all())
@@ -145,9 +143,10 @@ def test_sample_reference_races_per_row(seed):
 def test_sample_reference_with_nothing_asked():
     p, drafts, _ = _case(rows=5)
     none = torch.zeros(5, dtype=torch.bool)
-    empty = torch.zeros(0, p.shape[1], dtype=p.dtype)
-    res, fr = sample_reference(p, none, none, drafts, empty, empty)
-    assert res.tolist() == fr.tolist() == [-1] * 5
+    noise = torch.ones_like(p)
+    for residual, fresh in ((none, none), (None, None)):
+        res, fr = sample_reference(p, residual, fresh, drafts, noise_race(noise, noise))
+        assert res.tolist() == fr.tolist() == [-1] * 5
 
 
 def test_sample_from_weights_never_picks_zero_weight():

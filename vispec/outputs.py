@@ -35,7 +35,9 @@ class DecodeStats:
     * ``accepted_drafts``: drafts accepted over all verification passes (speculative decoders);
     * ``tv_mean``, ``tv_max``: with a lossy acceptance rule, the mean and max total-variation distance
       of a verification's output distribution from the exact target (:mod:`vispec.decoding.acceptance`);
-    * ``extra``: further per-sample counters (e.g. ``drafter_nfe`` for draft-model decoding).
+    * ``extra``: further per-sample counters (e.g. ``drafter_nfe`` for draft-model decoding);
+    * ``windows``: for the batch, how many passes ran with each window (``{window: passes}``; an
+      image decoder's padded window, which ``window="auto"`` chooses per pass).
     """
 
     nfe: Tensor
@@ -45,6 +47,7 @@ class DecodeStats:
     tv_mean: Optional[Tensor] = None
     tv_max: Optional[Tensor] = None
     extra: dict[str, Tensor] = field(default_factory=dict)
+    windows: dict[int, int] = field(default_factory=dict)
 
     @property
     def tokens_per_forward(self) -> Tensor:

@@ -131,6 +131,33 @@ def process_logits(
 
     Computed in float32 (float64 inputs stay float64). Raises ``ValueError`` on NaN logits.
     """
+    probs, status = process_logits_status(cond, uncond, positions, config, processors)
+    raise_status(status)
+    return probs
+
+
+STATUS_OK, STATUS_NAN, STATUS_ALL_MASKED = 0, 1, 2
+
+
+def raise_status(status: "Tensor | int") -> None:
+    """Raise the error a :func:`process_logits_status` status stands for (a tensor is read back from the device)."""
+    worst = status if isinstance(status, int) else (int(status.max()) if status.numel() else STATUS_OK)
+    if worst == STATUS_NAN:
+        raise ValueError("logits contain NaN; the model produced invalid outputs")
+    if worst == STATUS_ALL_MASKED:
+        raise ValueError("every token was masked out at some position (all logits -inf after processing)")
+
+
+def process_logits_status(
+    cond: Tensor,
+    uncond: Optional[Tensor],
+    positions: Tensor,
+    config: SamplingConfig,
+    processors: tuple[PositionProcessor, ...] = (),
+) -> tuple[Tensor, Tensor]:
+    """:func:`process_logits` without reading anything back: ``(p, status)`` with ``status`` an int64
+    scalar on the device (:data:`STATUS_OK`, :data:`STATUS_NAN` for NaN logits, :data:`STATUS_ALL_MASKED`
+    when processing left no token), checked later with :func:`raise_status` at a synchronisation point."""
     if cond.dim() != 3:
         raise ValueError(f"logits must have shape [batch, window, vocab], got {tuple(cond.shape)}")
     if positions.shape != cond.shape[:2]:
@@ -139,14 +166,14 @@ def process_logits(
     dtype = torch.float64 if cond.dtype == torch.float64 else torch.float32
     cond = cond.to(dtype)
     uncond = None if uncond is None else uncond.to(dtype)
-    if torch.isnan(cond).any() or (uncond is not None and config.uses_guidance and torch.isnan(uncond).any()):
-        raise ValueError("logits contain NaN; the model produced invalid outputs")
+    nan = torch.isnan(cond).any()
+    if uncond is not None and config.uses_guidance:
+        nan = nan | torch.isnan(uncond).any()
     logits = guided_logits(cond, uncond, positions, config)
     for processor in processors:
         logits = processor(logits, positions)
     if config.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype)
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype), nan.long() * STATUS_NAN
     probs = warp_logits(logits, config).softmax(dim=-1)
-    if torch.isnan(probs).any():
-        raise ValueError("every token was masked out at some position (all logits -inf after processing)")
-    return probs
+    empty = torch.isnan(probs).any()
+    return probs, torch.where(nan, STATUS_NAN, torch.where(empty, STATUS_ALL_MASKED, STATUS_OK))

@@ -39,6 +39,8 @@ def decode(
     acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule] = None,
     codebook: Optional[torch.Tensor] = None,
     drafter: Optional[SpeculativeARModel] = None,
+    compile: bool = False,
+    max_batch_size: Optional[int] = None,
 ) -> DecodeOutput:
     """Generate ``num_tokens`` image tokens per sample with the chosen decoder.
 
@@ -53,6 +55,13 @@ def decode(
     :class:`AcceptanceConfig` or a built rule (:mod:`vispec.decoding.acceptance`; the relaxed rules are
     lossy). LANTERN needs the tokenizer's ``codebook`` (``[V, D]``); GSD uses the model's input token
     embeddings. ``drafter``: the small model that proposes tokens for ``"sd"``.
+
+    ``compile``: run each decode step (forward, verification, sampling) through
+    ``torch.compile(fullgraph=True)`` (ar, sjd, mc-sjd; the first call of each shape compiles, so
+    warm up before timing; tokens equal eager's except where float rounding flips a near-tie).
+    ``max_batch_size``: stream more requests than this through a batch of this many slots: a finished
+    sample hands its slot to the next request (continuous batching); outputs stay in the caller's order
+    and, with per-sample generators, do not depend on the slot a request ran in.
     """
     if not isinstance(model, SpeculativeARModel):
         raise ValueError(f"model must implement prefill/forward_window/rollback/select, got {type(model).__name__}")
@@ -63,7 +72,9 @@ def decode(
     strategy = config.config.strategy
     if strategy == "sd" and drafter is None:
         raise ValueError("decoding 'sd' needs a drafter model (drafter=...), e.g. the embedded tiny-c2i drafter")
-    job = DecodeJob(num_tokens, sampling, generator, processors, grid_width, callback, backend)
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
+    job = DecodeJob(num_tokens, sampling, generator, processors, grid_width, callback, backend, compile, max_batch_size)
     if strategy == "ar":
         return decode_ar(model, condition, job)
     rule = acceptance if isinstance(acceptance, AcceptanceRule) else build_rule(

@@ -5,17 +5,35 @@ prefill's last logits give token 0; each further pass feeds the newest token and
 from the processed target ``p`` (:func:`vispec.sampling.process_logits`, through
 :class:`vispec.kernels.target.Target`). Sampling is the exponential race ``argmax_v p_v / E_v`` with
 ``E`` keyed by (sample seed, position), so a sample's tokens do not depend on the rest of the batch.
+
+The step (:func:`ar_step`: forward, sample, keep) reads nothing back from the device, so the loop
+has no host synchronisation until the end, and ``compile=True`` runs the step through
+``torch.compile(fullgraph=True)``. With more requests than ``max_batch_size`` the requests go
+through the batch in waves (every AR request needs the same number of passes, so waves are
+continuous batching without partial refills).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
+from torch import Tensor
 
-from vispec.decoding.common import DecodeJob, resolve_grid_width, sample_tokens, start_decoding
+from vispec.decoding.common import DecodeJob, first_token, resolve_grid_width, sample_tokens, select_condition, start_decoding
+from vispec.decoding.compiled import compiled
 from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, committed_view
 from vispec.protocol import SpeculativeARModel
+from vispec.sampling import raise_status
+
+
+def ar_step(model: SpeculativeARModel, state: Any, newest: Tensor, position: Tensor, seeds: Tensor, job: DecodeJob,
+            longest: Optional[int]) -> tuple[Tensor, Tensor]:
+    """Feed ``newest [B]`` (image token ``position - 1``), keep it, and sample token ``position [B]`` (draw
+    ``position``). Returns ``(tokens [B], status)``."""
+    logits = model.forward_window(state, newest[:, None], longest)
+    model.rollback(state, torch.ones_like(position))
+    return sample_tokens(logits, position, position, seeds, job)
 
 
 @torch.no_grad()
@@ -23,19 +41,41 @@ def decode_ar(model: SpeculativeARModel, condition: Any, job: DecodeJob) -> Deco
     """Sample ``job.num_tokens`` image tokens per sample, one per forward pass."""
     num_tokens = job.num_tokens
     start = start_decoding(model, condition, job, window=1, grid_width=resolve_grid_width(model, num_tokens, job.grid_width))
-    state, logits, batch, device = start.state, start.logits, start.batch, start.device
-    tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
-    ones = torch.ones(batch, dtype=torch.long, device=device)
-    slots = torch.arange(num_tokens, device=device)
-    for t in range(num_tokens):
-        if t > 0:
-            logits = model.forward_window(state, tokens[:, t - 1 : t])
-            model.rollback(state, ones)
-        tokens[:, t] = sample_tokens(logits, ones * t, ones * t, start.seeds, job)
-        if job.callback is not None and t > 0:  # step = forward passes after the prefill, as in SJD
-            job.callback(DecodeProgress(t, ones * (t + 1), committed_view(tokens, (slots <= t)[None, :].expand_as(tokens))))
-    elapsed = start.clock.now()
-    full = torch.full((batch,), num_tokens, dtype=torch.long)
-    stats = DecodeStats(nfe=full.clone(), tokens=full, latency_s=torch.full((batch,), elapsed, dtype=torch.float64),
-                        accepted_drafts=torch.zeros(batch, dtype=torch.long))
+    run = compiled(ar_step) if job.compile else ar_step
+    slots, requests, device = start.batch, start.requests, start.device
+    tokens = torch.empty(requests, num_tokens, dtype=torch.long, device=device)
+    latency = torch.zeros(requests, dtype=torch.float64)
+    state, logits, status = start.state, start.logits, torch.zeros((), dtype=torch.long, device=device)
+    slot_tokens = torch.arange(num_tokens, device=device)
+    for first in range(0, requests, slots):  # waves of requests
+        ids = torch.arange(first, min(first + slots, requests), device=device)
+        if first > 0:
+            index = torch.arange(ids.shape[0], device=device)
+            if ids.shape[0] < slots:
+                state = model.select(state, index)
+            logits = model.refill(state, index, select_condition(start.condition, ids.cpu()))
+        seeds = start.seeds[ids]
+        wave, wave_status = first_token(logits, seeds, job)
+        status = torch.maximum(status, wave_status)
+        out = torch.empty(ids.shape[0], num_tokens, dtype=torch.long, device=device)
+        out[:, 0] = wave
+        position = torch.zeros(ids.shape[0], dtype=torch.long, device=device)
+        for t in range(1, num_tokens):
+            position = position + 1
+            out[:, t], step_status = run(model, state, out[:, t - 1], position, seeds, job, None if job.compile else t - 1)
+            status = torch.maximum(status, step_status)
+            if job.callback is not None:  # step = forward passes after the prefill, as in SJD
+                done = committed_view(out, (slot_tokens <= t)[None, :].expand_as(out))
+                view = torch.full((requests, num_tokens), -1, dtype=torch.long, device=device)
+                view[:first] = tokens[:first]
+                view[ids] = done
+                committed = torch.zeros(requests, dtype=torch.long, device=device)
+                committed[:first], committed[ids] = num_tokens, t + 1
+                job.callback(DecodeProgress(first // slots * (num_tokens - 1) + t, committed, view))
+        raise_status(status)
+        tokens[ids] = out
+        latency[ids.cpu()] = start.clock.now()
+    full = torch.full((requests,), num_tokens, dtype=torch.long)
+    stats = DecodeStats(nfe=full.clone(), tokens=full, latency_s=latency, accepted_drafts=torch.zeros(requests, dtype=torch.long),
+                        windows={1: (requests + slots - 1) // slots * (num_tokens - 1)})
     return DecodeOutput(tokens=tokens, stats=stats, method="ar")

@@ -34,7 +34,14 @@ INITS = ("random", "horizontal", "vertical")
 COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sd": ("none",)}
 DEFAULT_WINDOW = 16
 SD_DEFAULT_WINDOW = 5  # draft-model decoding: the pending token plus 4 drafted tokens per target forward
-OPTION_TYPES = {"window": int, "init": str, "coupling": str, "guidance_scale": float, "temperature": float, "top_k": int,
+AUTO_WINDOW = "auto"
+
+
+def _window(text: str):
+    return AUTO_WINDOW if text == AUTO_WINDOW else int(text)
+
+
+OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "guidance_scale": float, "temperature": float, "top_k": int,
                 "top_p": float, "cfg_interval": int}
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "cfg_interval")
 SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], sd or gsd, optionally followed by "
@@ -50,7 +57,10 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
             arXiv 2410.01699), ``"mc-sjd"`` (coupled SJD, arXiv 2510.24211) or ``"sd"``
             (draft-model speculative decoding, Leviathan et al. 2023: a drafter GPT proposes
             ``window - 1`` tokens, the target verifies them in one forward).
-        window: Jacobi window ``L`` (pending token plus ``L - 1`` drafts); ``>= 1``. For ``"sd"``
+        window: Jacobi window ``L`` (pending token plus ``L - 1`` drafts); ``>= 1``, or ``"auto"`` for sjd and
+            mc-sjd: each pass picks a window from 1, 2, 4, 8, 16 by measured step cost and running
+            acceptance (:mod:`vispec.decoding.windows`; exact all the same, but the tokens a seed gives
+            then depend on the machine's timings). For ``"sd"``
             the pending token plus the drafted tokens.
         init: draft initialisation for new window slots: ``"random"`` (uniform token),
             ``"horizontal"`` (copy the previous token in raster order, i.e. the left neighbour),
@@ -71,7 +81,7 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
     def __init__(
         self,
         strategy: str = "sjd",
-        window: int = DEFAULT_WINDOW,
+        window: Union[int, str] = DEFAULT_WINDOW,
         init: str = "horizontal",
         coupling: Optional[str] = None,
         acceptance: str = "exact",
@@ -83,7 +93,10 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
     ):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-        check_int("window", window, minimum=1)
+        if window != AUTO_WINDOW:
+            check_int("window", window, minimum=1, hint=" or 'auto' (chosen per pass by cost)")
+        if window == AUTO_WINDOW and strategy not in ("sjd", "mc-sjd"):
+            raise ValueError(f"window='auto' applies to sjd and mc-sjd, not {strategy!r}; give an integer window")
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
         coupling = COUPLINGS[strategy][0] if coupling is None else coupling
@@ -115,6 +128,12 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         values = {k: self.config[k] for k in SAMPLING_KEYS}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingConfig(**values)
+
+    @property
+    def largest_window(self) -> int:
+        """The window, or with ``window="auto"`` the largest one the chooser may pick (:data:`DEFAULT_WINDOW`)."""
+        window = self.config.window
+        return DEFAULT_WINDOW if window == AUTO_WINDOW else window
 
     @property
     def rule(self) -> AcceptanceConfig:
@@ -211,7 +230,8 @@ def _parse_options(value: str, options: str) -> dict:
         try:
             parsed[key] = kind(text.strip())
         except ValueError:
-            raise ValueError(f"decoding {value!r}: {key} must be {'an integer' if kind is int else 'a number'}, "
+            raise ValueError(f"decoding {value!r}: {key} must be {'a number' if kind is float else 'an integer'}"
+                             f"{' or auto' if key == 'window' else ''}, "
                              f"got {text.strip()!r}") from None
     return parsed
 

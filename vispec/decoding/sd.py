@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
-from vispec.decoding.common import DecodeJob, first_token, start_decoding
+from vispec.decoding.common import DecodeJob, select_condition, start_decoding
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.speculative import DRAFT_MODEL, RaggedBatch, verify_window
 from vispec.kernels.philox import Stream
@@ -35,14 +35,15 @@ from vispec.protocol import SpeculativeARModel
 
 def _draft_step(drafter, state, tokens, take, keep, positions, seeds, draws, job: DecodeJob) -> tuple[Tensor, Tensor]:
     """One drafter forward on ``tokens [B, W]``: sample from output ``take[b]`` (predicting ``positions[b]``)
-    and keep ``keep[b]`` of the tokens in the drafter's cache. Returns ``(draft [B], q [B, V])``."""
+    and keep ``keep[b]`` of the tokens in the drafter's cache. Returns ``(draft [B], q [B, V])``; the
+    drafter's distribution is computed with validation on (NaN logits raise at once)."""
     out = drafter.forward_window(state, tokens)
     drafter.rollback(state, keep)
     pick = take[:, None, None].expand(-1, 1, out.cond.shape[-1])
     cond = out.cond.gather(1, pick)
     uncond = None if out.uncond is None else out.uncond.gather(1, pick)
     target = window_target(cond, uncond, positions[:, None], torch.ones_like(take), seeds, job.sampling, job.processors,
-                           backend=job.backend, validate=False)
+                           backend=job.backend, validate=True)
     q = torch.zeros(tokens.shape[0], cond.shape[-1], dtype=torch.float32, device=tokens.device)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
     _, draft = target.sample(SampleRequest(fresh=torch.ones_like(take, dtype=torch.bool), fresh_stream=Stream.DRAFT,
@@ -93,16 +94,20 @@ def decode_sd(model: SpeculativeARModel, drafter: SpeculativeARModel, condition:
     gamma = cfg.window - 1
     if gamma < 1:
         raise ValueError(f"draft-model decoding needs window >= 2 (at least one drafted token), got {cfg.window}")
+    if job.compile:
+        raise ValueError("compile=True supports decoding 'ar', 'sjd' and 'mc-sjd'; 'sd' runs its drafter rounds eagerly "
+                         "(use compile=False)")
     num_tokens, sampling = job.num_tokens, job.sampling
     start = start_decoding(model, condition, job, window=cfg.window, grid_width=num_tokens)
-    d_state, _ = drafter.prefill(condition, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=cfg.window)
+    first = condition if start.requests == start.batch else select_condition(condition, torch.arange(start.batch))
+    d_state, _ = drafter.prefill(first, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=cfg.window)
     zeros = torch.zeros(start.batch, dtype=torch.long, device=start.device)
-    batch = RaggedBatch(start, num_tokens, cfg.window + 1, first_token(start, job),
+    batch = RaggedBatch(start, job, num_tokens, cfg.window + 1,
                         caches={"target": (model, start.state), "drafter": (drafter, d_state)},
                         state={"cached": zeros, "drafter_nfe": zeros}, reported=("drafter_nfe",))
-    tv = TVTracker(start.batch, start.device) if not rule.lossless else None
+    tv = TVTracker(start.requests, start.device) if not rule.lossless else None
 
-    while batch.compact():
+    while batch.running:
         n = batch.n
         drafts_b = (num_tokens - n - 1).clamp(min=0, max=gamma)  # γ_b: the bonus position n + γ_b stays < N
 
@@ -115,7 +120,7 @@ def decode_sd(model: SpeculativeARModel, drafter: SpeculativeARModel, condition:
 
         # 2. one target forward on [z, d_1 .. d_γ]; row j predicts position n + j and verifies d_{j+1}
         positions = n[:, None] - 1 + slot
-        out = model.forward_window(batch.cache(), batch.tokens.gather(1, positions))
+        out = model.forward_window(batch.cache(), batch.tokens.gather(1, positions), batch.longest())
         target = window_target(out.cond, out.uncond, positions + 1, drafts_b + 1, batch.seeds, sampling, job.processors,
                                backend=job.backend, validate=False)
 
@@ -126,7 +131,8 @@ def decode_sd(model: SpeculativeARModel, drafter: SpeculativeARModel, condition:
 
         # 4. commit; 5. keep the target's KV of z, d_1 .. d_m
         batch.commit(verified)
-        model.rollback(batch.cache(), verified.num_accepted + 1)
+        model.rollback(batch.cache(), torch.where(batch.live, verified.num_accepted + 1, 0))
+        batch.sync(target.status)
         batch.report(job.callback)
 
     return batch.output(decoding.method, tv)

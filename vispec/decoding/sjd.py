@@ -31,25 +31,99 @@ All three are exact: every committed token is distributed as ``p(. | committed p
 (tests/test_exactness.py checks the joint distribution against enumeration).
 
 Batching: windows are padded to the widest sample; every sample has its own ``n``, drafts, cache
-length and noise counters (pass index), and finished samples leave the batch.
+length and noise counters (pass index), and finished samples leave the batch or hand their slot to a
+queued request (:class:`vispec.decoding.speculative.RaggedBatch`).
+
+The step (:func:`sjd_step`) is static: its shapes depend only on the batch slots and the padded
+window, and it reads nothing back from the device, so ``compile=True`` runs it through
+``torch.compile(fullgraph=True)`` (exact rules; windows are then padded to a small fixed set). The
+loop reads the committed counts back once per step. ``window="auto"`` picks each pass's window by
+cost (:mod:`vispec.decoding.windows`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
-from vispec.decoding.common import DecodeJob, first_token, resolve_grid_width, start_decoding
+from vispec.decoding.common import DecodeJob, resolve_grid_width, start_decoding
+from vispec.decoding.compiled import compiled
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
-from vispec.decoding.speculative import GUMBEL, JACOBI, MAXIMAL, RaggedBatch, verify_window
+from vispec.decoding.speculative import GUMBEL, JACOBI, MAXIMAL, Coupling, RaggedBatch, verify_window
+from vispec.decoding.windows import WindowChooser, cost_key, round_up, window_set
 from vispec.kernels.target import window_target
 from vispec.outputs import DecodeOutput
 from vispec.protocol import SpeculativeARModel
 
 COUPLINGS = {"none": JACOBI, "maximal": MAXIMAL, "gumbel": GUMBEL}
+
+
+@dataclass(frozen=True)
+class SJDStep:
+    """What a step needs besides the batch: fixed for a whole decode."""
+
+    model: Any
+    job: DecodeJob
+    rule: AcceptanceRule
+    coupling: Coupling
+    init: str
+    grid_width: int
+    vocab: int
+    window: int  # the largest window
+    tv: Optional[TVTracker]
+
+
+def sjd_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optional[int]) -> torch.Tensor:
+    """One pass over every slot with windows padded to ``width_pad`` rows (steps 1-6 of the module
+    docstring); returns the pass's status. ``longest``: the host's bound on cached tokens, or None to
+    attend over the whole cache (compiled)."""
+    job, model = step.job, step.model
+    n, draft_count, draft_q, live = batch.n, batch.state["draft_count"], batch.state["draft_q"], batch.live
+    width = torch.where(live, (job.num_tokens - n).clamp(max=step.window), 1)  # window rows per sample, z included
+    slot = torch.arange(width_pad, device=n.device)
+    positions = n[:, None] - 1 + slot  # window input positions
+    in_window = slot[None, :] < width[:, None]
+
+    # 1. fill the window: initialise the slots past the known drafts
+    known = n + draft_count
+    need_init = (slot[None, :] >= 1) & in_window & (positions >= known[:, None])
+    init = init_draft_tokens(step.init, batch.tokens, positions, known, step.grid_width, step.vocab, batch.seeds, batch.nfe)
+    batch.tokens.scatter_(1, positions, torch.where(need_init, init, batch.tokens.gather(1, positions)))
+    window_tokens = batch.tokens.gather(1, positions)
+
+    # 2. one forward; row j gives P_j for position n + j and verifies window token j + 1
+    out = model.forward_window(batch.cache(), window_tokens, longest)
+    target = window_target(out.cond, out.uncond, positions + 1, width, batch.seeds, job.sampling, job.processors,
+                           backend=job.backend, validate=False)
+
+    # 3. verify every draft at once
+    drafts = torch.cat([window_tokens[:, 1:], torch.full_like(window_tokens[:, :1], -1)], dim=1)
+    drafts = torch.where(slot[None, :] < (width - 1)[:, None], drafts, torch.full_like(drafts, -1))
+    next_q = torch.zeros_like(draft_q)
+    verified = verify_window(target, step.rule, drafts, width - 1, width, batch.nfe, step.coupling, q=draft_q,
+                             q_dense=slot[None, :] < draft_count[:, None], store_q=next_q, tv=step.tv, ids=batch.ids)
+    m = verified.num_accepted
+
+    # 4. commit d_1 .. d_m (already in the buffer) and x_{m+1}
+    batch.commit(verified)
+
+    # 5. keep the KV of z, d_1 .. d_m
+    model.rollback(batch.cache(), torch.where(live, m + 1, 0))
+
+    # 6. the outputs after m become the next drafts at positions n + j (their P_j is stored as q):
+    #    fresh samples, or (maximal coupling) each slot's coupled output where it had a draft
+    next_tokens = verified.fresh
+    if step.coupling.every_rejection:
+        next_tokens = torch.where(slot[None, :] < (width - 1)[:, None], verified.coupled, verified.fresh)
+    at = n[:, None] + slot
+    write = (slot[None, :] > m[:, None]) & in_window
+    batch.tokens.scatter_(1, at, torch.where(write, next_tokens, batch.tokens.gather(1, at)))
+    batch.state["draft_count"], batch.state["draft_q"] = width - 1 - m, next_q
+    return target.status
 
 
 @torch.no_grad()
@@ -60,66 +134,45 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     ``rule``: the built acceptance rule of ``decoding.acceptance`` (:mod:`vispec.decoding.acceptance`);
     a lossy rule also reports, per sample, the mean and max total-variation distance of a
     verification's output from the target (``stats.tv_mean``, ``stats.tv_max``; measured on the first
-    draft of up to ``TV_SAMPLES_PER_STEP`` samples per pass)."""
+    draft of up to ``TV_SAMPLES_PER_STEP`` samples per pass). ``stats.extra["windows"]`` counts the
+    passes run with each window (the batch's padded window)."""
     cfg = decoding.config
     if cfg.strategy not in ("sjd", "mc-sjd"):
         raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")
-    window, coupling = cfg.window, COUPLINGS[cfg.coupling]
-    num_tokens, sampling, processors, backend = job.num_tokens, job.sampling, job.processors, job.backend
-    grid_width = resolve_grid_width(model, num_tokens, job.grid_width, cfg.init)
+    auto = cfg.window == "auto"
+    window = decoding.largest_window
+    grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width, cfg.init)
     start = start_decoding(model, condition, job, window=window, grid_width=grid_width)
     q_dtype = torch.float64 if start.logits.cond.dtype == torch.float64 else torch.float32
     zeros = torch.zeros(start.batch, dtype=torch.long, device=start.device)
-    batch = RaggedBatch(start, num_tokens, window, first_token(start, job),
-                        caches={"target": (model, start.state)},
+    batch = RaggedBatch(start, job, job.num_tokens, window, caches={"target": (model, start.state)},
                         state={"draft_count": zeros,  # valid drafts at positions n .. n + draft_count - 1
                                "draft_q": torch.zeros(start.batch, max(window - 1, 1), start.vocab, dtype=q_dtype,
-                                                      device=start.device)})  # q of the draft at position n + i
-    tv = TVTracker(start.batch, start.device) if not rule.lossless else None
+                                                      device=start.device)},  # q of the draft at position n + i
+                        fixed=job.compile)
+    tv = TVTracker(start.requests, start.device) if not rule.lossless else None
+    step = SJDStep(model, job, rule, COUPLINGS[cfg.coupling], cfg.init, grid_width, start.vocab, window, tv)
+    run = compiled(sjd_step, fullgraph=rule.lossless) if job.compile else sjd_step
+    windows = window_set(window)
+    chooser = WindowChooser(window, cost_key(model, start.batch, job.compile)) if auto else None
+    steps = {window: step}  # per window: the step whose windows are at most that wide
+    used: dict[int, int] = {}
 
-    while batch.compact():
-        n, draft_count, draft_q = batch.n, batch.state["draft_count"], batch.state["draft_q"]
-        width = (num_tokens - n).clamp(max=window)  # window rows per sample, z included
-        slot = torch.arange(int(width.max()), device=n.device)
-        positions = n[:, None] - 1 + slot  # window input positions
-        in_window = slot[None, :] < width[:, None]
-
-        # 1. fill the window: initialise the slots past the known drafts
-        known = n + draft_count
-        need_init = (slot[None, :] >= 1) & in_window & (positions >= known[:, None])
-        if bool(need_init.any()):
-            init = init_draft_tokens(cfg.init, batch.tokens, positions, known, grid_width, start.vocab, batch.seeds, batch.nfe)
-            batch.tokens.scatter_(1, positions, torch.where(need_init, init, batch.tokens.gather(1, positions)))
-        window_tokens = batch.tokens.gather(1, positions)
-
-        # 2. one forward; row j gives P_j for position n + j and verifies window token j + 1
-        out = model.forward_window(batch.cache(), window_tokens)
-        target = window_target(out.cond, out.uncond, positions + 1, width, batch.seeds, sampling, processors, backend=backend,
-                               validate=False)
-
-        # 3. verify every draft at once
-        drafts = torch.cat([window_tokens[:, 1:], torch.full_like(window_tokens[:, :1], -1)], dim=1)
-        drafts = torch.where(slot[None, :] < (width - 1)[:, None], drafts, torch.full_like(drafts, -1))
-        next_q = torch.zeros_like(draft_q)
-        verified = verify_window(target, rule, drafts, width - 1, width, batch.nfe, coupling, q=draft_q,
-                                 q_dense=slot[None, :] < draft_count[:, None], store_q=next_q, tv=tv, ids=batch.ids)
-        m = verified.num_accepted
-
-        # 4. commit d_1 .. d_m (already in the buffer) and x_{m+1}
-        batch.commit(verified)
-
-        # 5. keep the KV of z, d_1 .. d_m
-        model.rollback(batch.cache(), m + 1)
-
-        # 6. the outputs after m become the next drafts at positions n + j (their P_j is stored as q):
-        #    fresh samples, or (maximal coupling) each slot's coupled output where it had a draft
-        next_tokens = verified.fresh
-        if coupling.every_rejection:
-            next_tokens = torch.where(slot[None, :] < (width - 1)[:, None], verified.coupled, verified.fresh)
-        at = n[:, None] + slot
-        write = (slot[None, :] > m[:, None]) & in_window
-        batch.tokens.scatter_(1, at, torch.where(write, next_tokens, batch.tokens.gather(1, at)))
-        batch.state["draft_count"], batch.state["draft_q"] = width - 1 - m, next_q
+    while batch.running:
+        need = batch.widths(window)
+        chosen = chooser.choose(need) if chooser else need
+        width_pad = round_up(chosen, windows) if job.compile else chosen
+        if chosen not in steps:
+            steps[chosen] = SJDStep(model, job, rule, step.coupling, cfg.init, grid_width, start.vocab, chosen, tv)
+        before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)]
+        status = run(steps[chosen], batch, width_pad, None if job.compile else batch.longest())
+        after = batch.sync(status)
+        used[chosen] = used.get(chosen, 0) + 1
+        if chooser:
+            live = [(n, a) for (n, is_live), a in zip(before, after) if is_live]
+            chooser.record(chosen, [a - n - 1 for n, a in live], [min(chosen, job.num_tokens - n) for n, _ in live])
         batch.report(job.callback)
 
-    return batch.output(decoding.method, tv)
+    out = batch.output(decoding.method, tv)
+    out.stats.windows = used
+    return out

@@ -26,11 +26,12 @@ import torch
 from torch import Tensor
 
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
-from vispec.decoding.common import DecodeStart
+from vispec.decoding.common import DecodeJob, DecodeStart, first_token, select_condition
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import Target
 from vispec.kernels.verify import Drafts, SampleRequest
 from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback, committed_view
+from vispec.sampling import raise_status
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def verify_window(
     accepted = rule.accept_drafts(target, row_drafts, flat_draws).view(batch, slots)
     if tv is not None:
         tv.measure(target, rule, ids, num_drafts, slots, row_drafts)
-    m = target.first_rejection(accepted.reshape(-1), sample[:, 0] * slots, num_drafts)
+    m = target.first_rejection(accepted.reshape(-1), sample[:, 0] * slots, num_drafts, width=slots)
 
     is_draft = slot[None, :] < num_drafts[:, None]
     residual = is_draft & (~accepted if coupling.every_rejection else slot[None, :] == m[:, None])
@@ -141,87 +142,186 @@ def verify_window(
 
 
 class RaggedBatch:
-    """The active samples of a decode (module docstring).
+    """The samples of a decode in a fixed set of batch slots (module docstring).
+
+    Each slot holds one request at its own pace: its id in the caller's batch (``ids``), tokens by
+    absolute position, committed count ``n``, forward passes (NFE), accepted drafts, seed, model
+    caches and decoder state (:attr:`state`, zeroed when a slot takes a new request). Decoders run
+    one static step on every slot and then call :meth:`sync`, the step's one read-back: it copies
+    ``n`` to the host (:attr:`n_host`), raises a deferred status (NaN logits), stores finished
+    requests' outputs and frees their slots. A freed slot takes the next queued request
+    (continuous batching: ``refill`` writes its condition into that slot's cache rows, nothing is
+    copied); with no request waiting, finished slots either leave the batch (``select``, when the
+    batch may shrink) or idle, masked by :attr:`live` (``fixed=True``: compiled steps keep one shape).
 
     Args:
         start: the prefilled decode (:func:`vispec.decoding.common.start_decoding`).
+        job: the decode's settings (sampling of token 0 for new requests).
         num_tokens: ``N`` tokens per sample; ``room``: extra token slots past ``N`` (drafts of a window).
-        first: ``[B]`` token 0 of each sample (from the prefill's logits).
-        caches: model caches compacted with the batch, e.g. ``{"target": (model, state)}``.
-        state: decoder tensors with the batch as first dimension, compacted with it.
+        caches: model caches of the slots, e.g. ``{"target": (model, state)}``; the first one's prefill
+            logits give token 0.
+        state: decoder tensors with the slots as first dimension.
         reported: names in ``state`` of per-sample counters reported in ``stats.extra``.
+        fixed: keep every slot (idle when nothing is queued) instead of dropping finished ones.
     """
 
-    def __init__(self, start: DecodeStart, num_tokens: int, room: int, first: Tensor, caches: dict[str, tuple[Any, Any]],
-                 state: Optional[dict[str, Tensor]] = None, reported: tuple[str, ...] = ()):
-        batch, device = start.batch, start.device
-        self.num_tokens, self.clock, self.reported = num_tokens, start.clock, reported
-        self.ids = torch.arange(batch, device=device)
-        self.tokens = torch.zeros(batch, num_tokens + room, dtype=torch.long, device=device)  # by absolute position
+    def __init__(self, start: DecodeStart, job: DecodeJob, num_tokens: int, room: int, caches: dict[str, tuple[Any, Any]],
+                 state: Optional[dict[str, Tensor]] = None, reported: tuple[str, ...] = (), fixed: bool = False):
+        slots, device, requests = start.batch, start.device, start.requests
+        self.job, self.start, self.num_tokens, self.clock, self.reported = job, start, num_tokens, start.clock, reported
+        self.fixed = fixed or requests > slots
+        self.queued = slots  # the next request to start
+        self.ids = torch.arange(slots, device=device)
+        self.tokens = torch.zeros(slots, num_tokens + room, dtype=torch.long, device=device)  # by absolute position
+        first, self.status = first_token(start.logits, start.seeds[:slots], job)
         self.tokens[:, 0] = first
-        self.n = torch.ones(batch, dtype=torch.long, device=device)  # committed tokens
-        self.nfe = torch.ones(batch, dtype=torch.long, device=device)  # forward passes (the prefill included)
-        self.accepted = torch.zeros(batch, dtype=torch.long, device=device)
-        self.seeds = start.seeds
+        self.n = torch.ones(slots, dtype=torch.long, device=device)  # committed tokens
+        self.nfe = torch.ones(slots, dtype=torch.long, device=device)  # forward passes (the prefill included)
+        self.accepted = torch.zeros(slots, dtype=torch.long, device=device)
+        self.seeds = start.seeds[:slots].clone()
+        self.live = torch.ones(slots, dtype=torch.bool, device=device)
         self.caches = dict(caches)
         self.state = dict(state or {})
         self.step = 0
-        # outputs, in the caller's batch order
-        self._tokens = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)
-        self._nfe = torch.ones(batch, dtype=torch.long)
-        self._accepted = torch.zeros(batch, dtype=torch.long)
-        self._latency = torch.zeros(batch, dtype=torch.float64)
-        self._extra = {name: torch.zeros(batch, dtype=torch.long) for name in reported}
-        self._committed = torch.ones(batch, dtype=torch.long, device=device)
+        self.n_host, self.ids_host = [1] * slots, list(range(slots))  # host mirrors (-1: idle slot)
+        # outputs, in the caller's batch order (on the device until the end: storing them reads nothing back)
+        self._tokens = torch.zeros(requests, num_tokens, dtype=torch.long, device=device)
+        self._nfe = torch.ones(requests, dtype=torch.long, device=device)
+        self._accepted = torch.zeros(requests, dtype=torch.long, device=device)
+        self._latency = torch.zeros(requests, dtype=torch.float64)
+        self._extra = {name: torch.zeros(requests, dtype=torch.long, device=device) for name in reported}
+        self._committed = torch.ones(requests, dtype=torch.long, device=device)
+        self._retire()
+
+    # ---- host-side view -------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return any(i >= 0 for i in self.ids_host)
+
+    def widths(self, window: int) -> int:
+        """The widest window any live slot needs: ``min(window, N - n)`` over live slots."""
+        return max(min(window, self.num_tokens - n) for n, i in zip(self.n_host, self.ids_host) if i >= 0)
+
+    def longest(self) -> int:
+        """The most image tokens any live slot has cached (``n - 1``: the newest is fed by the next window)."""
+        return max(n - 1 for n, i in zip(self.n_host, self.ids_host) if i >= 0)
+
+    @property
+    def live_count(self) -> int:
+        return sum(i >= 0 for i in self.ids_host)
 
     def cache(self, name: str = "target") -> Any:
         """The cache state of model ``name``."""
         return self.caches[name][1]
 
-    def compact(self) -> bool:
-        """Store the finished samples' outputs and drop them (and their cache rows); False once none is left."""
-        finished = self.n >= self.num_tokens
-        if not bool(finished.any()):
-            return True
-        done = finished.nonzero().squeeze(1)
-        at = self.ids[done]
-        self._tokens[at] = self.tokens[done, : self.num_tokens]
-        cpu, now = at.cpu(), self.clock.now()
-        self._nfe[cpu], self._accepted[cpu], self._latency[cpu] = self.nfe[done].cpu(), self.accepted[done].cpu(), now
-        for name in self.reported:
-            self._extra[name][cpu] = self.state[name][done].cpu()
-        keep = (~finished).nonzero().squeeze(1)
-        if keep.numel() == 0:
-            return False
-        self.caches = {name: (model, model.select(state, keep)) for name, (model, state) in self.caches.items()}
-        self.ids, self.tokens, self.n, self.nfe, self.accepted, self.seeds = (
-            t[keep] for t in (self.ids, self.tokens, self.n, self.nfe, self.accepted, self.seeds))
-        self.state = {name: t[keep] for name, t in self.state.items()}
-        return True
+    # ---- the step's one read-back ------------------------------------------------------------------
 
     def commit(self, verified: Verified) -> None:
-        """Commit ``d_1 .. d_m`` (already in place) and ``x_{m+1}``; count the pass."""
-        m = verified.num_accepted
-        self.tokens.scatter_(1, (self.n + m)[:, None], verified.next_token[:, None])
-        self.n = self.n + m + 1
-        self.nfe = self.nfe + 1
+        """Commit ``d_1 .. d_m`` (already in place) and ``x_{m+1}`` on live slots; count the pass."""
+        m = torch.where(self.live, verified.num_accepted, 0)
+        self.tokens.scatter_(1, (self.n + m)[:, None], verified.next_token[:, None])  # idle slots: past their output
+        self.n = self.n + (m + 1) * self.live
+        self.nfe = self.nfe + self.live
         self.accepted = self.accepted + m
+
+    def sync(self, status: Optional[Tensor] = None) -> list[int]:
+        """The step's one read-back: committed counts (and the step's status) to the host; then finished
+        requests leave their slots. Returns the committed counts by slot as they were before that."""
+        if status is not None:
+            self.status = torch.maximum(self.status, status)
+        values = torch.cat([self.n, self.status.view(1)]).tolist()
+        raise_status(int(values[-1]))
+        self.n_host = values[:-1]
         self.step += 1
+        after = list(self.n_host)
+        self._retire()
+        return after
+
+    def _retire(self) -> None:
+        done = [b for b, (n, i) in enumerate(zip(self.n_host, self.ids_host)) if i >= 0 and n >= self.num_tokens]
+        if not done:
+            return
+        device = self.n.device
+        slots = torch.tensor(done, device=device)
+        at = torch.tensor([self.ids_host[b] for b in done], device=device)
+        self._tokens[at] = self.tokens[slots, : self.num_tokens]
+        self._nfe[at], self._accepted[at] = self.nfe[slots], self.accepted[slots]
+        self._committed[at] = self.num_tokens
+        self._latency[at.cpu()] = self.clock.now()
+        for name in self.reported:
+            self._extra[name][at] = self.state[name][slots]
+        waiting = min(len(done), self.start.requests - self.queued)
+        if waiting:
+            self._refill(done[:waiting])
+            done = done[waiting:]
+        if not done:
+            return
+        for b in done:
+            self.ids_host[b] = -1
+        if self.fixed:
+            self.live[torch.tensor(done, device=device)] = False
+            return
+        keep = [b for b, i in enumerate(self.ids_host) if i >= 0]
+        if keep:
+            self._select(keep)
+
+    def _refill(self, slots_list: list[int]) -> None:
+        """Start the next queued requests in ``slots_list`` (their cache rows are overwritten, not copied)."""
+        device = self.n.device
+        slots = torch.tensor(slots_list, device=device)
+        requests = torch.arange(self.queued, self.queued + len(slots_list), device=device)
+        condition = select_condition(self.start.condition, requests.cpu())
+        logits = None
+        for model, state in self.caches.values():
+            out = model.refill(state, slots, condition)
+            logits = out if logits is None else logits
+        seeds = self.start.seeds[requests]
+        first, status = first_token(logits, seeds, self.job)
+        self.status = torch.maximum(self.status, status)
+        self.tokens[slots] = 0
+        self.tokens[slots, 0] = first
+        self.n[slots], self.nfe[slots], self.accepted[slots] = 1, 1, 0
+        self.seeds[slots], self.ids[slots] = seeds, requests
+        for tensor in self.state.values():
+            tensor[slots] = 0
+        for b, request in zip(slots_list, range(self.queued, self.queued + len(slots_list))):
+            self.n_host[b], self.ids_host[b] = 1, request
+        self.queued += len(slots_list)
+
+    def _select(self, keep_list: list[int]) -> None:
+        """Drop every slot not in ``keep_list`` (and its cache rows)."""
+        keep = torch.tensor(keep_list, device=self.n.device)
+        self.caches = {name: (model, model.select(state, keep)) for name, (model, state) in self.caches.items()}
+        self.ids, self.tokens, self.n, self.nfe, self.accepted, self.seeds, self.live = (
+            t[keep] for t in (self.ids, self.tokens, self.n, self.nfe, self.accepted, self.seeds, self.live))
+        self.state = {name: t[keep] for name, t in self.state.items()}
+        self.n_host = [self.n_host[b] for b in keep_list]
+        self.ids_host = [self.ids_host[b] for b in keep_list]
+
+    # ---- reporting ---------------------------------------------------------------------------------
 
     def report(self, callback: Optional[StepCallback]) -> None:
         """Call ``callback`` with every sample's committed tokens (-1 where not committed yet)."""
         if callback is None:
             return
-        self._committed[self.ids] = self.n
+        live = [b for b, i in enumerate(self.ids_host) if i >= 0]
+        slots = torch.tensor(live, device=self.n.device)
+        ids = torch.tensor([self.ids_host[b] for b in live], device=self.n.device)
+        self._committed[ids] = self.n[slots]
         tokens = self._tokens.clone()  # finished samples are already final there
-        decided = torch.arange(self.num_tokens, device=self.tokens.device)[None, :] < self.n[:, None]
-        tokens[self.ids] = committed_view(self.tokens[:, : self.num_tokens], decided)
-        callback(DecodeProgress(self.step, self._committed.clone(), tokens))
+        decided = torch.arange(self.num_tokens, device=self.tokens.device)[None, :] < self.n[slots][:, None]
+        tokens[ids] = committed_view(self.tokens[slots, : self.num_tokens], decided)
+        not_started = torch.arange(self.start.requests, device=self.n.device) >= self.queued
+        tokens[not_started] = committed_view(tokens[not_started], torch.zeros_like(tokens[not_started], dtype=torch.bool))
+        committed = torch.where(not_started, 0, self._committed)
+        callback(DecodeProgress(self.step, committed, tokens))
 
     def output(self, method: str, tv: Optional[TVTracker]) -> DecodeOutput:
         """The decode's result in the caller's batch order (``tv``: the lossy rule's measured TV, if any)."""
-        stats = DecodeStats(nfe=self._nfe, tokens=torch.full_like(self._nfe, self.num_tokens), latency_s=self._latency,
-                            accepted_drafts=self._accepted, extra=dict(self._extra))
+        nfe = self._nfe.cpu()
+        stats = DecodeStats(nfe=nfe, tokens=torch.full_like(nfe, self.num_tokens), latency_s=self._latency,
+                            accepted_drafts=self._accepted.cpu(), extra={k: v.cpu() for k, v in self._extra.items()})
         if tv is not None:
             stats.tv_mean, stats.tv_max = tv.result()
         return DecodeOutput(tokens=self._tokens, stats=stats, method=method)

@@ -39,7 +39,22 @@ cache). A step callback receives a :class:`vispec.outputs.DecodeProgress` after 
 Model protocol: ``model(input_ids, attention_mask).logits`` (``[B, N, V]``) and ``model.config`` with
 ``mask_token_id`` (and ``eos_token_id``, ``eot_token_id``, ``vocab_size``, ``max_sequence_length``
 when present); the caches also need ``compute_kv_cache`` / ``forward_span`` and a cache with
-``select`` (:class:`vispec.models.llada.LLaDAModelLM`).
+``select`` (:class:`vispec.models.llada.LLaDAModelLM`). ``attention_mask`` is None when no prompt
+is padded (checked once, before the block loop: the forwards themselves read nothing back).
+
+Static, compiled forwards (``compile=True``, models with ``compiled_core``, as LLaDA): every forward of
+the block loop runs through ``torch.compile(fullgraph=True)``, the graphs cached on the model (the
+first call compiles, later calls with the same shapes reuse them). Shapes stay fixed within a decode:
+
+* the forward always takes the whole batch (``[B, N]``, ``[2B, N]`` with guidance), not only the rows
+  whose block still has masks; the finished rows' logits are discarded and they are not charged an
+  NFE, so tokens and NFE are those of the eager loop (whose forwards drop finished rows);
+* ``"none"``: one graph ``[B, N]``; ``"dual"``: the refresh ``[B, N]`` and the block ``[B, Lb]``, whose
+  positions reach the model as an index tensor, so one graph serves every block;
+* ``"prefix"``: the refresh is static, but the span ``x[:, start:]`` shrinks by ``Lb`` per block, so
+  it is compiled with ``dynamic=True`` (one graph, symbolic length). Padding it to a fixed width
+  instead would compute up to ``K - 1`` blocks of unused queries and change the matmul shapes, and
+  so possibly the last bits of the logits, against the eager forward.
 """
 
 from __future__ import annotations
@@ -66,7 +81,8 @@ def _config_id(model: Any, name: str) -> Optional[int]:
 
 
 def check_decode_args(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], gen_length: int, block_length: int,
-                      temperature: float, guidance_scale: float, cache: str, mask_token_id: Optional[int]) -> int:
+                      temperature: float, guidance_scale: float, cache: str, mask_token_id: Optional[int],
+                      compile: bool = False) -> int:
     """Validate :func:`decode`'s arguments (errors name the argument); returns the mask id."""
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids must be a LongTensor [batch, prompt_length >= 1], got "
@@ -83,6 +99,11 @@ def check_decode_args(model: Any, input_ids: Tensor, attention_mask: Optional[Te
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     if cache != "none" and not hasattr(model, "compute_kv_cache"):
         raise ValueError(f"cache={cache!r} needs a model with compute_kv_cache/forward_span, got {type(model).__name__}")
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
+    if compile and not hasattr(model, "compiled_core"):
+        raise ValueError(f"compile=True needs a model with static, compilable forwards (compiled_core), "
+                         f"got {type(model).__name__}")
     mask_id = mask_token_id if mask_token_id is not None else _config_id(model, "mask_token_id")
     if mask_id is None:
         raise ValueError("mask_token_id is needed (the model config has none)")
@@ -97,21 +118,31 @@ def check_decode_args(model: Any, input_ids: Tensor, attention_mask: Optional[Te
 
 
 class _Forward:
-    """Runs the model for a subset of rows (with the guidance branch) and keeps the block cache."""
+    """Runs the model for a subset of rows (with the guidance branch) and keeps the block cache.
 
-    def __init__(self, model: Any, prompt_len: int, key_mask: Tensor, guidance_scale: float, mask_id: int, cache: str):
+    ``key_mask`` is None when no row is padded. With ``compile`` every forward takes all rows (static
+    shapes) through the model's compiled cores, and the rows' logits are picked afterwards.
+    """
+
+    def __init__(self, model: Any, prompt_len: int, key_mask: Optional[Tensor], guidance_scale: float, mask_id: int,
+                 cache: str, compile: bool = False):
         self.model, self.prompt_len, self.key_mask = model, prompt_len, key_mask
         self.guidance_scale, self.mask_id, self.cache_mode = guidance_scale, mask_id, cache
         self.guided = guidance_scale != 1.0
+        self.compile = compile
+        self.kwargs = {"compile": True} if compile else {}
         self.cache = None
         self.cache_rows: Optional[Tensor] = None  # batch rows the cache holds, in order
 
-    def _inputs(self, x: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
-        ids, mask = x[rows], self.key_mask[rows]
+    def _inputs(self, x: Tensor, rows: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+        """Model inputs of batch ``rows`` (None: all rows) and their key mask (None: no padding)."""
+        ids = x if rows is None else x[rows]
+        mask = self.key_mask if rows is None or self.key_mask is None else self.key_mask[rows]
         if self.guided:
             uncond = ids.clone()
             uncond[:, : self.prompt_len] = self.mask_id
-            ids, mask = torch.cat([ids, uncond]), torch.cat([mask, mask])
+            ids = torch.cat([ids, uncond])
+            mask = None if mask is None else torch.cat([mask, mask])
         return ids, mask
 
     def _guide(self, logits: Tensor) -> Tensor:
@@ -132,20 +163,30 @@ class _Forward:
 
     def block_logits(self, x: Tensor, rows: Tensor, start: int, end: int, first_step: bool) -> Tensor:
         """Logits ``[R, end - start, V]`` of the block for batch ``rows`` (sorted)."""
+        if not self.compile:
+            return self._block_logits(x, rows, start, end, first_step)
+        logits = self._block_logits(x, None, start, end, first_step)  # all rows: the shapes stay static
+        return logits if rows.numel() == x.shape[0] else logits[rows]
+
+    def _block_logits(self, x: Tensor, rows: Optional[Tensor], start: int, end: int, first_step: bool) -> Tensor:
         if self.cache_mode == "none":
             ids, mask = self._inputs(x, rows)
-            return self._guide(self.model(ids, attention_mask=mask).logits[:, start:end])
+            return self._guide(self.model(ids, attention_mask=mask, **self.kwargs).logits[:, start:end])
         if first_step:
             ids, mask = self._inputs(x, rows)
-            out = self.model.compute_kv_cache(ids, attention_mask=mask)
-            self.cache, self.cache_rows = out.kv_cache, rows
+            out = self.model.compute_kv_cache(ids, attention_mask=mask, **self.kwargs)
+            self.cache = out.kv_cache
+            self.cache_rows = torch.arange(x.shape[0], device=x.device) if rows is None else rows
             return self._guide(out.logits[:, start:end])
-        self._select_cache(rows)
+        if rows is not None:
+            self._select_cache(rows)
         ids, _ = self._inputs(x, rows)
         if self.cache_mode == "prefix":
-            logits = self.model.forward_span(ids[:, start:], start, self.cache).logits[:, : end - start]
+            dynamic = {"dynamic": True} if self.compile else {}  # the span shrinks block after block
+            logits = self.model.forward_span(ids[:, start:], start, self.cache, **self.kwargs, **dynamic).logits
+            logits = logits[:, : end - start]
         else:
-            logits = self.model.forward_span(ids[:, start:end], start, self.cache).logits
+            logits = self.model.forward_span(ids[:, start:end], start, self.cache, **self.kwargs).logits
         return self._guide(logits)
 
 
@@ -189,6 +230,7 @@ def decode(
     suppress_mask_token: bool = True,
     generator: GeneratorArg = None,
     callback: Optional[StepCallback] = None,
+    compile: bool = False,
 ) -> DecodeOutput:
     """Decode ``gen_length`` tokens after each prompt (module docstring).
 
@@ -207,13 +249,18 @@ def decode(
             ``step`` (global), ``num_committed [B]`` (committed generated tokens per row), ``tokens [B, gen_length]``
             (the canvas, :data:`vispec.outputs.UNDECIDED` where still masked) and ``details`` with ``block``,
             ``step_in_block``, ``rows`` (batch rows that took part) and ``transfer_index [R, Lb]`` (all copies).
+        compile: run the model's forwards through ``torch.compile(fullgraph=True)`` with static shapes
+            (module docstring: every forward takes the whole batch; ``"prefix"`` spans are compiled with
+            ``dynamic=True`` since they shrink block after block). The graphs are cached on the model: the
+            first call compiles (about a minute per graph on a CPU), later calls reuse them. Tokens and NFE
+            equal the eager loop's up to float rounding of the fused kernels. Eager (False) is the default.
 
     Returns:
         :class:`vispec.outputs.DecodeOutput`: ``tokens [B, gen_length]``, per-row ``stats``, ``method`` (the
         scheduler's strategy name) and ``labels`` ``{"scheduler": class name, "cache": cache}``.
     """
     mask_id = check_decode_args(model, input_ids, attention_mask, gen_length, block_length, temperature, guidance_scale,
-                                cache, mask_token_id)
+                                cache, mask_token_id, compile)
     eos_id = eos_token_id if eos_token_id is not None else _config_id(model, "eos_token_id")
     eot_id = eot_token_id if eot_token_id is not None else _config_id(model, "eot_token_id")
     for flag, name in ((early_stop_eos, "early_stop_eos"), (logits_eos_inf, "logits_eos_inf")):
@@ -225,8 +272,10 @@ def decode(
     x = torch.cat([input_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long, device=device)], dim=1)
     prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.to(device).bool()
     key_mask = torch.cat([prompt_mask, torch.ones(batch, gen_length, dtype=torch.bool, device=device)], dim=1)
+    if bool(prompt_mask.all()):  # the one read-back about padding, before the loop: unpadded forwards take no mask
+        key_mask = None
     seeds = per_sample_seeds(generator, batch, device)
-    forward = _Forward(model, prompt_len, key_mask, float(guidance_scale), mask_id, cache)
+    forward = _Forward(model, prompt_len, key_mask, float(guidance_scale), mask_id, cache, compile)
     nfe = torch.zeros(batch, dtype=torch.long, device=device)
     finished_at = torch.full((batch,), float("nan"), dtype=torch.float64)
     masks: Optional[tuple] = None

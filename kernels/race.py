@@ -1,0 +1,184 @@
+"""Keyed exponential race on CPU with the Philox noise compiled: bit-identical to the eager composition.
+
+Sampling from unnormalised weights ``w`` is the exponential race ``argmax_v w_v / E_v`` with
+``E_v = -log(u_v) ~ Exp(1)`` i.i.d.: ``P[v] = w_v / Σ w`` (the Gumbel-max trick on ``log w``, as
+``-log E_v`` is standard Gumbel). The uniforms are counter-based Philox4x32-10 (Salmon et al.,
+"Parallel random numbers: as easy as 1, 2, 3", SC 2011) keyed by ``(seed; c0 = v // 4, position,
+stream, draw)``, entry ``v`` taking word ``v % 4`` (:mod:`vispec.kernels.philox`).
+
+Eagerly, Philox is ten rounds of about a dozen int64 ops over ``[rows, V]``, each its own kernel
+launch. Here:
+
+1. ``_uniform_blocks``, compiled (inductor C++, ``dynamic=True``, lazily on first use): Philox inline,
+   one evaluation per block of four entries, straight to ``u = ((word >> 9) + 1/2) / 2**23`` (exact) in a
+   ``[rows, 4, blocks]`` float32 buffer (word-major: every store is contiguous; no int64 buffer is
+   written).
+2. ``torch.log_`` on that buffer, eagerly: inductor's vectorised ``log`` (SLEEF) rounds differently from
+   eager's (MKL VML in x86 builds) on ~650k of the 2**23 possible ``u``, so the one transcendental is
+   the very kernel :func:`~vispec.kernels.philox.exponentials` runs (elementwise, so the same values;
+   pinned exhaustively by the tests).
+3. The race, eagerly: ``argmin_v w_v / log u_v``. Since ``w / log u = -(w / E)`` exactly (IEEE division
+   is sign-symmetric) and negation reverses the order, this is ``argmax_v w_v / E_v`` including ties
+   (first index), signed zeros (equal) and NaN (both pick the first NaN), without a negation pass.
+
+Exact integer Philox without int64 overflow (signed overflow is undefined behaviour in the C++ that
+inductor generates): both round multipliers ``M`` exceed ``2**31``, so with ``m = M - 2**32`` (``|m| <
+2**30``) and ``x < 2**32``, ``q = x * m`` fits in int64 and ``x * M = q + x * 2**32``; hence
+``lo = q & (2**32 - 1)`` and ``hi = x + (q >> 32)`` (arithmetic shift = floor), ``0 <= hi < 2**32``. The
+block index is masked before its first multiply so inductor keeps it a value: it would otherwise fold
+``block * m`` into a vector ``arange`` whose ``int`` step overflows.
+
+``VISPEC_FUSED_NOISE=0`` (read at import) or ``set_fused(False)`` forces the eager composition; so do
+non-CPU tensors (the Triton kernels cover CUDA), tracing under ``torch.compile`` and a failed
+compilation (warned once).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Callable, Union
+
+import torch
+from torch import Tensor
+
+from vispec.kernels.philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, N_ROUNDS, exponentials
+from vispec.kernels.verify import sample_from_weights
+
+ENV_VAR = "VISPEC_FUSED_NOISE"
+_MASK32 = 0xFFFFFFFF
+_M_A = _ROUND_A - 2**32  # both multipliers have the top bit set: |m| < 2**30
+_M_B = _ROUND_B - 2**32
+_enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "off", "no")
+_failed = False
+_compiled: dict[bool, Callable] = {}
+
+Keys = Union[Tensor, int]
+
+
+def set_fused(enabled: bool) -> None:
+    """Use the compiled path (``True``, the default unless ``VISPEC_FUSED_NOISE=0``) or the eager one."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def fused_enabled() -> bool:
+    """True while CPU calls take the compiled path (switched on, and no compilation failure so far)."""
+    return _enabled and not _failed
+
+
+def _uniform_blocks(keys: Tensor, blocks: int) -> Tensor:
+    """``[R, 4, blocks]`` float32: ``u[r, j, b]`` is word ``j`` of Philox4x32-10 with key ``keys[0, r]`` and
+    counter ``(b, keys[1, r], keys[2, r], keys[3, r])`` (block, position, stream, draw), mapped to
+    ``((word >> 9) + 1/2) / 2**23``. Compiled; also correct run eagerly."""
+    seeds, positions, streams, draws = keys
+    x0 = torch.arange(blocks, dtype=torch.int64, device=keys.device)[None, :] & _MASK32
+    k0, k1 = (seeds & _MASK32)[:, None], ((seeds >> 32) & _MASK32)[:, None]
+    x1, x2, x3 = ((c & _MASK32)[:, None] for c in (positions, streams, draws))
+    for r in range(N_ROUNDS):
+        q_b, q_a = x2 * _M_B, x0 * _M_A  # |q| < 2**62: no overflow
+        x0, x2 = ((x2 + (q_b >> 32)) ^ x1 ^ ((k0 + r * _KEY_A) & _MASK32),
+                  (x0 + (q_a >> 32)) ^ x3 ^ ((k1 + r * _KEY_B) & _MASK32))
+        x1, x3 = q_b & _MASK32, q_a & _MASK32
+    return torch.stack([((x >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0) for x in (x0, x1, x2, x3)], dim=1)
+
+
+def _compiled_uniforms() -> Callable:
+    """The compiled :func:`_uniform_blocks` (one per inference mode: inference tensors fail the other's
+    guards), traced at once on sizes that are distinct and >= 2 so duck sizing and 0/1 specialisation
+    add no guard a later shape could fail (callers keep rows and blocks >= 2)."""
+    mode = torch.is_inference_mode_enabled()
+    if mode not in _compiled:
+        compiled = torch.compile(_uniform_blocks, dynamic=True, fullgraph=True)
+        compiled(torch.zeros(4, 3, dtype=torch.int64), 5)
+        _compiled[mode] = compiled
+    return _compiled[mode]
+
+
+def _rows(x: Keys, rows: int, device: torch.device) -> Tensor:
+    """``[rows]`` int64 (a Python int or a one-element tensor is broadcast)."""
+    if not isinstance(x, Tensor):
+        return torch.full((rows,), int(x), dtype=torch.int64, device=device)
+    x = x.to(device=device, dtype=torch.int64).reshape(-1)
+    return x.expand(rows) if x.numel() == 1 else x
+
+
+def _keys(seeds: Tensor, positions: Keys, streams: Keys, draws: Keys) -> Tensor:
+    """``[4, R]`` int64 ``(seeds, positions, streams, draws)``, a fresh tensor (views as inputs would add guards)."""
+    rows = seeds.shape[0]
+    keys = [_rows(x, rows, seeds.device) for x in (seeds, positions, streams, draws)]
+    if any(k.shape != (rows,) for k in keys):
+        raise ValueError(f"positions, streams and draws need one value per row ({rows}), got shapes {[tuple(k.shape) for k in keys[1:]]}")
+    return torch.stack(keys)
+
+
+def _log_in_vocab_order(u: Tensor, rows: int, vocab: int) -> Tensor:
+    """``log`` in place (eager) on a ``[>= R, 4, >= ceil(V / 4)]`` uniform buffer; ``[R, V]`` in vocabulary
+    order (entry ``v`` is ``u[r, v % 4, v // 4]``)."""
+    blocks = (vocab + 3) // 4
+    return torch.log_(u)[:rows, :, :blocks].transpose(1, 2).reshape(rows, 4 * blocks)[:, :vocab]
+
+
+def _log_uniforms(keys: Tensor, vocab: int) -> Tensor:
+    """``[R, V]`` float32 ``log u``: the uniforms compiled, then :func:`_log_in_vocab_order`."""
+    rows = keys.shape[1]
+    with torch.no_grad():
+        u = _compiled_uniforms()(keys if rows > 1 else keys.repeat(1, 2), max((vocab + 3) // 4, 2))
+    return _log_in_vocab_order(u, rows, vocab)
+
+
+def _fused(run: Callable[[], Tensor], eager: Callable[[], Tensor]) -> Tensor:
+    """``run()``; if it fails (no C++ compiler, inductor error), warn once, switch the fused path off and
+    return ``eager()``, the specification."""
+    global _failed
+    try:
+        return run()
+    except Exception as error:  # noqa: BLE001 - any failure of the compiled path falls back
+        _failed = True
+        warnings.warn(f"vispec.kernels.race: compiled Philox noise failed ({type(error).__name__}: {error}); "
+                      "using the eager exponential race", RuntimeWarning, stacklevel=3)
+        return eager()
+
+
+def _use_fused(*tensors: Tensor) -> bool:
+    return (_enabled and not _failed and all(t.device.type == "cpu" for t in tensors)
+            and not torch.compiler.is_compiling())
+
+
+def eager_exponentials(seeds: Tensor, positions: Keys, streams: Keys, draws: Keys, vocab: int) -> Tensor:
+    """The specification: row ``r`` is ``exponentials(seeds[r:r+1], positions[r].view(1, 1), streams[r],
+    draws[r].view(1), V)[0, 0]`` (one batched call; counter-based noise does not depend on the batch)."""
+    rows, device = seeds.shape[0], seeds.device
+    positions, streams, draws = (_rows(x, rows, device) for x in (positions, streams, draws))
+    return exponentials(seeds, positions[:, None], streams[:, None], draws, vocab)[:, 0]
+
+
+def keyed_exponentials(seeds: Tensor, positions: Keys, streams: Keys, draws: Keys, vocab: int) -> Tensor:
+    """``[R, V]`` float32 Exp(1) noise, row ``r`` keyed by ``(seeds[r]; positions[r], streams[r], draws[r])``:
+    bit-identical to :func:`eager_exponentials`. ``seeds`` is ``[R]`` int64, the other keys ``[R]`` integer
+    tensors (or one value for every row)."""
+    if not _use_fused(seeds) or seeds.shape[0] == 0 or vocab < 1:
+        return eager_exponentials(seeds, positions, streams, draws, vocab)
+    keys = _keys(seeds, positions, streams, draws)
+    return _fused(lambda: _log_uniforms(keys, vocab).neg(), lambda: eager_exponentials(seeds, positions, streams, draws, vocab))
+
+
+def keyed_race(weights: Tensor, seeds: Tensor, positions: Keys, streams: Keys, draws: Keys) -> Tensor:
+    """``[R]`` int64 exponential-race samples ``argmax_v weights[r, v] / E[r, v]``, ``E = keyed_exponentials``.
+
+    Bit-identical to ``sample_from_weights(weights, E)`` (:mod:`vispec.kernels.verify`): weights other than
+    float64 race in float32, float64 weights divide by ``E`` promoted to float64; ties go to the first
+    maximal index, zero weights never beat positive ones, an all-zero row gives 0, a NaN weight wins.
+    """
+    if weights.dim() != 2 or weights.shape[0] != seeds.shape[0]:
+        raise ValueError(f"weights must be [rows, vocab] with one row per seed ({seeds.shape[0]}), got {tuple(weights.shape)}")
+    rows, vocab = weights.shape
+
+    def eager() -> Tensor:
+        return sample_from_weights(weights, eager_exponentials(seeds, positions, streams, draws, vocab))
+
+    if not _use_fused(weights, seeds) or rows == 0 or vocab == 0:
+        return eager()
+    keys = _keys(seeds, positions, streams, draws)
+    w = weights if weights.dtype in (torch.float32, torch.float64) else weights.to(torch.float32)
+    return _fused(lambda: torch.div(w, _log_uniforms(keys, vocab)).argmin(dim=-1), eager)
