@@ -18,10 +18,13 @@ instead of the residual ``max(0, p - q)`` (the bias of Lumina-mGPT 2.0's SJD).
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import pytest
 import torch
 from scipy import stats
 
+import vispec.decoding.windows as windows_module
 import vispec.kernels.verify as verify_module
 from vispec.decoding import DecodingConfig, decode
 from vispec.kernels.verify import Drafts, accept_reference, noise_race, sample_reference
@@ -132,11 +135,41 @@ def _residual_from_target(p, q):
     return p.clone()
 
 
-@pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal", "sd"])
+# step costs that make the window chooser switch with the acceptance it sees (its choices depend on outcomes)
+AUTO_COSTS = {1: [1.0], 2: [1.5], 4: [2.4], 8: [4.0], 16: [7.0]}
+
+
+def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None) -> tuple[torch.Tensor, dict]:
+    """Like :func:`sample_sequences` but with the spec's own window (``auto``) and optional streaming."""
+    condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
+    out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=method,
+                 generator=torch.Generator().manual_seed(seed), grid_width=3, max_batch_size=max_batch_size)
+    return out.tokens, out.stats.windows
+
+
+@pytest.mark.parametrize("method,max_batch_size", [("sjd-random:window=auto", None), ("mc-sjd-maximal:window=auto", None),
+                                                   ("mc-sjd-gumbel:window=auto", 300), ("sjd-horizontal:window=3", 257)])
+def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size, monkeypatch):
+    """Windows chosen per pass from running acceptance, and requests streamed through fewer slots, stay exact."""
+    model, joint, n = setup
+    monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {w: list(c) for w, c in AUTO_COSTS.items()}))
+    tokens, windows = sample_adaptive(model, method, n, seed=4321, max_batch_size=max_batch_size)
+    statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
+    print(f"\n{method} (slots {max_batch_size or n}): n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} windows={windows}")
+    if "auto" in method:
+        assert len(windows) > 1, "the chooser never switched windows; the test would not cover adaptive windows"
+    assert p_value > ALPHA, f"{method} deviates from the exact AR joint (p={p_value:.2e}, TV={tv:.4f})"
+
+
+@pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal", "sd", "mc-sjd-maximal:window=auto"])
 def test_negative_control_fails(setup, method, monkeypatch):
     model, joint, n = setup
     monkeypatch.setattr(verify_module, "residual_weights", _residual_from_target)  # the one exact residual
-    tokens, _ = sample_sequences(model, method, n, seed=1234)
+    if "auto" in method:
+        monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {w: list(c) for w, c in AUTO_COSTS.items()}))
+        tokens, _ = sample_adaptive(model, method, n, seed=1234)
+    else:
+        tokens, _ = sample_sequences(model, method, n, seed=1234)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\nnegative control {method} (resample from p): n={n} chi2={statistic:.1f} p={p_value:.2e} TV={tv:.4f}")
     assert p_value < ALPHA, "the exactness test failed to detect a wrong residual"

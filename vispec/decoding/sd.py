@@ -65,7 +65,7 @@ def _propose(drafter, batch: RaggedBatch, drafts_b: Tensor, vocab: int, job: Dec
             pending = n - cached
             span = torch.arange(int(pending.max()), device=n.device)
             tokens = batch.tokens.gather(1, (cached[:, None] + span).clamp(max=batch.tokens.shape[1] - 1))
-            take, keep = pending - 1, pending
+            take, keep = (pending - 1).clamp_min(0), pending  # idle slots: nothing pending
         else:
             tokens, take, keep = drafts[:, :i].clamp_min(0), torch.full_like(n, i - 1), torch.zeros_like(n)
         draft, q[:, i] = _draft_step(drafter, batch.cache("drafter"), tokens, take, keep, n + i, batch.seeds, batch.nfe, job)

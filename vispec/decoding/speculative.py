@@ -243,12 +243,13 @@ class RaggedBatch:
         if not done:
             return
         device = self.n.device
-        slots = torch.tensor(done, device=device)
-        at = torch.tensor([self.ids_host[b] for b in done], device=device)
+        slots = torch.tensor(done, dtype=torch.long, device=device)
+        finished = [self.ids_host[b] for b in done]
+        at = torch.tensor(finished, dtype=torch.long, device=device)
         self._tokens[at] = self.tokens[slots, : self.num_tokens]
         self._nfe[at], self._accepted[at] = self.nfe[slots], self.accepted[slots]
         self._committed[at] = self.num_tokens
-        self._latency[at.cpu()] = self.clock.now()
+        self._latency[torch.tensor(finished, dtype=torch.long)] = self.clock.now()
         for name in self.reported:
             self._extra[name][at] = self.state[name][slots]
         waiting = min(len(done), self.start.requests - self.queued)
@@ -260,7 +261,7 @@ class RaggedBatch:
         for b in done:
             self.ids_host[b] = -1
         if self.fixed:
-            self.live[torch.tensor(done, device=device)] = False
+            self.live[torch.tensor(done, dtype=torch.long, device=device)] = False
             return
         keep = [b for b, i in enumerate(self.ids_host) if i >= 0]
         if keep:
@@ -269,9 +270,9 @@ class RaggedBatch:
     def _refill(self, slots_list: list[int]) -> None:
         """Start the next queued requests in ``slots_list`` (their cache rows are overwritten, not copied)."""
         device = self.n.device
-        slots = torch.tensor(slots_list, device=device)
+        slots = torch.tensor(slots_list, dtype=torch.long, device=device)
         requests = torch.arange(self.queued, self.queued + len(slots_list), device=device)
-        condition = select_condition(self.start.condition, requests.cpu())
+        condition = select_condition(self.start.condition, torch.arange(self.queued, self.queued + len(slots_list)))
         logits = None
         for model, state in self.caches.values():
             out = model.refill(state, slots, condition)
@@ -291,7 +292,7 @@ class RaggedBatch:
 
     def _select(self, keep_list: list[int]) -> None:
         """Drop every slot not in ``keep_list`` (and its cache rows)."""
-        keep = torch.tensor(keep_list, device=self.n.device)
+        keep = torch.tensor(keep_list, dtype=torch.long, device=self.n.device)
         self.caches = {name: (model, model.select(state, keep)) for name, (model, state) in self.caches.items()}
         self.ids, self.tokens, self.n, self.nfe, self.accepted, self.seeds, self.live = (
             t[keep] for t in (self.ids, self.tokens, self.n, self.nfe, self.accepted, self.seeds, self.live))
@@ -306,8 +307,8 @@ class RaggedBatch:
         if callback is None:
             return
         live = [b for b, i in enumerate(self.ids_host) if i >= 0]
-        slots = torch.tensor(live, device=self.n.device)
-        ids = torch.tensor([self.ids_host[b] for b in live], device=self.n.device)
+        slots = torch.tensor(live, dtype=torch.long, device=self.n.device)
+        ids = torch.tensor([self.ids_host[b] for b in live], dtype=torch.long, device=self.n.device)
         self._committed[ids] = self.n[slots]
         tokens = self._tokens.clone()  # finished samples are already final there
         decided = torch.arange(self.num_tokens, device=self.tokens.device)[None, :] < self.n[slots][:, None]
