@@ -208,6 +208,7 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
     """
 
     _no_split_modules = ["LLaDABlock"]
+    compile_recompile_limit = 64  # per compiled core, while it runs (:meth:`compiled_core`)
 
     @register_to_config
     def __init__(
@@ -357,7 +358,7 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
         logits = self._head(h)
         if self.config.logits_shift:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return logits, keys, values, position_ids.clone(), mask
+        return logits, keys, values, (position_ids.clone() if keep_kv else position_ids), mask
 
     # ------------------------------------------------------------------ block-cached forward
     @torch.no_grad()
@@ -388,7 +389,8 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
         lo = start - 1 if self.config.logits_shift and start > 0 else start
         index = torch.arange(lo, end, device=self.device)
         core = self.compiled_core("_span_core", dynamic=dynamic) if compile else self._span_core
-        logits = core(span_ids.to(self.device), index, start - lo, None if use_suffix else end, cache.input_ids,
+        span_ids = span_ids.to(self.device, cache.input_ids.dtype)
+        logits = core(span_ids, index, start - lo, None if use_suffix else end, cache.input_ids,
                       cache.positions, cache.key_mask, cache.keys, cache.values)
         return LLaDAOutput(logits=logits)
 
@@ -441,5 +443,3 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
 
             cores[key] = run
         return cores[key]
-
-    compile_recompile_limit = 64

@@ -168,6 +168,8 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
         return_dict: bool = True,
         callback_on_step_end: Optional[Callable[["LlamaGenPipeline", int, int, dict], dict]] = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("tokens",),
+        max_batch_size: Optional[int] = None,
+        compile: bool = False,
     ) -> Union[LlamaGenPipelineOutput, tuple]:
         """Generate images.
 
@@ -190,6 +192,10 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
             callback_on_step_end: ``f(pipe, step, step, callback_kwargs) -> dict`` after every forward pass;
                 ``callback_kwargs`` holds copies of the requested tensors (``tokens``: committed tokens,
                 -1 where not yet decided; ``num_committed``), so returned values cannot change decoding.
+            max_batch_size: decode at most this many images at once; more are streamed through that many
+                batch slots, a finished image handing its slot to the next (continuous batching).
+            compile: run each decode step through ``torch.compile(fullgraph=True)`` (``ar``, ``sjd``,
+                ``mc-sjd``); the first steps of each shape compile, later calls reuse the graphs.
 
         Returns ``LlamaGenPipelineOutput(images, stats)`` (``stats``: :meth:`vispec.outputs.DecodeOutput.as_dicts`).
         """
@@ -214,7 +220,8 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
                                          {"tokens": lambda p: p.tokens, "num_committed": lambda p: p.num_committed})
             out = decode(self.transformer, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
                          generator=generator, grid_width=side, callback=on_step, acceptance=rule,
-                         drafter=self.drafter if config.config.strategy == "sd" else None)
+                         drafter=self.drafter if config.config.strategy == "sd" else None, compile=compile,
+                         max_batch_size=max_batch_size)
 
         # 3. tokens -> pixels
         grid = out.tokens.view(batch, side, side)

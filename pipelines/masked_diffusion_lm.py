@@ -196,6 +196,7 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
         return_dict: bool = True,
         callback_on_step_end: Optional[Callable[["MaskedDiffusionLMPipeline", int, int, dict], Optional[dict]]] = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("sequences",),
+        compile: bool = False,
     ) -> Union[MaskedDiffusionLMPipelineOutput, tuple]:
         """Generate text.
 
@@ -216,6 +217,10 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
             output_type: ``"text"`` (sequences and texts) or ``"seq"`` (sequences only).
             callback_on_step_end: ``f(pipe, step, step, callback_kwargs)`` after every forward; ``sequences``
                 (generated canvas, mask id where undecided) and ``transfer_index`` are copies.
+            compile: run the model's forwards through ``torch.compile(fullgraph=True)`` with static shapes
+                (:func:`vispec.dllm.decode`: the whole batch in every forward, ``"prefix"`` spans compiled with
+                ``dynamic=True``); the graphs are cached on ``self.model``, so only the first call with a new
+                shape compiles. Same tokens as eager (the default, False) up to float rounding of fused kernels.
         """
         # 1. check inputs
         self.check_inputs(output_type, cache, num_sequences_per_prompt, callback_on_step_end_tensor_inputs)
@@ -232,7 +237,8 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
         batch = ids.shape[0]
         if isinstance(generator, list) and len(generator) != batch:
             raise ValueError(f"generator list has {len(generator)} entries, expected one per sequence ({batch})")
-        check_decode_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, self.mask_token_id)
+        check_decode_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, self.mask_token_id,
+                          compile)
         scheduler.set_timesteps(steps, gen_length, block_length)  # validates steps against the blocks
 
         # 2. decode, with progress bars over blocks and committed tokens
@@ -253,7 +259,7 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
                          temperature=temperature, guidance_scale=guidance_scale, cache=cache, mask_token_id=mask_id,
                          eos_token_id=getattr(self.tokenizer, "eos_token_id", None), logits_eos_inf=logits_eos_inf,
                          confidence_eos_eot_inf=confidence_eos_eot_inf, early_stop_eos=early_stop_eos, generator=generator,
-                         callback=on_step)
+                         callback=on_step, compile=compile)
             block_bar.update(num_blocks - blocks_done[0])
 
         # 3. post-process

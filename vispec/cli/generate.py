@@ -30,7 +30,7 @@ def _cmd_image(args: argparse.Namespace) -> int:
     generators = [torch.Generator().manual_seed(args.seed + i) for i in range(args.num_images)]
     out = pipe(class_labels=[args.class_label] * args.num_images, guidance_scale=args.guidance_scale,
                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, decoding=args.decoding,
-               generator=generators)
+               generator=generators, compile=args.compile, max_batch_size=args.max_batch_size)
     stem, ext = os.path.splitext(args.out)
     for i, (image, stats) in enumerate(zip(out.images, out.stats)):
         path = args.out if args.num_images == 1 else f"{stem}-{i}{ext or '.png'}"
@@ -57,7 +57,7 @@ def _cmd_text(args: argparse.Namespace) -> int:
     out = pipe(prompt=args.prompt, strategy=scheduler, cache=args.cache, gen_length=args.gen_length,
                block_length=args.block_length, num_inference_steps=args.steps, temperature=args.temperature,
                guidance_scale=args.guidance_scale, early_stop_eos=args.early_stop_eos,
-               generator=torch.Generator().manual_seed(args.seed))
+               generator=torch.Generator().manual_seed(args.seed), compile=args.compile)
     stats = out.stats[0]
     print(out.texts[0])
     print(f"[{args.strategy} + {args.cache} cache: NFE {stats['nfe']} for {stats['tokens']} tokens "
@@ -81,6 +81,10 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     image.add_argument("--temperature", type=float, default=None)
     image.add_argument("--top-k", type=int, default=None)
     image.add_argument("--top-p", type=float, default=None)
+    image.add_argument("--max-batch-size", type=int, default=None,
+                       help="stream the images through this many batch slots (continuous batching; default: all at once)")
+    image.add_argument("--compile", action="store_true",
+                       help="torch.compile each decode step (ar, sjd, mc-sjd; the first steps compile)")
     image.add_argument("--out", default="image.png")
     image.add_argument("--quiet", action="store_true", help="no progress bar")
     image.set_defaults(func=_cmd_image)
@@ -95,6 +99,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     text.add_argument("--temperature", type=float, default=0.0)
     text.add_argument("--guidance-scale", type=float, default=1.0, help="1 = off (LLaDA's cfg_scale w is w + 1)")
     text.add_argument("--seed", type=int, default=0)
+    text.add_argument("--compile", action="store_true", help="torch.compile the block loop's forwards")
     text.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_args(text, TextBenchConfig, only=STRATEGY_KNOBS, help=TEXT_HELP, flags=TEXT_FLAGS)
     text.set_defaults(func=_cmd_text)
