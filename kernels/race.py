@@ -20,6 +20,8 @@ launch. Here:
 3. The race, eagerly: ``argmin_v w_v / log u_v``. Since ``w / log u = -(w / E)`` exactly (IEEE division
    is sign-symmetric) and negation reverses the order, this is ``argmax_v w_v / E_v`` including ties
    (first index), signed zeros (equal) and NaN (both pick the first NaN), without a negation pass.
+   (A compiled division + argmax was slower than these two eager ops: inductor's CPU argmax over the
+   word-major layout is a scalar loop, and a second compiled call costs ~15 us of dynamo overhead.)
 
 Exact integer Philox without int64 overflow (signed overflow is undefined behaviour in the C++ that
 inductor generates): both round multipliers ``M`` exceed ``2**31``, so with ``m = M - 2**32`` (``|m| <
@@ -42,7 +44,7 @@ from typing import Callable, Union
 import torch
 from torch import Tensor
 
-from vispec.kernels.philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, N_ROUNDS, exponentials
+from vispec.kernels.philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, N_ROUNDS, exponentials, uniforms
 from vispec.kernels.verify import sample_from_weights
 
 ENV_VAR = "VISPEC_FUSED_NOISE"
@@ -51,7 +53,7 @@ _M_A = _ROUND_A - 2**32  # both multipliers have the top bit set: |m| < 2**30
 _M_B = _ROUND_B - 2**32
 _enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "off", "no")
 _failed = False
-_compiled: dict[bool, Callable] = {}
+_compiled: dict[tuple[bool, int], Callable] = {}
 
 Keys = Union[Tensor, int]
 
@@ -84,15 +86,18 @@ def _uniform_blocks(keys: Tensor, blocks: int) -> Tensor:
 
 
 def _compiled_uniforms() -> Callable:
-    """The compiled :func:`_uniform_blocks` (one per inference mode: inference tensors fail the other's
-    guards), traced at once on sizes that are distinct and >= 2 so duck sizing and 0/1 specialisation
-    add no guard a later shape could fail (callers keep rows and blocks >= 2)."""
-    mode = torch.is_inference_mode_enabled()
-    if mode not in _compiled:
-        compiled = torch.compile(_uniform_blocks, dynamic=True, fullgraph=True)
+    """The compiled :func:`_uniform_blocks`, traced on first use at sizes that are distinct and >= 2, so duck
+    sizing and 0/1 specialisation add no guard a later shape could fail (callers keep rows and blocks
+    >= 2). Dynamo guards on the inference mode and the thread count (global state), so each setting gets
+    its own such trace (a cache hit in inductor after the first)."""
+    state = (torch.is_inference_mode_enabled(), torch.get_num_threads())
+    if state not in _compiled:
+        # one thread: the kernel is cheap next to the eager log, and the code (so inductor's cache entry)
+        # then does not depend on torch's thread count
+        compiled = torch.compile(_uniform_blocks, dynamic=True, fullgraph=True, options={"cpp.threads": 1})
         compiled(torch.zeros(4, 3, dtype=torch.int64), 5)
-        _compiled[mode] = compiled
-    return _compiled[mode]
+        _compiled[state] = compiled
+    return _compiled[state]
 
 
 def _rows(x: Keys, rows: int, device: torch.device) -> Tensor:
@@ -106,9 +111,11 @@ def _rows(x: Keys, rows: int, device: torch.device) -> Tensor:
 def _keys(seeds: Tensor, positions: Keys, streams: Keys, draws: Keys) -> Tensor:
     """``[4, R]`` int64 ``(seeds, positions, streams, draws)``, a fresh tensor (views as inputs would add guards)."""
     rows = seeds.shape[0]
-    keys = [_rows(x, rows, seeds.device) for x in (seeds, positions, streams, draws)]
+    keys = [x if isinstance(x, Tensor) and x.dtype == torch.int64 and x.shape == (rows,) else _rows(x, rows, seeds.device)
+            for x in (seeds, positions, streams, draws)]
     if any(k.shape != (rows,) for k in keys):
-        raise ValueError(f"positions, streams and draws need one value per row ({rows}), got shapes {[tuple(k.shape) for k in keys[1:]]}")
+        shapes = [tuple(k.shape) for k in keys[1:]]
+        raise ValueError(f"positions, streams and draws need one value per row ({rows}), got shapes {shapes}")
     return torch.stack(keys)
 
 
@@ -116,7 +123,9 @@ def _log_in_vocab_order(u: Tensor, rows: int, vocab: int) -> Tensor:
     """``log`` in place (eager) on a ``[>= R, 4, >= ceil(V / 4)]`` uniform buffer; ``[R, V]`` in vocabulary
     order (entry ``v`` is ``u[r, v % 4, v // 4]``)."""
     blocks = (vocab + 3) // 4
-    return torch.log_(u)[:rows, :, :blocks].transpose(1, 2).reshape(rows, 4 * blocks)[:, :vocab]
+    log_u = torch.log_(u) if u.shape[0] == rows and u.shape[2] == blocks else torch.log_(u)[:rows, :, :blocks]
+    log_u = log_u.transpose(1, 2).reshape(rows, 4 * blocks)
+    return log_u if vocab == 4 * blocks else log_u[:, :vocab]
 
 
 def _log_uniforms(keys: Tensor, vocab: int) -> Tensor:
@@ -163,6 +172,26 @@ def keyed_exponentials(seeds: Tensor, positions: Keys, streams: Keys, draws: Key
     return _fused(lambda: _log_uniforms(keys, vocab).neg(), lambda: eager_exponentials(seeds, positions, streams, draws, vocab))
 
 
+def keyed_uniforms(seeds: Tensor, positions: Keys, streams: Keys, draws: Keys) -> Tensor:
+    """``[R]`` float32 uniforms (word 0 of the block ``c0 = 0``): bit-identical to ``uniforms(seeds,
+    positions[:, None], stream, draws)[:, 0]``, e.g. the acceptance uniforms (``Stream.ACCEPT``)."""
+    rows = seeds.shape[0]
+
+    def eager() -> Tensor:
+        positions_, streams_, draws_ = (_rows(x, rows, seeds.device) for x in (positions, streams, draws))
+        return uniforms(seeds, positions_[:, None], streams_[:, None], draws_)[:, 0]
+
+    if not _use_fused(seeds) or rows == 0:
+        return eager()
+    keys = _keys(seeds, positions, streams, draws)
+
+    def run() -> Tensor:
+        with torch.no_grad():
+            return _compiled_uniforms()(keys if rows > 1 else keys.repeat(1, 2), 2)[:rows, 0, 0]
+
+    return _fused(run, eager)
+
+
 def keyed_race(weights: Tensor, seeds: Tensor, positions: Keys, streams: Keys, draws: Keys) -> Tensor:
     """``[R]`` int64 exponential-race samples ``argmax_v weights[r, v] / E[r, v]``, ``E = keyed_exponentials``.
 
@@ -182,3 +211,50 @@ def keyed_race(weights: Tensor, seeds: Tensor, positions: Keys, streams: Keys, d
     keys = _keys(seeds, positions, streams, draws)
     w = weights if weights.dtype in (torch.float32, torch.float64) else weights.to(torch.float32)
     return _fused(lambda: torch.div(w, _log_uniforms(keys, vocab)).argmin(dim=-1), eager)
+
+
+def warmup() -> bool:
+    """Compile now (for the current inference mode and thread count) instead of on first use; returns
+    :func:`fused_enabled`. First use costs the ``torch.compile`` start-up: a few seconds with inductor's
+    on-disk cache warm, longer the first time on a machine."""
+    keyed_uniforms(torch.zeros(2, dtype=torch.int64), 0, 0, 0)
+    return fused_enabled()
+
+
+# ---- opaque to torch.compile: compiled decode steps call the very same kernels -------------------------
+
+
+@torch.library.custom_op("vispec::keyed_race", mutates_args=())
+def _keyed_race_op(weights: Tensor, seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
+    return keyed_race(weights, seeds, positions, streams, draws)
+
+
+@_keyed_race_op.register_fake
+def _(weights: Tensor, seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
+    return weights.new_empty(weights.shape[:1], dtype=torch.int64)
+
+
+@torch.library.custom_op("vispec::keyed_uniforms", mutates_args=())
+def _keyed_uniforms_op(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
+    return keyed_uniforms(seeds, positions, streams, draws).contiguous()
+
+
+@_keyed_uniforms_op.register_fake
+def _(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
+    return seeds.new_empty(seeds.shape, dtype=torch.float32)
+
+
+def race(weights: Tensor, seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
+    """:func:`keyed_race` for ``[R]`` key tensors, also inside ``torch.compile``d code: there it is an opaque
+    custom op (``vispec::keyed_race``), so inductor neither recompiles Philox (its int64 products would
+    overflow) nor swaps in its own ``log``, and compiled decode steps draw bit-identical noise."""
+    if torch.compiler.is_compiling():
+        return torch.ops.vispec.keyed_race(weights, seeds, positions, streams, draws)
+    return keyed_race(weights, seeds, positions, streams, draws)
+
+
+def uniforms_for(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
+    """:func:`keyed_uniforms` for ``[R]`` key tensors, opaque inside ``torch.compile`` (see :func:`race`)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.vispec.keyed_uniforms(seeds, positions, streams, draws)
+    return keyed_uniforms(seeds, positions, streams, draws).contiguous()

@@ -21,9 +21,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from vispec.kernels import verify
+from vispec.kernels import race, verify
 from vispec.kernels.backend import resolve_backend
-from vispec.kernels.philox import Stream, exponentials, uniforms
+from vispec.kernels.philox import Stream
 from vispec.kernels.verify import Drafts, LogitRows, SampleRequest, as_long, noise_race
 from vispec.sampling import PositionProcessor, SamplingConfig, guided_logits, process_logits_status, raise_status
 
@@ -142,11 +142,12 @@ class Target:
 
     def accept_uniforms(self, draws: Tensor) -> Tensor:
         """``[T]`` the acceptance uniforms the test uses: Philox keyed by (seed, position, ACCEPT, ``draws``)."""
-        return uniforms(self._row_seeds(), self.positions[:, None], Stream.ACCEPT, draws)[:, 0]
+        return race.uniforms_for(self._row_seeds(), self.positions, torch.full_like(self.positions, int(Stream.ACCEPT)),
+                                 draws.to(torch.int64))
 
     def race_noise(self, rows: Tensor, stream: Tensor, draws: Tensor) -> Tensor:
         """``[len(rows), V]`` Exp(1) race noise of ``rows``, keyed by (seed, position, ``stream``, ``draws``)."""
-        return exponentials(self._row_seeds(rows), self.positions[rows][:, None], stream[:, None], draws, self.vocab)[:, 0]
+        return race.keyed_exponentials(self._row_seeds(rows), self.positions[rows], stream, draws, self.vocab)
 
     def probabilities(self) -> Tensor:
         """``[T, V]`` rows of ``p`` (padding rows zero on the Triton backend). The reference holds them; the
@@ -227,14 +228,13 @@ class Target:
 
     def _keyed_race(self, request: SampleRequest) -> verify.RaceFn:
         """Races with every row's Philox noise: RESIDUAL keyed by ``residual_draws``, the fresh stream by ``fresh_draws``."""
-        def race(weights: Tensor, kind: str) -> Tensor:
+        def keyed(weights: Tensor, kind: str) -> Tensor:
             if kind == "residual":
                 stream, draws = torch.full_like(self.positions, int(Stream.RESIDUAL)), request.residual_draws
             else:
                 stream, draws = request.fresh_stream, request.fresh_draws
-            noise = exponentials(self._row_seeds(), self.positions[:, None], stream[:, None], draws, self.vocab)[:, 0]
-            return verify.race_argmax(weights, noise)
-        return race
+            return race.race(weights, self._row_seeds(), self.positions, stream, draws)
+        return keyed
 
     def _store(self, store_rows: Tensor, store_out: Tensor) -> None:
         """``store_out[store_rows[t]] = p_t`` for real rows with ``store_rows[t] >= 0``, without a read-back: the

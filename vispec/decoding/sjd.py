@@ -161,7 +161,9 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     while batch.running:
         need = batch.widths(window)
         chosen = chooser.choose(need) if chooser else need
-        width_pad = round_up(chosen, windows) if job.compile else chosen
+        if job.compile:  # compiled steps come in a few shapes: pad to the window set
+            chosen = round_up(chosen, windows)
+        width_pad = chosen
         if chosen not in steps:
             steps[chosen] = SJDStep(model, job, rule, step.coupling, cfg.init, grid_width, start.vocab, chosen, tv)
         before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)]
