@@ -2,14 +2,20 @@
 
 A decoder never sees layers or caches. It asks the model to
 
-* ``prefill(condition, guidance=..., max_new_tokens=N, window=L) -> (state, logits)``: encode the
-  condition (class label, caption, prompt) into a fresh cache and return the logits that predict
-  image token 0 (shape ``[B, 1, V]``);
-* ``forward_window(state, tokens [B, W]) -> logits [B, W, V]``: append a window of ``W`` tokens per
-  sample after that sample's cached prefix, with causal attention inside the window; output ``j``
-  predicts the token after window token ``j``. Samples have their own prefix lengths (ragged);
+* ``prefill(condition, guidance=..., max_new_tokens=N, window=L, validate=True) -> (state, logits)``:
+  encode the condition (class label, caption, prompt) into a fresh fixed-capacity cache and return
+  the logits that predict image token 0 (shape ``[B, 1, V]``). With ``validate=False`` later calls
+  check nothing that needs a value read back from the device (the decoder keeps the invariants);
+* ``forward_window(state, tokens [B, W], longest=None) -> logits [B, W, V]``: append a window of ``W``
+  tokens per sample after that sample's cached prefix, with causal attention inside the window;
+  output ``j`` predicts the token after window token ``j``. Samples have their own prefix lengths
+  (ragged). ``longest``: the most image tokens any sample has cached, when the caller tracks it on the
+  host; without it a non-validating state attends over the whole capacity, so the call is static
+  (no read-back, shapes fixed by ``B``, ``W`` and the capacity) and compiles with ``fullgraph=True``;
 * ``rollback(state, keep [B])``: keep only the first ``keep[b]`` window tokens of the last window in
   sample ``b``'s cache (the rest is discarded, so the next window starts right after them);
+* ``refill(state, index [k], condition) -> logits [k, 1, V]``: start new samples in slots ``index``
+  of a running batch (continuous batching): their condition is cached there and their lengths reset;
 * ``select(state, index [B'])``: keep only the listed samples (finished samples leave the batch).
 
 With classifier-free guidance the model runs a doubled batch internally (conditional half first)
@@ -43,10 +49,13 @@ class SpeculativeARModel(Protocol):
     @property
     def image_vocab_size(self) -> int: ...
 
-    def prefill(self, condition: Any, *, guidance: bool, max_new_tokens: int, window: int) -> tuple[Any, WindowLogits]: ...
+    def prefill(self, condition: Any, *, guidance: bool, max_new_tokens: int, window: int,
+                validate: bool = True) -> tuple[Any, WindowLogits]: ...
 
-    def forward_window(self, state: Any, tokens: Tensor) -> WindowLogits: ...
+    def forward_window(self, state: Any, tokens: Tensor, longest: Optional[int] = None) -> WindowLogits: ...
 
     def rollback(self, state: Any, keep: Tensor) -> None: ...
+
+    def refill(self, state: Any, index: Tensor, condition: Any) -> WindowLogits: ...
 
     def select(self, state: Any, index: Tensor) -> Any: ...
