@@ -139,6 +139,15 @@ def _residual_from_target(p, q):
 AUTO_COSTS = {1: [1.0], 2: [1.5], 4: [2.4], 8: [4.0], 16: [7.0]}
 
 
+def _switch_every_pass(monkeypatch) -> None:
+    """Fixed step costs, fresh acceptance tables and one-pass blocks: the chooser decides every pass from
+    the acceptance it has seen so far."""
+    monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {w: list(c) for w, c in AUTO_COSTS.items()}))
+    monkeypatch.setattr(windows_module, "TOKENS_PER_PASS", defaultdict(dict))
+    monkeypatch.setattr(windows_module.WindowChooser, "block", 1)
+    monkeypatch.setattr(windows_module.WindowChooser, "settle", 0)
+
+
 def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None) -> tuple[torch.Tensor, dict]:
     """Like :func:`sample_sequences` but with the spec's own window (``auto``) and optional streaming."""
     condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
@@ -152,7 +161,7 @@ def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None) 
 def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size, monkeypatch):
     """Windows chosen per pass from running acceptance, and requests streamed through fewer slots, stay exact."""
     model, joint, n = setup
-    monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {w: list(c) for w, c in AUTO_COSTS.items()}))
+    _switch_every_pass(monkeypatch)
     tokens, windows = sample_adaptive(model, method, n, seed=4321, max_batch_size=max_batch_size)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\n{method} (slots {max_batch_size or n}): n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} windows={windows}")
@@ -166,7 +175,7 @@ def test_negative_control_fails(setup, method, monkeypatch):
     model, joint, n = setup
     monkeypatch.setattr(verify_module, "residual_weights", _residual_from_target)  # the one exact residual
     if "auto" in method:
-        monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {w: list(c) for w, c in AUTO_COSTS.items()}))
+        _switch_every_pass(monkeypatch)
         tokens, _ = sample_adaptive(model, method, n, seed=1234)
     else:
         tokens, _ = sample_sequences(model, method, n, seed=1234)

@@ -112,32 +112,55 @@ def test_bad_arguments_name_themselves(kwargs, match):
         decode(model, condition, num_tokens=8, **{"decoding": "sjd", **kwargs})
 
 
-def test_window_chooser_prefers_ar_when_speculation_does_not_pay():
-    costs = {"k": {1: [1.0], 2: [2.5], 4: [5.0], 8: [9.0], 16: [17.0]}}
-    chooser = WindowChooser(16, "k", costs)
-    for _ in range(20):
+class FakeClock:
+    """Step times that are exactly a table's costs."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _simulate(costs: dict[int, float], accepted, passes: int = 80) -> WindowChooser:
+    """A chooser over ``passes`` passes whose step at window w takes ``costs[w]`` seconds and accepts
+    ``accepted(w)`` drafts per sample (4 samples)."""
+    clock = FakeClock()
+    chooser = WindowChooser(16, "k", {"k": {}}, tokens={"k": {}}, clock=clock)
+    chooser.refresh = 10_000
+    for _ in range(passes):
         w = chooser.choose(16)
-        chooser.record(w, [min(w - 1, 1)] * 4, [w] * 4)  # about one draft accepted: never worth 2.5x the cost
+        clock.now += costs[w]
+        chooser.record(w, [accepted(w)] * 4, [w] * 4)
+    return chooser
+
+
+def test_window_chooser_prefers_ar_when_speculation_does_not_pay():
+    chooser = _simulate({1: 1.0, 2: 2.5, 4: 5.0, 8: 9.0, 16: 17.0}, lambda w: min(w - 1, 1))  # 2 tokens at 2.5x the cost
     assert chooser.history[-5:] == [1] * 5
-    assert chooser.expected_tokens(1) == 1.0
+    assert chooser.expected_tokens(1) == 1.0 and chooser.expected_tokens(8) == 2.0
+    assert set(chooser.history) == {1, 2, 4, 8, 16}  # each was measured before
 
 
 def test_window_chooser_widens_when_drafts_are_accepted():
-    costs = {"k": {1: [1.0], 2: [1.1], 4: [1.2], 8: [1.4], 16: [2.0]}}
-    chooser = WindowChooser(16, "k", costs)
-    for _ in range(20):
-        w = chooser.choose(16)
-        chooser.record(w, [w - 1] * 4, [w] * 4)  # every draft accepted
-    assert chooser.history[-1] == 16
+    chooser = _simulate({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 2.0}, lambda w: w - 1)  # every draft accepted
+    assert chooser.history[-5:] == [16] * 5
     assert window_set(16) == [1, 2, 4, 8, 16] and window_set(6) == [1, 2, 4, 6]
 
 
-def test_window_chooser_explores_unmeasured_windows_and_caps_at_need():
-    chooser = WindowChooser(8, "k", {"k": {}})
+def test_window_chooser_picks_the_best_rate_in_between():
+    # acceptance saturates at 3 drafts: 4 tokens per pass from W = 4 on, so W = 4 has the best rate
+    chooser = _simulate({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.5, 16: 4.0}, lambda w: min(w - 1, 3))
+    assert chooser.history[-5:] == [4] * 5
+
+
+def test_window_chooser_runs_blocks_and_caps_at_need():
+    chooser = WindowChooser(8, "k", {"k": {}}, tokens={"k": {}})
     first = chooser.choose(3)
-    assert first == 4  # the need rounded up to the set, explored first
+    assert first == 4  # the need rounded up to the set, tried first (largest first)
     chooser.record(first, [0], [3])
-    assert chooser.choose(3) in (1, 2, 4)
+    assert chooser.choose(3) == 4  # a window runs a block of passes (its drafts mature)
+    assert chooser.choose(1) == 1  # unless no sample can use it any more
 
 
 @pytest.mark.slow

@@ -154,7 +154,8 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     step = SJDStep(model, job, rule, COUPLINGS[cfg.coupling], cfg.init, grid_width, start.vocab, window, tv)
     run = compiled(sjd_step, fullgraph=rule.lossless) if job.compile else sjd_step
     windows = window_set(window)
-    chooser = WindowChooser(window, cost_key(model, start.batch, job.compile)) if auto else None
+    chooser = (WindowChooser(window, cost_key(model, start.batch, job.compile),
+                             tokens_key=(cost_key(model, 0, False), decoding.name)) if auto else None)
     steps = {window: step}  # per window: the step whose windows are at most that wide
     used: dict[int, int] = {}
 

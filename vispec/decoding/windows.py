@@ -1,20 +1,24 @@
-"""Windows chosen by cost: the window of each pass maximises expected tokens per second.
+"""Windows chosen by cost: the window of each pass maximises committed tokens per second.
 
-A pass with window ``W`` over ``B`` batch slots costs ``t(B, W)`` seconds and commits, per live
-sample, ``E[tokens | W] = 1 + sum_{j=1}^{W-1} P(m >= j)`` tokens, where ``m`` is the number of
-accepted drafts. :class:`WindowChooser` picks ``argmax_W E[tokens | W] / t(B, W)`` over a small fixed
-set of windows (powers of two up to the largest, so compiled steps have few shapes); ``W = 1`` is
-plain AR, so a chosen window never loses to AR by its own estimates.
+A pass with window ``W`` over ``B`` batch slots costs ``t(B, W)`` seconds and commits ``T(W)`` tokens
+per live sample (the accepted drafts plus one). :class:`WindowChooser` runs the window with the best
+``T(W) / t(B, W)`` from a small fixed set (powers of two up to the largest, so compiled steps have
+few shapes); ``W = 1`` is plain AR (``T = 1``), so by its own measurements the chooser never runs a
+window slower than AR.
 
-* ``t(B, W)``: the wall time of whole decode steps (forward, verification, the step's read-back),
-  measured as the decoder runs them and kept per (model, device, dtype, compile, B) for the process
-  (:data:`STEP_COSTS`); a window not measured yet is explored once, the first measurement of each
-  shape (compilation, warm-up) is discarded, and measurements are running medians.
-* ``P(m >= j)``: running counts over this decode of passes whose slot ``j`` existed and whose
-  accepted run reached it; unexplored depths extrapolate the last measured ratio geometrically.
+* ``t(B, W)``: wall time of whole decode steps (forward, verification, the step's read-back), measured
+  as the decoder runs them and kept per (model, device, dtype, compile, B) for the process
+  (:data:`STEP_COSTS`, running medians; the first step of a shape, which compiles or warms up, is
+  dropped).
+* ``T(W)``: committed tokens per live sample per pass, measured while ``W`` runs for a block of
+  :attr:`WindowChooser.block` consecutive passes (drafts need a few passes to mature, so the first
+  :attr:`WindowChooser.settle` of a block are not counted), kept per (model, decoding spec) for the
+  process (:data:`TOKENS_PER_PASS`). Windows without a measurement are tried first (largest first),
+  and a neighbour of the best window is re-tried every :attr:`WindowChooser.refresh` passes.
 
 The window only decides which drafts a pass verifies; every verification stays exact, so the output
-distribution is the AR one whatever the choices (tests/test_exactness.py runs the chooser).
+distribution is the AR one whatever the choices (tests/test_exactness.py runs the chooser). The tokens
+a seed gives do depend on the choices, hence on the machine's timings and on the rest of the batch.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from typing import Any, Hashable, Optional
+from typing import Any, Callable, Hashable, Optional
 
 STEP_COSTS: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
-"""Step times in seconds, per cost key and window (the last :data:`KEEP` measurements)."""
-KEEP = 15
-REFRESH_EVERY = 24  # passes between re-measuring a neighbouring window
+"""Step times in seconds, per cost key (:func:`cost_key`) and window (the last :data:`KEEP`)."""
+TOKENS_PER_PASS: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
+"""Committed tokens per live sample per pass, per (model, decoding spec) and window (the last :data:`KEEP`)."""
+KEEP = 32
 
 
 def window_set(largest: int) -> list[int]:
@@ -51,61 +56,92 @@ def cost_key(model: Any, slots: int, compiled: bool) -> Hashable:
     return (type(model).__name__, id(model), where, slots, compiled)
 
 
+def _append(table: dict[int, list[float]], window: int, value: float) -> None:
+    values = table.setdefault(window, [])
+    values.append(value)
+    del values[:-KEEP]
+
+
 class WindowChooser:
-    """Picks each pass's window (module docstring); ``choose`` before the pass, ``record`` after it."""
+    """Picks each pass's window (module docstring): :meth:`choose` before the pass, :meth:`record` after it.
 
-    def __init__(self, largest: int, key: Hashable, costs: Optional[dict] = None):
-        self.windows = window_set(largest)
+    Args:
+        largest: the largest window.
+        key: the cost key (:func:`cost_key`); ``tokens_key``: what acceptance depends on (model, spec).
+        costs, tokens: tables to use instead of the process-wide :data:`STEP_COSTS`, :data:`TOKENS_PER_PASS`.
+        clock: seconds, for step times (``time.perf_counter``).
+    """
+
+    block = 6  # passes a window runs before the chooser decides again
+    settle = 2  # first passes of a block left out of its token count
+    refresh = 48  # passes between re-trying a neighbour of the best window
+
+    def __init__(self, largest: int, key: Hashable, costs: Optional[dict] = None, tokens_key: Hashable = None,
+                 tokens: Optional[dict] = None, clock: Callable[[], float] = time.perf_counter):
+        self.windows, self.clock = window_set(largest), clock
         self.costs = (STEP_COSTS if costs is None else costs)[key]
-        self.reached = [0] * (largest + 1)  # passes whose accepted run reached slot j
-        self.tried = [0] * (largest + 1)  # passes in which slot j was verified
-        self.passes = 0
+        self.tokens = (TOKENS_PER_PASS if tokens is None else tokens)[tokens_key if tokens_key is not None else key]
         self.history: list[int] = []
-        self._started: Optional[float] = None
-        self._seen: set[int] = set()
+        self.passes = 0
+        self._current: Optional[int] = None
+        self._left = 0  # passes left in the current block
+        self._in_block = 0
+        self._last_refresh = 0
+        self._started = 0.0
+        self._warm: set[int] = set(self.costs)  # windows whose first (compiling, warming) step is behind
 
-    def expected_tokens(self, window: int) -> float:
-        """``1 + sum_{j<W} P(m >= j)`` from the running counts."""
-        total, last = 1.0, 0.6  # prior survival ratio for depths never verified
-        survive = 1.0
-        for j in range(1, window):
-            if self.tried[j]:
-                survive = self.reached[j] / self.tried[j]
-                last = survive ** (1.0 / j) if survive > 0 else 0.0
-            else:
-                survive *= last
-            total += survive
-        return total
+    # ---- estimates ---------------------------------------------------------------------------------
+
+    def expected_tokens(self, window: int) -> Optional[float]:
+        """Measured committed tokens per live sample per pass at ``window`` (1 for AR), None if unmeasured."""
+        if window == 1:
+            return 1.0
+        values = self.tokens.get(window)
+        return statistics.fmean(values) if values else None
 
     def cost(self, window: int) -> Optional[float]:
-        times = self.costs.get(window)
-        return statistics.median(times) if times else None
+        values = self.costs.get(window)
+        return statistics.median(values) if values else None
+
+    def rate(self, window: int, need: int) -> Optional[float]:
+        """Tokens per second per live sample at ``window`` (a pass commits at most ``need`` tokens)."""
+        tokens, cost = self.expected_tokens(window), self.cost(window)
+        return None if tokens is None or cost is None else min(tokens, need) / cost
+
+    # ---- decisions ---------------------------------------------------------------------------------
 
     def choose(self, need: int) -> int:
-        """The window for the next pass; ``need``: the widest window any live sample can use."""
-        windows = [w for w in self.windows if w < need] + [round_up(need, self.windows)]
-        unmeasured = [w for w in windows if self.cost(w) is None]
-        if unmeasured:  # explore, largest first (it also measures deep acceptance)
-            choice = unmeasured[-1]
-        else:
-            rates = {w: min(self.expected_tokens(w), need) / self.cost(w) for w in windows}
-            choice = max(rates, key=rates.get)
-            if self.passes and self.passes % REFRESH_EVERY == 0:  # re-measure a neighbour now and then
-                at = windows.index(choice)
-                choice = windows[at + 1] if at + 1 < len(windows) else windows[max(at - 1, 0)]
-        self.history.append(choice)
-        self._started = time.perf_counter()
-        return choice
+        """The window for the next pass; ``need``: the widest window any live sample can still use."""
+        candidates = [w for w in self.windows if w < need] + [round_up(need, self.windows)]
+        if self._left <= 0 or self._current not in candidates:
+            self._start_block(self._pick(candidates, need))
+        self._left -= 1
+        self.history.append(self._current)
+        self._started = self.clock()
+        return self._current
+
+    def _pick(self, candidates: list[int], need: int) -> int:
+        unmeasured = [w for w in candidates if self.rate(w, need) is None]
+        if unmeasured:
+            return unmeasured[-1]  # largest first: it also shows how far drafts get accepted
+        best = max(candidates, key=lambda w: self.rate(w, need))
+        if self.passes - self._last_refresh >= self.refresh:
+            self._last_refresh = self.passes
+            at = candidates.index(best)
+            return candidates[at + 1] if at + 1 < len(candidates) else candidates[max(at - 1, 0)]
+        return best
+
+    def _start_block(self, window: int) -> None:
+        self._current, self._left, self._in_block = window, self.block, 0
 
     def record(self, window: int, num_accepted: list[int], widths: list[int]) -> None:
-        """After the pass (and its read-back): the step time and each live sample's accepted count and width."""
-        elapsed = time.perf_counter() - self._started
-        if window in self._seen or window in self.costs:
-            self.costs.setdefault(window, []).append(elapsed)
-            del self.costs[window][:-KEEP]
-        self._seen.add(window)
+        """After the pass and its read-back: the step's time, and each live sample's accepted drafts and width."""
+        elapsed = self.clock() - self._started
+        if window in self._warm:
+            _append(self.costs, window, elapsed)
+        self._warm.add(window)
         self.passes += 1
-        for m, width in zip(num_accepted, widths):
-            for j in range(1, width):
-                self.tried[j] += 1
-                self.reached[j] += m >= j
+        self._in_block += 1
+        full = [m + 1 for m, width in zip(num_accepted, widths) if width >= window]  # samples not cut short by N
+        if window > 1 and full and self._in_block > self.settle:
+            _append(self.tokens, window, statistics.fmean(full))
