@@ -32,6 +32,34 @@ def test_bench_decoders_writes_table_and_json(tmp_path, capsys):
     assert result["methods"]["ar"]["step_compression"] == 1.0
 
 
+def test_bench_decoders_batch_sweep_eager_and_compiled(tmp_path, capsys):
+    """--batch-sizes and --compile: one row per batch size, compile setting and method, with the ratios and counts."""
+    path = tmp_path / "sweep.json"
+    args = [*SMALL, "--image-tokens", "4", "--window", "2", "--num-images", "1", "--init-std", "0.3", "--methods", "ar,mc-sjd-maximal",
+            "--batch-sizes", "1,2", "--compile", "--rounds", "1", "--json", str(path)]
+    assert main(["bench", "decoders", *args]) == 0
+    out = capsys.readouterr().out
+    assert "vs eager AR" in out and "syncs/step" in out and "compiled" in out
+    result = json.loads(path.read_text())
+    assert result["config"]["batch_sizes"] == [1, 2] and result["config"]["compile"] is True
+    rows = result["rows"]
+    assert {(r["batch_size"], r["method"], r["compile"]) for r in rows} == {
+        (b, m, c) for b in (1, 2) for m in ("ar", "mc-sjd-maximal") for c in (False, True)}
+    for row in rows:
+        assert {"images_per_s", "s_per_image", "speedup_vs_ar", "speedup_vs_eager_ar", "step_compression", "syncs_per_step",
+                "ops_per_step", "windows", "round_s", "warmup_s"} <= set(row)
+        assert row["images"] == row["batch_size"] and len(row["round_s"]) == 1
+        assert row["images_per_s"] > 0 and row["ops_per_step"] > 0 and row["syncs_per_step"] >= 0
+        assert sum(row["windows"].values()) == row["steps_per_decode"]  # one decode per round
+        if row["method"] == "ar":
+            assert row["windows"] == {"1": 3} and row["step_compression"] == 1.0
+            assert row["speedup_vs_ar"] == 1.0
+            if not row["compile"]:
+                assert row["speedup_vs_eager_ar"] == 1.0
+        else:
+            assert row["step_compression"] >= 1.0 and max(int(w) for w in row["windows"]) <= 2
+
+
 def test_user_errors_are_one_line(capsys):
     assert main(["bench", "decoders", *SMALL, "--methods", "ar,warp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -40,6 +68,10 @@ def test_user_errors_are_one_line(capsys):
     assert "GPT-Z" in capsys.readouterr().err
     assert main(["bench", "decoders", *SMALL, "--window", "0", "--methods", "sjd"]) == 2
     assert "window" in capsys.readouterr().err
+    assert main(["bench", "decoders", *SMALL, "--batch-sizes", "1,0"]) == 2
+    assert "batch_sizes" in capsys.readouterr().err
+    assert main(["bench", "decoders", *SMALL, "--model", "tiny-c2i", "--image-tokens", "1024"]) == 2
+    assert "256" in capsys.readouterr().err
 
 
 DATA = "tests/data/llamagen"

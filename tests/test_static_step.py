@@ -69,7 +69,8 @@ def test_sync_counter_detects_a_read_back_in_the_step(monkeypatch):
     monkeypatch.setattr(sjd, "init_draft_tokens", reads_back)
     with HostSyncCounter() as syncs:
         out = _run(_model(), "sjd-random:window=4")
-    assert syncs.by_name["__bool__"] == sum(out.stats.windows.values())
+    windows = out.stats.windows
+    assert syncs.by_name["__bool__"] == sum(windows.values()) - windows.get(1, 0)  # one-row passes initialise nothing
 
 
 @pytest.mark.parametrize("spec", ["ar", "sjd-vertical:window=4", "mc-sjd-maximal:window=5", "mc-sjd-gumbel:window=3", "sd:window=3"])

@@ -1,9 +1,31 @@
 """``vispec bench decoders``: AR, SJD (each initialisation) and MC-SJD (each coupling) side by side.
 
-Per method: mean NFE per image, mean accepted draft tokens per verification pass, step compression
-(AR's NFE / the method's NFE), latency per image (time until the image's last token, averaged),
-speed-up (AR latency / method latency), images per second and peak memory (RSS on CPU, max
-allocated on CUDA). Numbers are printed as a table and optionally written as JSON.
+Two modes.
+
+*One batch size* (the default): per method, mean NFE per image, mean accepted draft tokens per
+verification pass, step compression (AR's NFE / the method's NFE), latency per image (time until
+the image's last token, averaged), speed-up (AR latency / method latency), images per second and
+peak memory (RSS on CPU, max allocated on CUDA), each method run once after the other.
+
+*Batch sweep* (``--batch-sizes 1,4,16`` and/or ``--compile``): per batch size ``B``, every method
+(with ``--compile``: every method eager and compiled, ``torch.compile(fullgraph=True)`` decode
+steps) is timed the project's way: one process, a fixed thread count (``--threads``), every
+contender decoded untimed first (warm-up, and compilation of its step shapes; repeated, up to
+:data:`WARMUP_RUNS` times, while a run still compiled a graph), then
+``--rounds`` rounds in which the contenders run interleaved (A B C ... A B C ...), each
+measurement decoding ``max(B, num_images)`` images (rounded up to whole batches of ``B``).
+Reported per row: the median images per second and seconds per image, the speed-up over AR with the
+same compile setting and over eager AR (medians of the per-round ratios, so slow drifts of the
+machine cancel), the step compression, host synchronisations per decode step
+(:class:`vispec.profiling.HostSyncCounter` over one decode, divided by its steps; compiled steps run
+with the counter suspended, see :func:`_compiled_steps_uncounted`), aten ops per step
+(``torch.profiler`` events named ``aten::*``, nested ones included, over one decode) and the windows the
+passes ran with (``stats.windows``). The sync and op counts come from separate untimed decodes run after
+the timed rounds. A step is one decode pass after the prefill: ``sum(stats.windows.values())``.
+
+Models: a named GPT config (``GPT-mini``, ``GPT-B``, ``GPT-L``, ...) randomly initialised, or
+``tiny-c2i``, the embedded trained class-conditional model (its vocabulary, classes and at most its
+256 tokens; ``vocab_size``, ``num_classes`` and ``init_std`` are then ignored).
 
 A randomly initialised model has nearly uniform next-token distributions at LlamaGen's init scale
 (std 0.02), where no drafting scheme can be accepted often; ``init_std`` scales the random weights
@@ -12,8 +34,13 @@ up to make distributions peaked, which is still no substitute for a trained mode
 
 from __future__ import annotations
 
+import contextlib
+import math
+import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -21,9 +48,12 @@ from vispec.decoding import DecodingConfig, decode
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import environment
 from vispec.models.llamagen_gpt import GPT_CONFIGS, LlamaGenCondition, LlamaGenGPT
+from vispec.profiling import HostSyncCounter
 from vispec.sampling import SamplingConfig
 
 ALL_METHODS = ("ar", "sjd-random", "sjd-horizontal", "sjd-vertical", "mc-sjd-maximal", "mc-sjd-gumbel")
+TRAINED_MODELS = ("tiny-c2i",)  # embedded pipelines whose transformer the bench can load
+WARMUP_RUNS = 3  # at most, per contender and batch size: a warm-up run is repeated while it compiled a graph
 
 
 @dataclass
@@ -37,6 +67,10 @@ class DecoderBenchConfig:
     window: int = 16
     num_images: int = 4
     batch_size: int = 1
+    batch_sizes: Optional[tuple[int, ...]] = None
+    compile: bool = False
+    rounds: int = 3
+    threads: int = 0
     guidance_scale: float = 2.0
     temperature: float = 1.0
     top_k: int = 0
@@ -46,18 +80,39 @@ class DecoderBenchConfig:
     dtype: str = "float32"
     extra: dict = field(default_factory=dict)
 
+    @property
+    def sweep(self) -> bool:
+        """Whether this is a batch sweep (``batch_sizes`` or ``compile`` given) rather than the one-batch-size run."""
+        return self.batch_sizes is not None or self.compile
+
     def validate(self) -> None:
-        if self.model not in GPT_CONFIGS:
-            raise ValueError(f"unknown model {self.model!r}; expected one of {sorted(GPT_CONFIGS)}")
+        if self.model not in GPT_CONFIGS and self.model not in TRAINED_MODELS:
+            raise ValueError(f"unknown model {self.model!r}; expected one of {sorted(GPT_CONFIGS) + list(TRAINED_MODELS)}")
         for method in self.methods:
-            DecodingConfig.parse(method) if method == "ar" else DecodingConfig.parse(method, window=self.window)
-        for name in ("num_images", "batch_size", "image_tokens", "vocab_size", "num_classes"):
+            decoding_config(method, self.window)
+        for name in ("num_images", "batch_size", "image_tokens", "vocab_size", "num_classes", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
+            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
+        if self.compile:
+            for method in self.methods:
+                if decoding_config(method, self.window).config.strategy not in ("ar", "sjd", "mc-sjd"):
+                    raise ValueError(f"--compile applies to ar, sjd and mc-sjd, not {method!r}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0: leave torch's thread count), got {self.threads}")
         if self.init_std <= 0:
             raise ValueError(f"init_std must be > 0, got {self.init_std}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+def decoding_config(method: str, window: int) -> DecodingConfig:
+    """``method``'s config; ``window`` applies to speculative specs that name no window of their own."""
+    config = DecodingConfig.parse(method)
+    if config.config.strategy in ("sjd", "mc-sjd") and "window=" not in method.partition("+")[0]:
+        config = DecodingConfig.parse(config, window=window)
+    return config
 
 
 def build_random_model(cfg: DecoderBenchConfig) -> LlamaGenGPT:
@@ -71,10 +126,26 @@ def build_random_model(cfg: DecoderBenchConfig) -> LlamaGenGPT:
     return torch.nn.Module.to(model, device=cfg.device, dtype=getattr(torch, cfg.dtype)).eval()
 
 
+def build_model(cfg: DecoderBenchConfig) -> LlamaGenGPT:
+    """The named random-init GPT, or an embedded trained model's transformer (``tiny-c2i``)."""
+    if cfg.model not in TRAINED_MODELS:
+        return build_random_model(cfg)
+    from vispec.pipelines import LlamaGenPipeline
+
+    model = LlamaGenPipeline.from_pretrained(f"vispec/{cfg.model}").transformer
+    if cfg.image_tokens > model.num_image_tokens:
+        raise ValueError(f"image_tokens must be <= {model.num_image_tokens} for {cfg.model}, got {cfg.image_tokens}")
+    return torch.nn.Module.to(model, device=cfg.device, dtype=getattr(torch, cfg.dtype)).eval()
+
+
+def _num_classes(model: LlamaGenGPT) -> int:
+    return int(model.config.num_classes)
+
+
 def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingConfig) -> dict:
-    decoding = DecodingConfig.parse(method, window=cfg.window) if method != "ar" else DecodingConfig.parse("ar")
+    decoding = decoding_config(method, cfg.window)
     device = torch.device(cfg.device)
-    labels = torch.arange(cfg.num_images) % cfg.num_classes
+    labels = torch.arange(cfg.num_images) % _num_classes(model)
     gens = [torch.Generator().manual_seed(cfg.seed * 100003 + i) for i in range(cfg.num_images)]
     nfe, accepted, latency = [], [], []
     with PeakMemory(device) as memory:
@@ -102,11 +173,29 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
     }
 
 
+def _sampling(cfg: DecoderBenchConfig) -> SamplingConfig:
+    return SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, guidance_scale=cfg.guidance_scale)
+
+
+def _base_config(cfg: DecoderBenchConfig, model: LlamaGenGPT, methods: list[str]) -> dict:
+    config = {k: v for k, v in vars(cfg).items() if k != "extra"}
+    if cfg.model in TRAINED_MODELS:  # the trained model's own sizes, not the random-init flags
+        config.update(vocab_size=int(model.config.vocab_size), num_classes=_num_classes(model), init_std=None)
+    config.update(methods=list(methods), parameters=sum(p.numel() for p in model.parameters()), **environment(cfg.device))
+    return config
+
+
 def run_decoder_bench(cfg: DecoderBenchConfig, progress=print) -> dict:
-    """Run every method; returns ``{"config": ..., "methods": {name: {...}}}``."""
+    """Run every method. One batch size: ``{"config": ..., "methods": {name: {...}}}``; a batch sweep
+    (``batch_sizes`` or ``compile``): ``{"config": ..., "rows": [{...}, ...]}``, one row per batch size,
+    compile setting and method (module docstring)."""
     cfg.validate()
-    model = build_random_model(cfg)
-    sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, guidance_scale=cfg.guidance_scale)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if cfg.sweep:
+        return _run_sweep(cfg, progress)
+    model = build_model(cfg)
+    sampling = _sampling(cfg)
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))  # AR is the baseline
     # warm-up (allocator, kernels), not timed
     decode(model, LlamaGenCondition(class_labels=torch.zeros(1, dtype=torch.long, device=cfg.device)),
@@ -119,13 +208,203 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print) -> dict:
     for res in results.values():
         res["step_compression"] = ar["nfe"] / res["nfe"]
         res["speedup"] = ar["latency_s"] / res["latency_s"]
-    config = {k: v for k, v in vars(cfg).items() if k != "extra"}
-    config.update(methods=list(methods), parameters=sum(p.numel() for p in model.parameters()), **environment(cfg.device))
-    return {"config": config, "methods": {m: results[m] for m in methods if m in cfg.methods or m == "ar"}}
+    return {"config": _base_config(cfg, model, methods), "methods": {m: results[m] for m in methods if m in cfg.methods or m == "ar"}}
+
+
+# ---- batch sweep ---------------------------------------------------------------------------------
+
+
+def _graphs() -> int:
+    """Graphs dynamo has compiled so far in this process (to catch a compilation inside a timed run)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class _Contender:
+    """One (method, compile setting) at one batch size: its decodes and what they measured."""
+
+    def __init__(self, model, cfg: DecoderBenchConfig, method: str, compiled: bool, batch: int, images: int, sampling):
+        self.model, self.cfg, self.method, self.compiled, self.batch, self.images = model, cfg, method, compiled, batch, images
+        self.decoding = decoding_config(method, cfg.window)
+        self.sampling = sampling
+        self.device = torch.device(cfg.device)
+        self.labels = (torch.arange(images) % _num_classes(model)).to(self.device)
+        self.round_s: list[float] = []
+        self.latency: list[float] = []
+        self.nfe: list[float] = []
+        self.accepted: list[float] = []
+        self.steps: list[int] = []
+        self.windows: Counter = Counter()
+        self.last_windows: dict = {}
+        self.compiles_in_timed = 0
+
+    def decode_batch(self, lo: int):
+        hi = lo + self.batch
+        gens = [torch.Generator().manual_seed(self.cfg.seed * 100003 + i) for i in range(lo, hi)]
+        return decode(self.model, LlamaGenCondition(class_labels=self.labels[lo:hi]), num_tokens=self.cfg.image_tokens,
+                      sampling=self.sampling, decoding=self.decoding, generator=gens, compile=self.compiled)
+
+    def run(self) -> tuple[float, list]:
+        """Every image once, in batches of ``batch``: (seconds, outputs)."""
+        outs = []
+        start = time.perf_counter()
+        for lo in range(0, self.images, self.batch):
+            outs.append(self.decode_batch(lo))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start, outs
+
+    def timed_round(self) -> None:
+        graphs = _graphs()
+        seconds, outs = self.run()
+        self.compiles_in_timed += _graphs() - graphs
+        self.round_s.append(seconds)
+        for out in outs:
+            self.nfe += out.stats.nfe.double().tolist()
+            self.latency += out.stats.latency_s.double().tolist()
+            if out.stats.accepted_drafts is not None:
+                self.accepted += out.stats.accepted_per_forward.tolist()
+            self.steps.append(sum(out.stats.windows.values()))
+            self.windows.update(out.stats.windows)
+            self.last_windows = dict(sorted(out.stats.windows.items(), reverse=True))
+
+    def counts(self) -> tuple[float, float, dict]:
+        """Host syncs per step and aten ops per step, each over one untimed decode of one batch."""
+        with HostSyncCounter() as syncs, _compiled_steps_uncounted():
+            out = self.decode_batch(0)
+        sync_steps = max(sum(out.stats.windows.values()), 1)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = self.decode_batch(0)
+        ops = sum(1 for event in prof.events() if event.name.startswith("aten::"))
+        op_steps = max(sum(out.stats.windows.values()), 1)
+        return syncs.total / sync_steps, ops / op_steps, dict(syncs.by_name)
+
+
+@contextlib.contextmanager
+def _compiled_steps_uncounted():
+    """Compiled decode steps run with the innermost torch-function mode (the sync counter) suspended.
+
+    Dynamo guards on the mode stack, so calling a compiled step under :class:`HostSyncCounter` would
+    recompile every step graph once more (minutes on a CPU, and towards the recompile limit) only to
+    find what ``fullgraph=True`` already guarantees: a compiled step has no graph break, so it reads
+    nothing back (its opaque custom ops are single calls either way). The read-backs of the decode loop
+    around the steps are counted as in eager decoding. Steps compiled without ``fullgraph`` (lossy
+    acceptance rules) are left as they are: they may break their graph, so they are counted (and recompiled)."""
+    from vispec.decoding import compiled as compiled_steps
+
+    saved = dict(compiled_steps._COMPILED)
+
+    def suspended(step):
+        def run(*args, **kwargs):
+            with torch.overrides._pop_mode_temporarily():
+                return step(*args, **kwargs)
+        return run
+
+    compiled_steps._COMPILED.update({(fn, fullgraph): suspended(step) for (fn, fullgraph), step in saved.items() if fullgraph})
+    try:
+        yield
+    finally:
+        compiled_steps._COMPILED.clear()
+        compiled_steps._COMPILED.update(saved)
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _run_sweep(cfg: DecoderBenchConfig, progress) -> dict:
+    model = build_model(cfg)
+    sampling = _sampling(cfg)
+    methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))
+    settings = (False, True) if cfg.compile else (False,)
+    batch_sizes = tuple(dict.fromkeys(cfg.batch_sizes or (cfg.batch_size,)))
+    rows = []
+    for batch in batch_sizes:
+        images = batch * math.ceil(max(batch, cfg.num_images) / batch)
+        contenders = [_Contender(model, cfg, m, c, batch, images, sampling) for c in settings for m in methods]
+        warmup = {}
+        for con in contenders:  # warm-up and compilation, untimed: again while a run still compiles something
+            progress(f"B={batch}: warm-up {con.method}{' (compiled)' if con.compiled else ''} ...")
+            warmup[con] = []
+            for _ in range(WARMUP_RUNS):
+                graphs = _graphs()
+                warmup[con].append(con.run()[0])
+                if _graphs() == graphs:
+                    break
+        progress(f"B={batch}: {cfg.rounds} timed round(s) of {len(contenders)} contenders, {images} image(s) each ...")
+        for _ in range(cfg.rounds):  # interleaved: A B C ... A B C ...
+            for con in contenders:
+                con.timed_round()
+        counts = {}
+        for con in contenders:
+            progress(f"B={batch}: syncs and ops of {con.method}{' (compiled)' if con.compiled else ''} ...")
+            counts[con] = con.counts()
+        ar = {c.compiled: c for c in contenders if c.method == "ar"}
+        for con in contenders:
+            nfe = statistics.fmean(con.nfe)
+            same_ar, eager_ar = ar[con.compiled], ar[False]
+            syncs, ops, sync_names = counts[con]
+            rows.append({
+                "batch_size": batch, "method": con.method, "decoding": con.decoding.method, "compile": con.compiled,
+                "images": images, "rounds": len(con.round_s),
+                "images_per_s": images / _median(con.round_s), "s_per_image": _median(con.round_s) / images,
+                "speedup_vs_ar": _median([a / b for a, b in zip(same_ar.round_s, con.round_s)]),
+                "speedup_vs_eager_ar": _median([a / b for a, b in zip(eager_ar.round_s, con.round_s)]),
+                "step_compression": statistics.fmean(same_ar.nfe) / nfe,
+                "nfe": nfe, "steps_per_decode": statistics.fmean(con.steps),
+                "accepted_per_forward": statistics.fmean(con.accepted) if con.accepted else None,
+                "latency_s": statistics.fmean(con.latency),
+                "syncs_per_step": syncs, "syncs_by_name": sync_names, "ops_per_step": ops,
+                "windows": con.last_windows, "windows_total": dict(sorted(con.windows.items(), reverse=True)),
+                "round_s": con.round_s, "warmup_s": warmup[con], "compiles_in_timed": con.compiles_in_timed,
+            })
+    config = _base_config(cfg, model, methods)
+    config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings])
+    return {"config": config, "rows": rows}
+
+
+# ---- tables --------------------------------------------------------------------------------------
+
+
+def _windows_text(windows: dict, top: int = 3) -> str:
+    """The most used windows with their share of passes, e.g. ``16:92% 8:5% 4:2%``."""
+    total = sum(windows.values()) or 1
+    common = sorted(windows.items(), key=lambda kv: (-kv[1], -int(kv[0])))[:top]
+    return " ".join(f"{w}:{100 * n / total:.0f}%" for w, n in common) + (" ..." if len(windows) > top else "")
+
+
+def format_sweep_table(result: dict) -> str:
+    """The batch sweep's table: one line per batch size, compile setting and method."""
+    c = result["config"]
+    head = (f"{c['model']}, {c['image_tokens']} tokens, vocab {c['vocab_size']}, guidance {c['guidance_scale']}, "
+            f"{c['threads']} thread(s), {c['device']} {c['dtype']}, torch {c['torch']}; medians of {c['rounds']} interleaved "
+            f"round(s); speed-ups: medians of per-round time ratios")
+    width = max([20] + [len(row["method"]) for row in result["rows"]])
+    header = (f"{'B':>3} {'method':<{width}} {'mode':<8} {'img/s':>8} {'s/img':>8} {'vs AR':>6} {'vs eager AR':>11} "
+              f"{'step x':>6} {'syncs/step':>10} {'ops/step':>8}  windows (share of passes)")
+    lines = [head, header, "-" * len(header)]
+    last = None
+    for row in result["rows"]:
+        if last is not None and row["batch_size"] != last:
+            lines.append("")
+        last = row["batch_size"]
+        line = (f"{row['batch_size']:>3} {row['method']:<{width}} {'compiled' if row['compile'] else 'eager':<8} "
+                f"{row['images_per_s']:>8.3f} {row['s_per_image']:>8.3f} {row['speedup_vs_ar']:>6.2f} "
+                f"{row['speedup_vs_eager_ar']:>11.2f} {row['step_compression']:>6.2f} {row['syncs_per_step']:>10.2f} "
+                f"{row['ops_per_step']:>8.0f}  {_windows_text(row['windows_total'])}")
+        if row["compiles_in_timed"]:
+            line += f"  [compiled {row['compiles_in_timed']} graph(s) in timed runs]"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def format_table(result: dict) -> str:
-    """A fixed-width table of a bench result."""
+    """A fixed-width table of a bench result (either mode)."""
+    if "rows" in result:
+        return format_sweep_table(result)
     cols = [("method", "{:<16}"), ("nfe", "{:>8.1f}"), ("acc/fwd", "{:>8.3f}"), ("step x", "{:>7.2f}"),
             ("latency s", "{:>10.3f}"), ("speedup", "{:>8.2f}"), ("img/s", "{:>7.2f}"), ("peak MB", "{:>8.0f}")]
     keys = ["nfe", "accepted_per_forward", "step_compression", "latency_s", "speedup", "images_per_s", "peak_mem_mb"]
@@ -135,4 +414,3 @@ def format_table(result: dict) -> str:
         cells = [cols[0][1].format(method)] + [fmt.format(res[k]) for (_, fmt), k in zip(cols[1:], keys)]
         lines.append(" ".join(cells))
     return "\n".join(lines)
-

@@ -11,10 +11,18 @@ from vispec.cli.args import add_config_args, config_from_args
 from vispec.decoding.config import split_specs
 
 DECODER_HELP = {
-    "model": "named GPT config, randomly initialised",
-    "image_tokens": "tokens per image (a square number)",
+    "model": "named GPT config (GPT-mini, GPT-B, GPT-L, ...), randomly initialised, or tiny-c2i (the embedded trained model)",
+    "image_tokens": "tokens per image (a square number; tiny-c2i: at most 256)",
     "init_std": "std of the random weights (LlamaGen: 0.02)",
-    "methods": "comma-separated decoding specs",
+    "methods": "comma-separated decoding specs, e.g. ar,sjd,mc-sjd,mc-sjd:window=auto",
+    "window": "window of the speculative specs that name none",
+    "num_images": "images per method (a batch sweep: per measurement, at least one batch)",
+    "batch_size": "batch size of the one-batch-size run (and of --compile without --batch-sizes)",
+    "batch_sizes": "comma-separated batch sizes to sweep, interleaved timing rounds per size "
+                   "(default: none, the one-batch-size run unless --compile)",
+    "compile": "also time every method with torch.compile(fullgraph=True) decode steps (a batch sweep)",
+    "rounds": "interleaved timing rounds of a batch sweep (medians are reported)",
+    "threads": "torch threads (0: leave as is)",
 }
 IMAGE_HELP = {
     "model": "embedded model or pipeline folder",
@@ -101,7 +109,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="subcommand", metavar="BENCH")
     specs = {"methods": split_specs}
 
-    decoders = bench.add_parser("decoders", help="AR vs SJD vs MC-SJD on a randomly initialised LlamaGen GPT")
+    decoders = bench.add_parser("decoders", help="AR vs SJD vs MC-SJD on a LlamaGen GPT (random init or tiny-c2i), "
+                                                "optionally swept over batch sizes, eager and compiled")
     add_config_args(decoders, DecoderBenchConfig, help=DECODER_HELP, splitters=specs)
     decoders.set_defaults(func=_cmd_bench)
 

@@ -55,7 +55,9 @@ from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
 from vispec.decoding.speculative import GUMBEL, JACOBI, MAXIMAL, Coupling, RaggedBatch, verify_window
 from vispec.decoding.windows import WindowChooser, cost_key, round_up, window_set
+from vispec.kernels.philox import Stream
 from vispec.kernels.target import window_target
+from vispec.kernels.verify import SampleRequest
 from vispec.outputs import DecodeOutput
 from vispec.protocol import SpeculativeARModel
 
@@ -126,6 +128,27 @@ def sjd_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optiona
     return target.status
 
 
+def single_token_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optional[int]) -> torch.Tensor:
+    """:func:`sjd_step` with a window of one row (``width_pad == 1``), without the verification machinery:
+    no draft is verified, so the pass samples ``x_n`` from ``P_0`` with the noise :func:`sjd_step` gives its
+    bonus row (SAMPLE keyed by the pass, or the fixed GUMBEL noise), so the tokens are identical, and the
+    drafts are dropped. It costs what an AR step
+    costs, so a chooser that falls back to window 1 runs at AR speed."""
+    job, model, n, live = step.job, step.model, batch.n, batch.live
+    positions = (n - 1)[:, None]
+    out = model.forward_window(batch.cache(), batch.tokens.gather(1, positions), longest)
+    ones = torch.ones_like(n)
+    target = window_target(out.cond, out.uncond, positions + 1, ones, batch.seeds, job.sampling, job.processors,
+                           backend=job.backend, validate=False)
+    stream, draws = (Stream.GUMBEL, torch.zeros_like(n)) if step.coupling.fixed_noise else (Stream.SAMPLE, batch.nfe)
+    token = target.sample(SampleRequest(fresh=live, fresh_stream=stream, fresh_draws=draws))[1]
+    batch.tokens.scatter_(1, n[:, None], torch.where(live, token, batch.tokens.gather(1, n[:, None])[:, 0])[:, None])
+    batch.n, batch.nfe = n + live, batch.nfe + live
+    model.rollback(batch.cache(), live.long())
+    batch.state["draft_count"] = torch.zeros_like(n)
+    return target.status
+
+
 @torch.no_grad()
 def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decoding: DecodingConfig,
                rule: AcceptanceRule) -> DecodeOutput:
@@ -153,6 +176,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     tv = TVTracker(start.requests, start.device) if not rule.lossless else None
     step = SJDStep(model, job, rule, COUPLINGS[cfg.coupling], cfg.init, grid_width, start.vocab, window, tv)
     run = compiled(sjd_step, fullgraph=rule.lossless) if job.compile else sjd_step
+    run_single = compiled(single_token_step) if job.compile else single_token_step
     windows = window_set(window)
     chooser = (WindowChooser(window, cost_key(model, start.batch, job.compile),
                              tokens_key=(cost_key(model, 0, False), decoding.name)) if auto else None)
@@ -168,7 +192,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         if chosen not in steps:
             steps[chosen] = SJDStep(model, job, rule, step.coupling, cfg.init, grid_width, start.vocab, chosen, tv)
         before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)]
-        status = run(steps[chosen], batch, width_pad, None if job.compile else batch.longest())
+        status = (run_single if width_pad == 1 else run)(steps[chosen], batch, width_pad, None if job.compile else batch.longest())
         after = batch.sync(status)
         used[chosen] = used.get(chosen, 0) + 1
         if chooser:
