@@ -1,10 +1,10 @@
 """The pieces every speculative decoder shares: a ragged batch and one verification of a window.
 
-* :class:`RaggedBatch` owns the active samples of a decode, each at its own pace: their ids in the
-  caller's batch, tokens by absolute position, committed counts, forward passes (NFE), accepted
+* :class:`RaggedBatch` owns the batch slots of a decode, each sample at its own pace: their ids in
+  the caller's batch, tokens by absolute position, committed counts, forward passes (NFE), accepted
   drafts, seeds and model caches, plus decoder state carried along (:attr:`RaggedBatch.state`).
-  :meth:`~RaggedBatch.compact` lets finished samples leave; their outputs are kept in the caller's
-  batch order.
+  :meth:`~RaggedBatch.sync`, the step's one read-back, retires finished samples (outputs kept in the
+  caller's batch order) and hands their slots to queued requests.
 * :func:`verify_window` verifies every sample's window of drafts against one target forward
   (Leviathan et al. 2023; SJD, arXiv 2410.01699; MC-SJD, arXiv 2510.24211). For sample ``b`` with
   ``D_b`` drafts, row ``j`` of the window is the target ``P_j`` that verifies draft ``d_{j+1}``
