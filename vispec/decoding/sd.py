@@ -130,7 +130,7 @@ def decode_sd(model: SpeculativeARModel, drafter: SpeculativeARModel, condition:
                                  q_dense=slot[None, :] < drafts_b[:, None], tv=tv, ids=batch.ids)
 
         # 4. commit; 5. keep the target's KV of z, d_1 .. d_m
-        batch.commit(verified)
+        batch.commit(verified.num_accepted, verified.next_token)
         model.rollback(batch.cache(), torch.where(batch.live, verified.num_accepted + 1, 0))
         batch.sync(target.status)
         batch.report(job.callback)

@@ -111,7 +111,7 @@ def sjd_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optiona
     m = verified.num_accepted
 
     # 4. commit d_1 .. d_m (already in the buffer) and x_{m+1}
-    batch.commit(verified)
+    batch.commit(m, verified.next_token)
 
     # 5. keep the KV of z, d_1 .. d_m
     model.rollback(batch.cache(), torch.where(live, m + 1, 0))
@@ -132,8 +132,8 @@ def single_token_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest
     """:func:`sjd_step` with a window of one row (``width_pad == 1``), without the verification machinery:
     no draft is verified, so the pass samples ``x_n`` from ``P_0`` with the noise :func:`sjd_step` gives its
     bonus row (SAMPLE keyed by the pass, or the fixed GUMBEL noise), so the tokens are identical, and the
-    drafts are dropped. It costs what an AR step
-    costs, so a chooser that falls back to window 1 runs at AR speed."""
+    drafts are dropped. It costs what an AR step costs, so a chooser that falls back to window 1 runs at
+    AR speed."""
     job, model, n, live = step.job, step.model, batch.n, batch.live
     positions = (n - 1)[:, None]
     out = model.forward_window(batch.cache(), batch.tokens.gather(1, positions), longest)
@@ -142,8 +142,7 @@ def single_token_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest
                            backend=job.backend, validate=False)
     stream, draws = (Stream.GUMBEL, torch.zeros_like(n)) if step.coupling.fixed_noise else (Stream.SAMPLE, batch.nfe)
     token = target.sample(SampleRequest(fresh=live, fresh_stream=stream, fresh_draws=draws))[1]
-    batch.tokens.scatter_(1, n[:, None], torch.where(live, token, batch.tokens.gather(1, n[:, None])[:, 0])[:, None])
-    batch.n, batch.nfe = n + live, batch.nfe + live
+    batch.commit(torch.zeros_like(n), token)
     model.rollback(batch.cache(), live.long())
     batch.state["draft_count"] = torch.zeros_like(n)
     return target.status
@@ -157,8 +156,8 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     ``rule``: the built acceptance rule of ``decoding.acceptance`` (:mod:`vispec.decoding.acceptance`);
     a lossy rule also reports, per sample, the mean and max total-variation distance of a
     verification's output from the target (``stats.tv_mean``, ``stats.tv_max``; measured on the first
-    draft of up to ``TV_SAMPLES_PER_STEP`` samples per pass). ``stats.extra["windows"]`` counts the
-    passes run with each window (the batch's padded window)."""
+    draft of up to ``TV_SAMPLES_PER_STEP`` samples per pass). ``stats.windows`` counts the passes run
+    with each window."""
     cfg = decoding.config
     if cfg.strategy not in ("sjd", "mc-sjd"):
         raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")

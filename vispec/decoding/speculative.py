@@ -217,10 +217,11 @@ class RaggedBatch:
 
     # ---- the step's one read-back ------------------------------------------------------------------
 
-    def commit(self, verified: Verified) -> None:
-        """Commit ``d_1 .. d_m`` (already in place) and ``x_{m+1}`` on live slots; count the pass."""
-        m = torch.where(self.live, verified.num_accepted, 0)
-        self.tokens.scatter_(1, (self.n + m)[:, None], verified.next_token[:, None])  # idle slots: past their output
+    def commit(self, num_accepted: Tensor, next_token: Tensor) -> None:
+        """Commit ``d_1 .. d_m`` (already in place, ``m = num_accepted [B]``) and ``x_{m+1} = next_token [B]`` on
+        live slots; count the pass."""
+        m = torch.where(self.live, num_accepted, 0)
+        self.tokens.scatter_(1, (self.n + m)[:, None], next_token[:, None])  # idle slots: past their output
         self.n = self.n + (m + 1) * self.live
         self.nfe = self.nfe + self.live
         self.accepted = self.accepted + m
