@@ -136,7 +136,7 @@ def _residual_from_target(p, q):
 
 
 # step costs that make the window chooser switch with the acceptance it sees (its choices depend on outcomes)
-AUTO_COSTS = {1: [1.0], 2: [1.5], 4: [2.4], 8: [4.0], 16: [7.0]}
+AUTO_COSTS = {1: [(0, 1.0)], 2: [(0, 1.5)], 4: [(0, 2.4)], 8: [(0, 4.0)], 16: [(0, 7.0)]}
 
 
 def _switch_every_pass(monkeypatch) -> None:
@@ -146,6 +146,8 @@ def _switch_every_pass(monkeypatch) -> None:
     monkeypatch.setattr(windows_module, "TOKENS_PER_PASS", defaultdict(dict))
     monkeypatch.setattr(windows_module.WindowChooser, "block", 1)
     monkeypatch.setattr(windows_module.WindowChooser, "settle", 0)
+    monkeypatch.setattr(windows_module.WindowChooser, "maturity", 10**9)
+    monkeypatch.setattr(windows_module.WindowChooser, "margin", 0.0)
 
 
 def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None) -> tuple[torch.Tensor, dict]:

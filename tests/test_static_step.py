@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vispec.decoding import decode
-from vispec.decoding.windows import WindowChooser, window_set
+from vispec.decoding.windows import WindowChooser, predict_cost, window_set
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.profiling import HostSyncCounter
 from vispec.sampling import SamplingConfig
@@ -123,24 +123,31 @@ class FakeClock:
         return self.now
 
 
-def _simulate(costs: dict[int, float], accepted, passes: int = 80) -> WindowChooser:
-    """A chooser over ``passes`` passes whose step at window w takes ``costs[w]`` seconds and accepts
-    ``accepted(w)`` drafts per sample (4 samples)."""
+class _NoRefresh(WindowChooser):
+    refresh = 10**9
+
+
+def _simulate(costs, accepted, passes: int = 80, chooser_class=_NoRefresh) -> WindowChooser:
+    """A chooser over ``passes`` passes whose step at window w takes ``costs(w, at)`` seconds (or ``costs[w]``)
+    with ``at`` cached tokens and accepts ``accepted(w)`` drafts per sample (4 samples)."""
     clock = FakeClock()
-    chooser = WindowChooser(16, "k", {"k": {}}, tokens={"k": {}}, clock=clock)
-    chooser.refresh = 10_000
+    cost = costs if callable(costs) else (lambda w, at: costs[w])
+    chooser = chooser_class(16, "k", {"k": {}}, tokens={"k": {}}, clock=clock)
+    at = 0
     for _ in range(passes):
-        w = chooser.choose(16)
-        clock.now += costs[w]
+        w = chooser.choose(16, at)
+        clock.now += cost(w, at)
         chooser.record(w, [accepted(w)] * 4, [w] * 4)
+        at += accepted(w) + 1
     return chooser
 
 
 def test_window_chooser_prefers_ar_when_speculation_does_not_pay():
     chooser = _simulate({1: 1.0, 2: 2.5, 4: 5.0, 8: 9.0, 16: 17.0}, lambda w: min(w - 1, 1))  # 2 tokens at 2.5x the cost
     assert chooser.history[-5:] == [1] * 5
-    assert chooser.expected_tokens(1) == 1.0 and chooser.expected_tokens(8) == 2.0
-    assert set(chooser.history) == {1, 2, 4, 8, 16}  # each was measured before
+    assert chooser.expected_tokens(1) == 1.0 and chooser.expected_tokens(2) == 2.0
+    # exploration climbs from window 1: one block of window 2 showed that wider windows do not pay
+    assert set(chooser.history) == {1, 2} and chooser.history.count(2) == chooser.settle + chooser.block
 
 
 def test_window_chooser_widens_when_drafts_are_accepted():
@@ -153,15 +160,71 @@ def test_window_chooser_picks_the_best_rate_in_between():
     # acceptance saturates at 3 drafts: 4 tokens per pass from W = 4 on, so W = 4 has the best rate
     chooser = _simulate({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.5, 16: 4.0}, lambda w: min(w - 1, 3))
     assert chooser.history[-5:] == [4] * 5
+    assert 16 not in chooser.history  # window 8 was worse than 4: the climb stopped there
+
+
+def test_window_chooser_needs_a_margin_over_ar():
+    """A window whose rate is within the margin of AR's is not worth its risk: AR (window 1) stays."""
+    chooser = _simulate({1: 1.0, 2: 1.99, 4: 4.0, 8: 8.0, 16: 16.0}, lambda w: 1)  # 2 tokens for 1.99x: +0.5%
+    assert chooser.history[-5:] == [1] * 5
+
+
+def test_window_chooser_compares_costs_at_the_same_cache_length():
+    """Eager steps cost more as the cache grows, and windows are measured at different lengths: estimates
+    are compared at the current length. Here window 2 commits 2 tokens at 1.6x AR's cost at any length,
+    so it is the best, although window 1's raw times (measured early) are far below window 2's."""
+    base = {1: 1.0, 2: 1.6, 4: 3.0, 8: 6.0, 16: 12.0}
+    chooser = _simulate(lambda w, at: base[w] * (1 + at / 16), lambda w: min(w - 1, 1), passes=150)
+    assert chooser.history[-5:] == [2] * 5
+    # the cost model: a line once a window's samples span 32 tokens, a scaled median before
+    assert predict_cost([(0, 1.0), (64, 5.0)], 32) == pytest.approx(3.0)
+    assert predict_cost([(0, 1.0), (8, 3.0), (9, 9.0)], 100) == 3.0
+    table = {1: [(L, 1 + L / 16) for L in range(4)], 2: [(L, 1.6 * (1 + L / 16)) for L in range(0, 64, 4)]}
+    chooser = WindowChooser(2, "k", {"k": table}, tokens={"k": {}})
+    assert chooser.cost(1, 48) == pytest.approx(4.0, rel=0.05)  # window 1 ran only at lengths 0-3
+
+
+def test_window_chooser_re_measures_close_neighbours_less_and_less_often():
+    class Refreshing(WindowChooser):
+        refresh = 20
+
+    chooser = _simulate({1: 1.0, 2: 1.6, 4: 3.0, 8: 6.0, 16: 12.0}, lambda w: min(w - 1, 1), passes=300,
+                        chooser_class=Refreshing)  # window 2: 2 tokens for 1.6x, the best; window 1 is close
+    assert chooser.history[-1] == 2
+    starts = [i for i in range(1, len(chooser.history)) if chooser.history[i] == 1 and chooser.history[i - 1] != 1]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(starts) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # the interval doubles on each confirmation
 
 
 def test_window_chooser_runs_blocks_and_caps_at_need():
     chooser = WindowChooser(8, "k", {"k": {}}, tokens={"k": {}})
     first = chooser.choose(3)
-    assert first == 4  # the need rounded up to the set, tried first (largest first)
-    chooser.record(first, [0], [3])
-    assert chooser.choose(3) == 4  # a window runs a block of passes (its drafts mature)
+    assert first == 1  # window 1 first: AR's cost is what wider windows must beat
+    assert chooser.must_sync()  # its first step warms up and is left out of the costs: it ends with a read-back
+    chooser.record(first, [0], [1])
+    assert chooser.choose(3) == 1 and not chooser.must_sync()  # a window runs a block of passes
+    for _ in range(chooser.block - 2):
+        chooser.record(1, [0], [1], synced=False)
+        chooser.choose(3)
+    assert chooser.must_sync()  # the block's last pass reads back: its run of passes is timed
+    chooser.record(1, [0], [1])
+    assert chooser.choose(3) == 2  # then the climb: the next wider window
     assert chooser.choose(1) == 1  # unless no sample can use it any more
+
+
+def test_auto_window_one_passes_read_nothing_back(monkeypatch):
+    """Where speculation does not pay, auto runs window 1 like AR: its passes read nothing back but the
+    one ending each block (timed for the chooser)."""
+    import vispec.decoding.windows as windows_module
+    from collections import defaultdict
+
+    monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {1: [(0, 1.0)], 2: [(0, 100.0)]}))
+    monkeypatch.setattr(windows_module, "TOKENS_PER_PASS", defaultdict(lambda: {2: [2.0]}))
+    monkeypatch.setattr(windows_module.WindowChooser, "block", 8)
+    with HostSyncCounter() as syncs:
+        out = _run(_model(), "mc-sjd-maximal:window=auto", requests=2, num_tokens=16)
+    assert out.stats.windows == {1: 15}
+    assert syncs.by_name["tolist"] == 2 + 1  # two block ends, and the pass where the samples finish
 
 
 @pytest.mark.slow

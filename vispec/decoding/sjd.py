@@ -184,7 +184,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
 
     while batch.running:
         need = batch.widths(window)
-        chosen = chooser.choose(need) if chooser else need
+        chosen = chooser.choose(need, batch.longest()) if chooser else need
         if job.compile:  # compiled steps come in a few shapes: pad to the window set
             chosen = round_up(chosen, windows)
         width_pad = chosen
@@ -192,11 +192,14 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
             steps[chosen] = SJDStep(model, job, rule, step.coupling, cfg.init, grid_width, start.vocab, chosen, tv)
         before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)]
         status = (run_single if width_pad == 1 else run)(steps[chosen], batch, width_pad, None if job.compile else batch.longest())
-        after = batch.sync(status)
+        # window 1 commits exactly one token per live sample: nothing to read back unless a sample
+        # finishes or the chooser needs the time of its run of passes
+        synced = width_pad > 1 or (chooser is not None and chooser.must_sync()) or batch.finishing_next()
+        after = batch.sync(status) if synced else batch.advance(status)
         used[chosen] = used.get(chosen, 0) + 1
         if chooser:
             live = [(n, a) for (n, is_live), a in zip(before, after) if is_live]
-            chooser.record(chosen, [a - n - 1 for n, a in live], [min(chosen, job.num_tokens - n) for n, _ in live])
+            chooser.record(chosen, [a - n - 1 for n, a in live], [min(chosen, job.num_tokens - n) for n, _ in live], synced)
         batch.report(job.callback)
 
     out = batch.output(decoding.method, tv)

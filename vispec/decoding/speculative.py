@@ -239,6 +239,20 @@ class RaggedBatch:
         self._retire()
         return after
 
+    def finishing_next(self) -> bool:
+        """Whether a live sample would reach ``N`` tokens by committing one more."""
+        return any(i >= 0 and n + 1 >= self.num_tokens for n, i in zip(self.n_host, self.ids_host))
+
+    def advance(self, status: Optional[Tensor] = None) -> list[int]:
+        """:meth:`sync` for a pass in which every live slot committed exactly one token (window 1) and none
+        finished (:meth:`finishing_next` was False): the host mirrors advance without a read-back; a
+        status is kept on the device and raised at the next :meth:`sync`."""
+        if status is not None:
+            self.status = torch.maximum(self.status, status)
+        self.n_host = [n + 1 if i >= 0 else n for n, i in zip(self.n_host, self.ids_host)]
+        self.step += 1
+        return list(self.n_host)
+
     def _retire(self) -> None:
         done = [b for b, (n, i) in enumerate(zip(self.n_host, self.ids_host)) if i >= 0 and n >= self.num_tokens]
         if not done:

@@ -1,20 +1,30 @@
 """Windows chosen by cost: the window of each pass maximises committed tokens per second.
 
-A pass with window ``W`` over ``B`` batch slots costs ``t(B, W)`` seconds and commits ``T(W)`` tokens
-per live sample (the accepted drafts plus one). :class:`WindowChooser` runs the window with the best
-``T(W) / t(B, W)`` from a small fixed set (powers of two up to the largest, so compiled steps have
-few shapes); ``W = 1`` is plain AR (``T = 1``), so by its own measurements the chooser never runs a
-window slower than AR.
+A pass with window ``W`` over ``B`` batch slots whose longest sample has ``L`` cached tokens costs
+``t(B, W, L)`` seconds and commits ``T(W)`` tokens per live sample (the accepted drafts plus one).
+:class:`WindowChooser` runs the window with the best ``T(W) / t(B, W, L)`` from a small fixed set
+(powers of two up to the largest, so compiled steps have few shapes). ``W = 1`` is plain AR
+(``T = 1``; the decoder runs it without reading anything back, as AR does), and a wider window must
+beat it by :attr:`WindowChooser.margin`, so by its own measurements the chooser never runs a window
+slower than AR.
 
-* ``t(B, W)``: wall time of whole decode steps (forward, verification, the step's read-back), measured
-  as the decoder runs them and kept per (model, device, dtype, compile, B) for the process
-  (:data:`STEP_COSTS`, running medians; the first step of a shape, which compiles or warms up, is
-  dropped).
-* ``T(W)``: committed tokens per live sample per pass, measured while ``W`` runs for a block of
-  :attr:`WindowChooser.block` consecutive passes (drafts need a few passes to mature, so the first
-  :attr:`WindowChooser.settle` of a block are not counted), kept per (model, decoding spec) for the
-  process (:data:`TOKENS_PER_PASS`). Windows without a measurement are tried first (largest first),
-  and a neighbour of the best window is re-tried every :attr:`WindowChooser.refresh` passes.
+* ``t(B, W, L)``: wall time of whole decode steps (forward, verification, the step's read-back),
+  measured as the decoder runs them, kept per (model, device, dtype, compile, B) for the process
+  (:data:`STEP_COSTS`; the first step of a shape, which compiles or warms up, is dropped). Eager
+  attention reads ``L`` cached tokens, so a step's cost grows with ``L``: the estimate at ``L`` is a
+  least-squares line through the window's samples once they span :data:`SPAN` positions; before, their
+  median, scaled by the relative growth of the window whose samples span the most (windows are
+  measured at different lengths, so unscaled medians would favour whichever ran first). Window-1 passes that read nothing back are timed as a run, up to the read-back that ends it.
+* ``T(W)``: committed tokens per live sample per pass, measured while ``W`` runs a block of passes
+  (drafts need passes to mature after the window changes: the first ``max(settle, W // maturity)``
+  passes of a block are not counted, the next :attr:`WindowChooser.block` are), kept per (model,
+  decoding spec) for the process (:data:`TOKENS_PER_PASS`).
+
+Exploration climbs: window 1 first, then the next wider window while the widest measured one is the
+best (the rate is unimodal in ``W``: wider windows accept more drafts per pass but cost more), so
+where speculation does not pay only one block of window 2 is spent. Every :attr:`refresh` passes the
+neighbours of the best window are re-measured, if their last rate was within :attr:`near` of the best;
+each re-measurement that confirms the best doubles the interval.
 
 The window only decides which drafts a pass verifies; every verification stays exact, so the output
 distribution is the AR one whatever the choices (tests/test_exactness.py runs the chooser). The tokens
@@ -28,11 +38,12 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Hashable, Optional
 
-STEP_COSTS: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
-"""Step times in seconds, per cost key (:func:`cost_key`) and window (the last :data:`KEEP`)."""
+STEP_COSTS: dict[Hashable, dict[int, list[tuple[int, float]]]] = defaultdict(dict)
+"""Step times ``(L, seconds)`` per cost key (:func:`cost_key`) and window (the last :data:`KEEP`)."""
 TOKENS_PER_PASS: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
 """Committed tokens per live sample per pass, per (model, decoding spec) and window (the last :data:`KEEP`)."""
-KEEP = 32
+KEEP = 64
+SPAN = 32  # cached-token range over which step times are fitted by a line rather than a median
 
 
 def window_set(largest: int) -> list[int]:
@@ -50,16 +61,39 @@ def round_up(width: int, windows: list[int]) -> int:
 
 
 def cost_key(model: Any, slots: int, compiled: bool) -> Hashable:
-    """What a step time depends on besides the window."""
+    """What a step time depends on besides the window and the cache length."""
     param = next(model.parameters(), None) if hasattr(model, "parameters") else None
     where = (str(param.device), str(param.dtype)) if param is not None else ("?", "?")
     return (type(model).__name__, id(model), where, slots, compiled)
 
 
-def _append(table: dict[int, list[float]], window: int, value: float) -> None:
+def _append(table: dict[int, list], window: int, value: Any) -> None:
     values = table.setdefault(window, [])
     values.append(value)
     del values[:-KEEP]
+
+
+def _line(samples: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
+    """``(intercept, slope)`` of seconds against cache length (slope at least 0), None if the samples span
+    fewer than :data:`SPAN` positions."""
+    lengths = [length for length, _ in samples]
+    if max(lengths) - min(lengths) < SPAN:
+        return None
+    mean_l, mean_t = statistics.fmean(lengths), statistics.fmean(t for _, t in samples)
+    var = sum((length - mean_l) ** 2 for length in lengths)
+    slope = max(sum((length - mean_l) * (t - mean_t) for length, t in samples) / var, 0.0)
+    return mean_t - slope * mean_l, slope
+
+
+def predict_cost(samples: list[tuple[int, float]], at: int, growth: float = 0.0) -> float:
+    """A step's seconds at cache length ``at`` from ``(L, seconds)`` samples: their least-squares line once
+    they span :data:`SPAN` positions; before, their median scaled by ``1 + growth * L`` (``growth``: the
+    relative slope of a window whose samples do span, 0 if none does)."""
+    line = _line(samples)
+    if line is not None:
+        return line[0] + line[1] * at
+    median_l = statistics.median(length for length, _ in samples)
+    return statistics.median(t for _, t in samples) * (1 + growth * at) / (1 + growth * median_l)
 
 
 class WindowChooser:
@@ -72,9 +106,12 @@ class WindowChooser:
         clock: seconds, for step times (``time.perf_counter``).
     """
 
-    block = 6  # passes a window runs before the chooser decides again
-    settle = 2  # first passes of a block left out of its token count
-    refresh = 48  # passes between re-trying a neighbour of the best window
+    block = 4  # counted passes per block
+    settle = 2  # uncounted passes at the start of a block, at least ...
+    maturity = 2  # ... and W // maturity (wide windows' drafts take longer to mature)
+    margin = 0.03  # a wider window must beat window 1's rate by this share
+    near = 0.8  # neighbours re-measured only if their rate was at least this share of the best
+    refresh = 64  # passes between re-measuring neighbours of the best window (doubles on each confirmation)
 
     def __init__(self, largest: int, key: Hashable, costs: Optional[dict] = None, tokens_key: Hashable = None,
                  tokens: Optional[dict] = None, clock: Callable[[], float] = time.perf_counter):
@@ -86,8 +123,12 @@ class WindowChooser:
         self._current: Optional[int] = None
         self._left = 0  # passes left in the current block
         self._in_block = 0
-        self._last_refresh = 0
-        self._started = 0.0
+        self._interval = self.refresh
+        self._next_refresh = self.refresh
+        self._refreshing: Optional[int] = None  # the best window while a neighbour is re-measured
+        self._at = 0
+        self._run: list[int] = []  # unsynced passes since the last read-back: their cache lengths
+        self._run_start: Optional[float] = None
         self._warm: set[int] = set(self.costs)  # windows whose first (compiling, warming) step is behind
 
     # ---- estimates ---------------------------------------------------------------------------------
@@ -99,49 +140,90 @@ class WindowChooser:
         values = self.tokens.get(window)
         return statistics.fmean(values) if values else None
 
-    def cost(self, window: int) -> Optional[float]:
-        values = self.costs.get(window)
-        return statistics.median(values) if values else None
+    def cost(self, window: int, at: int = 0) -> Optional[float]:
+        """Seconds per step at ``window`` with ``at`` cached tokens, None if unmeasured."""
+        samples = self.costs.get(window)
+        return predict_cost(samples, at, self._growth()) if samples else None
 
-    def rate(self, window: int, need: int) -> Optional[float]:
+    def _growth(self) -> float:
+        """Relative growth of step time per cached token, from the window whose samples span the most."""
+        spans = {w: max(L for L, _ in v) - min(L for L, _ in v) for w, v in self.costs.items() if v}
+        line = _line(self.costs[max(spans, key=spans.get)]) if spans else None
+        return line[1] / line[0] if line is not None and line[0] > 0 else 0.0
+
+    def rate(self, window: int, need: int, at: int = 0) -> Optional[float]:
         """Tokens per second per live sample at ``window`` (a pass commits at most ``need`` tokens)."""
-        tokens, cost = self.expected_tokens(window), self.cost(window)
+        tokens, cost = self.expected_tokens(window), self.cost(window, at)
         return None if tokens is None or cost is None else min(tokens, need) / cost
 
     # ---- decisions ---------------------------------------------------------------------------------
 
-    def choose(self, need: int) -> int:
-        """The window for the next pass; ``need``: the widest window any live sample can still use."""
+    def choose(self, need: int, at: int = 0) -> int:
+        """The window for the next pass; ``need``: the widest window any live sample can still use; ``at``:
+        the longest cached length (eager steps cost more as it grows)."""
         candidates = [w for w in self.windows if w < need] + [round_up(need, self.windows)]
         if self._left <= 0 or self._current not in candidates:
-            self._start_block(self._pick(candidates, need))
+            self._start_block(self._pick(candidates, need, at))
         self._left -= 1
         self.history.append(self._current)
-        self._started = self.clock()
+        self._at = at
+        if self._run_start is None:
+            self._run_start = self.clock()
         return self._current
 
-    def _pick(self, candidates: list[int], need: int) -> int:
-        unmeasured = [w for w in candidates if self.rate(w, need) is None]
-        if unmeasured:
-            return unmeasured[-1]  # largest first: it also shows how far drafts get accepted
-        best = max(candidates, key=lambda w: self.rate(w, need))
-        if self.passes - self._last_refresh >= self.refresh:
-            self._last_refresh = self.passes
-            at = candidates.index(best)
-            return candidates[at + 1] if at + 1 < len(candidates) else candidates[max(at - 1, 0)]
+    def must_sync(self) -> bool:
+        """Whether the pass just chosen needs a read-back even at window 1: its block ends (so the next
+        choice sees its time), or its window's first step (compiling, warming) is to be left out."""
+        return self._left <= 0 or self._current not in self._warm
+
+    def _score(self, window: int, need: int, at: int) -> Optional[float]:
+        rate = self.rate(window, need, at)
+        return None if rate is None else rate / (1 + self.margin if window > 1 else 1)
+
+    def _pick(self, candidates: list[int], need: int, at: int) -> int:
+        scores = {w: self._score(w, need, at) for w in candidates}
+        if scores[1] is None:
+            return 1
+        if self._refreshing is not None:  # a re-measurement just ended: did it confirm the best?
+            measured = [w for w in candidates if scores[w] is not None]
+            if max(measured, key=lambda w: scores[w]) == self._refreshing:
+                self._interval *= 2
+            self._refreshing = None
+            self._next_refresh = self.passes + self._interval
+        measured = [w for w in candidates if scores[w] is not None]
+        best = max(measured, key=lambda w: scores[w])
+        at_best = candidates.index(best)
+        wider = candidates[at_best + 1] if at_best + 1 < len(candidates) else None
+        if wider is not None and scores[wider] is None and best == max(measured):
+            return wider  # climbing: the widest measured window is the best so far
+        if self.passes >= self._next_refresh:
+            neighbours = [candidates[i] for i in (at_best + 1, at_best - 1) if 0 <= i < len(candidates) and i != at_best]
+            close = [w for w in neighbours if scores[w] is None or scores[w] >= self.near * scores[best]]
+            if close:
+                self._refreshing = best
+                return close[self.passes // self._interval % len(close)]
+            self._next_refresh = self.passes + self._interval
         return best
 
     def _start_block(self, window: int) -> None:
-        self._current, self._left, self._in_block = window, self.block, 0
+        settle = 0 if window == 1 else max(self.settle, window // self.maturity)
+        self._current, self._left, self._in_block = window, settle + self.block, 0
+        self._settle = settle
 
-    def record(self, window: int, num_accepted: list[int], widths: list[int]) -> None:
-        """After the pass and its read-back: the step's time, and each live sample's accepted drafts and width."""
-        elapsed = self.clock() - self._started
-        if window in self._warm:
-            _append(self.costs, window, elapsed)
-        self._warm.add(window)
+    def record(self, window: int, num_accepted: list[int], widths: list[int], synced: bool = True) -> None:
+        """After the pass: each live sample's accepted drafts and width; ``synced``: whether the pass ended
+        with a read-back (then the time since the last read-back is the cost of the passes in between)."""
         self.passes += 1
         self._in_block += 1
+        self._run.append(self._at)
+        if synced:
+            elapsed = self.clock() - self._run_start
+            if window in self._warm:
+                per_pass = elapsed / len(self._run)
+                for at in self._run:
+                    _append(self.costs, window, (at, per_pass))
+            self._warm.add(window)
+            self._run, self._run_start = [], None
         full = [m + 1 for m, width in zip(num_accepted, widths) if width >= window]  # samples not cut short by N
-        if window > 1 and full and self._in_block > self.settle:
+        if window > 1 and full and self._in_block > self._settle:
             _append(self.tokens, window, statistics.fmean(full))
