@@ -135,7 +135,7 @@ def _simulate(costs, accepted, passes: int = 80, chooser_class=_NoRefresh) -> Wi
     chooser = chooser_class(16, "k", {"k": {}}, tokens={"k": {}}, clock=clock)
     at = 0
     for _ in range(passes):
-        w = chooser.choose(16, at)
+        w = chooser.choose(16, at, live=4)
         clock.now += cost(w, at)
         chooser.record(w, [accepted(w)] * 4, [w] * 4)
         at += accepted(w) + 1
@@ -146,8 +146,11 @@ def test_window_chooser_prefers_ar_when_speculation_does_not_pay():
     chooser = _simulate({1: 1.0, 2: 2.5, 4: 5.0, 8: 9.0, 16: 17.0}, lambda w: min(w - 1, 1))  # 2 tokens at 2.5x the cost
     assert chooser.history[-5:] == [1] * 5
     assert chooser.expected_tokens(1) == 1.0 and chooser.expected_tokens(2) == 2.0
-    # exploration climbs from window 1: one block of window 2 showed that wider windows do not pay
-    assert set(chooser.history) == {1, 2} and chooser.history.count(2) == chooser.settle + chooser.block
+    # exploration climbs from window 1 while a wider window could pay: window 2 accepted every draft, so
+    # window 4 might have; it accepted no more, so window 8 cannot pay and is never run
+    assert set(chooser.history) == {1, 2, 4} and chooser.history.count(2) == chooser.settle + chooser.block
+    chooser = _simulate({1: 1.0, 2: 2.5, 4: 5.0, 8: 9.0, 16: 17.0}, lambda w: 0)  # no draft is ever accepted
+    assert set(chooser.history) == {1, 2}  # one block of window 2 is all it costs
 
 
 def test_window_chooser_widens_when_drafts_are_accepted():
@@ -161,6 +164,13 @@ def test_window_chooser_picks_the_best_rate_in_between():
     chooser = _simulate({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.5, 16: 4.0}, lambda w: min(w - 1, 3))
     assert chooser.history[-5:] == [4] * 5
     assert 16 not in chooser.history  # window 8 was worse than 4: the climb stopped there
+
+
+def test_window_chooser_climbs_only_where_a_wider_window_could_pay():
+    """Drafts are accepted up to 5 per pass: window 8 commits 6 tokens and no sample accepts all its
+    drafts, so window 16 cannot commit more; it is not tried although it would cost little more."""
+    chooser = _simulate({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.3, 16: 1.35}, lambda w: min(w - 1, 5))
+    assert chooser.history[-5:] == [8] * 5 and 16 not in chooser.history
 
 
 def test_window_chooser_needs_a_margin_over_ar():

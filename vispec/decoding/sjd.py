@@ -184,7 +184,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
 
     while batch.running:
         need = batch.widths(window)
-        chosen = chooser.choose(need, batch.longest()) if chooser else need
+        chosen = chooser.choose(need, batch.longest(), batch.live_count) if chooser else need
         if job.compile:  # compiled steps come in a few shapes: pad to the window set
             chosen = round_up(chosen, windows)
         width_pad = chosen

@@ -20,9 +20,10 @@ slower than AR.
   passes of a block are not counted, the next :attr:`WindowChooser.block` are), kept per (model,
   decoding spec) for the process (:data:`TOKENS_PER_PASS`).
 
-Exploration climbs: window 1 first, then the next wider window while the widest measured one is the
-best (the rate is unimodal in ``W``: wider windows accept more drafts per pass but cost more), so
-where speculation does not pay only one block of window 2 is spent. Every :attr:`refresh` passes the
+Exploration climbs: window 1 first, then the next wider window while it could beat the best so far:
+its extra rows add tokens only for samples that accepted every draft of the widest measured window
+(:data:`ALL_ACCEPTED`), and it costs at least as much. So where speculation does not pay only one
+block of window 2 is spent. Every :attr:`refresh` passes the
 neighbours of the best window are re-measured, if their last rate was within :attr:`near` of the best;
 each re-measurement that confirms the best doubles the interval.
 
@@ -42,6 +43,8 @@ STEP_COSTS: dict[Hashable, dict[int, list[tuple[int, float]]]] = defaultdict(dic
 """Step times ``(L, seconds)`` per cost key (:func:`cost_key`) and window (the last :data:`KEEP`)."""
 TOKENS_PER_PASS: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
 """Committed tokens per live sample per pass, per (model, decoding spec) and window (the last :data:`KEEP`)."""
+ALL_ACCEPTED: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
+"""Share of live samples whose every draft was accepted, per (model, decoding spec) and window."""
 KEEP = 64
 SPAN = 32  # cached-token range over which step times are fitted by a line rather than a median
 
@@ -74,15 +77,19 @@ def _append(table: dict[int, list], window: int, value: Any) -> None:
 
 
 def _line(samples: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
-    """``(intercept, slope)`` of seconds against cache length (slope at least 0), None if the samples span
-    fewer than :data:`SPAN` positions."""
-    lengths = [length for length, _ in samples]
-    if max(lengths) - min(lengths) < SPAN:
+    """``(intercept, slope)`` of seconds against cache length, None if the samples span fewer than
+    :data:`SPAN` positions. Robust to steps slowed by other work on the machine: the slope joins the
+    medians of the shorter and the longer half of the samples (at least 0), the line passes through
+    the medians of all."""
+    ordered = sorted(samples)
+    if ordered[-1][0] - ordered[0][0] < SPAN:
         return None
-    mean_l, mean_t = statistics.fmean(lengths), statistics.fmean(t for _, t in samples)
-    var = sum((length - mean_l) ** 2 for length in lengths)
-    slope = max(sum((length - mean_l) * (t - mean_t) for length, t in samples) / var, 0.0)
-    return mean_t - slope * mean_l, slope
+    half = len(ordered) // 2
+    low, high = ordered[:half], ordered[-half:]
+    rise = statistics.median(t for _, t in high) - statistics.median(t for _, t in low)
+    run = statistics.median(length for length, _ in high) - statistics.median(length for length, _ in low)
+    slope = max(rise / run, 0.0) if run > 0 else 0.0
+    return statistics.median(t for _, t in ordered) - slope * statistics.median(length for length, _ in ordered), slope
 
 
 def predict_cost(samples: list[tuple[int, float]], at: int, growth: float = 0.0) -> float:
@@ -106,7 +113,8 @@ class WindowChooser:
         clock: seconds, for step times (``time.perf_counter``).
     """
 
-    block = 4  # counted passes per block
+    block = 4  # counted passes per block, at least ...
+    samples = 16  # ... and enough for this many sample-passes (a batch of 1 needs more passes for a mean)
     settle = 2  # uncounted passes at the start of a block, at least ...
     maturity = 2  # ... and W // maturity (wide windows' drafts take longer to mature)
     margin = 0.03  # a wider window must beat window 1's rate by this share
@@ -117,7 +125,9 @@ class WindowChooser:
                  tokens: Optional[dict] = None, clock: Callable[[], float] = time.perf_counter):
         self.windows, self.clock = window_set(largest), clock
         self.costs = (STEP_COSTS if costs is None else costs)[key]
-        self.tokens = (TOKENS_PER_PASS if tokens is None else tokens)[tokens_key if tokens_key is not None else key]
+        tokens_key = tokens_key if tokens_key is not None else key
+        self.tokens = (TOKENS_PER_PASS if tokens is None else tokens)[tokens_key]
+        self.all_accepted = (ALL_ACCEPTED if tokens is None else defaultdict(dict))[tokens_key]
         self.history: list[int] = []
         self.passes = 0
         self._current: Optional[int] = None
@@ -140,10 +150,10 @@ class WindowChooser:
         values = self.tokens.get(window)
         return statistics.fmean(values) if values else None
 
-    def cost(self, window: int, at: int = 0) -> Optional[float]:
+    def cost(self, window: int, at: int = 0, growth: Optional[float] = None) -> Optional[float]:
         """Seconds per step at ``window`` with ``at`` cached tokens, None if unmeasured."""
         samples = self.costs.get(window)
-        return predict_cost(samples, at, self._growth()) if samples else None
+        return predict_cost(samples, at, self._growth() if growth is None else growth) if samples else None
 
     def _growth(self) -> float:
         """Relative growth of step time per cached token, from the window whose samples span the most."""
@@ -151,19 +161,19 @@ class WindowChooser:
         line = _line(self.costs[max(spans, key=spans.get)]) if spans else None
         return line[1] / line[0] if line is not None and line[0] > 0 else 0.0
 
-    def rate(self, window: int, need: int, at: int = 0) -> Optional[float]:
+    def rate(self, window: int, need: int, at: int = 0, growth: Optional[float] = None) -> Optional[float]:
         """Tokens per second per live sample at ``window`` (a pass commits at most ``need`` tokens)."""
-        tokens, cost = self.expected_tokens(window), self.cost(window, at)
+        tokens, cost = self.expected_tokens(window), self.cost(window, at, growth)
         return None if tokens is None or cost is None else min(tokens, need) / cost
 
     # ---- decisions ---------------------------------------------------------------------------------
 
-    def choose(self, need: int, at: int = 0) -> int:
+    def choose(self, need: int, at: int = 0, live: int = 1) -> int:
         """The window for the next pass; ``need``: the widest window any live sample can still use; ``at``:
-        the longest cached length (eager steps cost more as it grows)."""
+        the longest cached length (eager steps cost more as it grows); ``live``: samples in the pass."""
         candidates = [w for w in self.windows if w < need] + [round_up(need, self.windows)]
         if self._left <= 0 or self._current not in candidates:
-            self._start_block(self._pick(candidates, need, at))
+            self._start_block(self._pick(candidates, need, at), live)
         self._left -= 1
         self.history.append(self._current)
         self._at = at
@@ -176,12 +186,22 @@ class WindowChooser:
         choice sees its time), or its window's first step (compiling, warming) is to be left out."""
         return self._left <= 0 or self._current not in self._warm
 
-    def _score(self, window: int, need: int, at: int) -> Optional[float]:
-        rate = self.rate(window, need, at)
+    def _score(self, window: int, need: int, at: int, growth: float) -> Optional[float]:
+        rate = self.rate(window, need, at, growth)
         return None if rate is None else rate / (1 + self.margin if window > 1 else 1)
 
+    def _ceiling(self, window: int, wider: int, need: int, at: int, growth: float) -> float:
+        """The best score ``wider`` could have, from ``window``'s measurements: its extra draft rows help only
+        samples that accepted every draft of ``window``, by at most the extra rows, and it costs at
+        least what ``window`` costs."""
+        share = self.all_accepted.get(window)
+        share = 1.0 if window == 1 else (statistics.fmean(share) if share else 1.0)
+        tokens = min(self.expected_tokens(window) + share * (wider - window), need)
+        return tokens / self.cost(window, at, growth) / (1 + self.margin)
+
     def _pick(self, candidates: list[int], need: int, at: int) -> int:
-        scores = {w: self._score(w, need, at) for w in candidates}
+        growth = self._growth()
+        scores = {w: self._score(w, need, at, growth) for w in candidates}
         if scores[1] is None:
             return 1
         if self._refreshing is not None:  # a re-measurement just ended: did it confirm the best?
@@ -193,9 +213,10 @@ class WindowChooser:
         measured = [w for w in candidates if scores[w] is not None]
         best = max(measured, key=lambda w: scores[w])
         at_best = candidates.index(best)
-        wider = candidates[at_best + 1] if at_best + 1 < len(candidates) else None
-        if wider is not None and scores[wider] is None and best == max(measured):
-            return wider  # climbing: the widest measured window is the best so far
+        widest = max(measured)
+        wider = next((w for w in candidates if w > widest), None)
+        if wider is not None and scores[wider] is None and self._ceiling(widest, wider, need, at, growth) > scores[best]:
+            return wider  # climbing: the next wider window could beat the best so far
         if self.passes >= self._next_refresh:
             neighbours = [candidates[i] for i in (at_best + 1, at_best - 1) if 0 <= i < len(candidates) and i != at_best]
             close = [w for w in neighbours if scores[w] is None or scores[w] >= self.near * scores[best]]
@@ -205,9 +226,10 @@ class WindowChooser:
             self._next_refresh = self.passes + self._interval
         return best
 
-    def _start_block(self, window: int) -> None:
+    def _start_block(self, window: int, live: int) -> None:
         settle = 0 if window == 1 else max(self.settle, window // self.maturity)
-        self._current, self._left, self._in_block = window, settle + self.block, 0
+        counted = self.block if window == 1 else max(self.block, -(-self.samples // max(live, 1)))
+        self._current, self._left, self._in_block = window, settle + counted, 0
         self._settle = settle
 
     def record(self, window: int, num_accepted: list[int], widths: list[int], synced: bool = True) -> None:
@@ -227,3 +249,4 @@ class WindowChooser:
         full = [m + 1 for m, width in zip(num_accepted, widths) if width >= window]  # samples not cut short by N
         if window > 1 and full and self._in_block > self._settle:
             _append(self.tokens, window, statistics.fmean(full))
+            _append(self.all_accepted, window, statistics.fmean(t == window for t in full))
