@@ -188,7 +188,10 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         if suffix:
             settings["coupling" if strategy == "mc-sjd" else "init"] = suffix
         settings.update(_parse_options(value, options))
-        return cls(**{**settings, **overrides})
+        try:
+            return cls(**{**settings, **overrides})
+        except ValueError as err:  # a value the config refuses: say which spec held it
+            raise ValueError(f"decoding {value!r}: {err}") from None
 
     @classmethod
     def resolve(cls, decoding: Union["DecodingConfig", str, None], *, base: Optional["DecodingConfig"] = None,
