@@ -6,14 +6,26 @@ pickle an ``argparse.Namespace`` under ``"args"``. ``torch.load(weights_only=Tru
 files; we never fall back silently: the caller opts in with ``trust_pickle=True``.
 :func:`check_state_dict` is the one strict key check every loader (LlamaGen GPT and VQ, LLaDA) runs
 before ``load_state_dict``: missing, unexpected and mis-shaped keys are listed, never ignored.
+
+Files are untrusted input, so every way they can be wrong is a ``ValueError`` that names the file and
+says what it is: a truncated or corrupt file ("corrupted or truncated?"), a plain Python pickle (it
+can only be read by running it: ``trust_pickle``), a torch file that pickles objects besides tensors.
+Configurations are untrusted too: :class:`CheckedFromPretrained` (a base class of the vispec models)
+and :func:`check_pipeline_folder` compare the tensor shapes a folder's weight files declare (safetensors
+headers, read without loading a tensor) with the model its ``config.json`` describes, built with its
+parameters on the meta device, so a config asking for a 20-GB embedding fails before anything is allocated.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import json
 import os
 import pickle
+import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -30,12 +42,13 @@ def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> t
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint file not found: {path}")
     if path.endswith(".safetensors"):
-        from safetensors import safe_open
         from safetensors.torch import load_file
 
-        with safe_open(path, framework="pt") as handle:
-            metadata = dict(handle.metadata() or {})
-        return load_file(path, device="cpu"), metadata
+        metadata = dict(safetensors_header(path)[1])  # a clear error for a corrupt or truncated file
+        try:
+            return load_file(path, device="cpu"), metadata
+        except Exception as err:  # noqa: BLE001 - untrusted bytes: any failure is the file's
+            raise _unreadable(path, "safetensors file", err) from None
     obj = _torch_load(path, trust_pickle)
     args = obj.get("args") if isinstance(obj, Mapping) else None
     args = dict(vars(args)) if hasattr(args, "__dict__") else dict(args) if isinstance(args, Mapping) else {}
@@ -52,20 +65,73 @@ def read_llamagen_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = Fa
     return read_checkpoint(path, trust_pickle=trust_pickle)[0]
 
 
+# the first bytes of torch.save's files: a zip archive (torch >= 1.6) or the legacy pickled magic number
+_ZIP_MAGIC = b"PK\x03\x04"
+_LEGACY_TORCH_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+
+
+def file_kind(path: str) -> str:
+    """``"torch"`` (a ``torch.save`` file, zip or legacy), ``"pickle"`` (a plain Python pickle) or ``"unknown"``,
+    from the first bytes: the error for an unreadable file can then say what the file is."""
+    with open(path, "rb") as handle:
+        head = handle.read(16)
+    if head.startswith(_ZIP_MAGIC):
+        return "torch"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:  # PROTO opcode: a pickle stream
+        return "torch" if _LEGACY_TORCH_MAGIC in head else "pickle"
+    return "unknown"
+
+
 def _torch_load(path: str, trust_pickle: bool) -> Any:
+    kind = file_kind(path)
+    if kind == "pickle":
+        if not trust_pickle:
+            raise ValueError(
+                f"{path} is a plain Python pickle (pickle.dump), not a torch.save checkpoint: it can only be read by "
+                "running the pickle, which runs code from the file. If you trust it, pass trust_pickle=True "
+                "(command line: --trust-pickle)")
+        try:
+            with open(path, "rb") as handle:
+                return pickle.load(handle)  # noqa: S301 - the caller vouched for the file (trust_pickle)
+        except Exception as err:  # noqa: BLE001 - untrusted bytes: any failure is the file's
+            raise _unreadable(path, "Python pickle", err) from None
     try:
-        # trust_pickle: the caller vouched for the file, so its pickled objects may run
-        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
-    except pickle.UnpicklingError as err:
-        if "global" not in str(err).lower():  # refusals of pickled classes name a "global"
-            raise ValueError(f"{path} is not a readable torch checkpoint (corrupted or truncated?): {err}") from err
-        raise ValueError(
-            f"{path} holds pickled Python objects besides tensors (official DDP checkpoints pickle their training "
-            "args), so torch.load(weights_only=True) refused it. Loading it runs code from the file: if you trust "
-            "it, pass trust_pickle=True (command line: --trust-pickle)"
-        ) from err
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable torch checkpoint (corrupted or truncated?): {err}") from err
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then reads fine
+            warnings.filterwarnings("ignore", message=".*pickle protocol.*")
+            # trust_pickle: the caller vouched for the file, so its pickled objects may run
+            return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+    except Exception as err:  # noqa: BLE001 - untrusted bytes: torch raises many types for garbage
+        if kind == "torch" and isinstance(err, pickle.UnpicklingError) and "global" in str(err).lower():
+            raise ValueError(  # refusals of pickled classes name a "global"
+                f"{path} holds pickled Python objects besides tensors (official DDP checkpoints pickle their training "
+                "args), so torch.load(weights_only=True) refused it. Loading it runs code from the file: if you trust "
+                "it, pass trust_pickle=True (command line: --trust-pickle)"
+            ) from None
+        if os.path.getsize(path) == 0:
+            raise ValueError(f"{path} is not a readable torch checkpoint: the file is empty (truncated?)") from None
+        if kind == "unknown":
+            raise ValueError(f"{path} is not a readable torch checkpoint (corrupted?): it starts with neither the zip "
+                             "header of torch.save nor a pickle header") from None
+        raise _unreadable(path, "torch checkpoint", err) from None
+
+
+def _reason(err: BaseException) -> str:
+    """The part of a reader's error that describes the file, without advice that does not apply to
+    vispec's callers (torch's "re-run with weights_only=False", a bug-report request)."""
+    text = str(err).strip()
+    if "WeightsUnpickler error:" in text:  # the unpickler's own words follow, on the same or a later line
+        rest = text.split("WeightsUnpickler error:", 1)[1]
+        detail = next((line.strip() for line in rest.splitlines() if line.strip()), "")
+        return detail if detail and "weights_only" not in detail else "content the weights-only unpickler cannot read"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if "weights_only" in first or not first:
+        return type(err).__name__
+    first = first.split(". This is an internal", 1)[0]  # miniz: "failed finding central directory. This is ..."
+    return first[:200]
+
+
+def _unreadable(path: str, what: str, err: BaseException) -> ValueError:
+    return ValueError(f"{path} is not a readable {what} (corrupted or truncated?): {_reason(err)}")
 
 
 def _unwrap_state_dict(obj: Any, path: str) -> dict[str, torch.Tensor]:
@@ -117,3 +183,196 @@ def diffusers_load_kwargs() -> dict[str, Any]:
     import importlib.util
 
     return {} if importlib.util.find_spec("accelerate") is not None else {"low_cpu_mem_usage": False}
+
+
+# ---- configurations checked against their weight files, before a model is built ---------------------
+
+
+def safetensors_header(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``(tensors, metadata)`` of a safetensors file from its header alone: ``tensors`` maps each name to a
+    meta-device tensor of the stored shape and dtype (nothing is read or allocated), ``metadata`` is the
+    header's string metadata. A corrupt or truncated file is a ``ValueError`` saying so, not a
+    ``SafetensorError`` traceback (the library checks that the header covers the file exactly)."""
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    try:
+        with safe_open(path, framework="pt") as handle:
+            metadata = dict(handle.metadata() or {})
+            tensors = {}
+            for name in handle.keys():
+                piece = handle.get_slice(name)
+                dtype = _SAFETENSORS_DTYPES.get(piece.get_dtype(), torch.uint8)
+                tensors[name] = torch.empty(piece.get_shape(), dtype=dtype, device="meta")
+    except Exception as err:  # noqa: BLE001 - untrusted bytes: any failure is the file's
+        raise _unreadable(path, "safetensors file", err) from None
+    return tensors, metadata
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                       "BOOL": torch.bool}
+
+
+def weight_file_shapes(folder: str | os.PathLike, variant: Optional[str] = None) -> Optional[tuple[str, dict[str, torch.Tensor]]]:
+    """``(file, tensors)`` of a diffusers model folder's safetensors weights (a single file or the shards its
+    index lists, with diffusers' names for ``variant``), as meta tensors from the headers; ``None``
+    when the folder has no safetensors weights (``.bin`` files are left to diffusers)."""
+    from diffusers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFETENSORS_WEIGHTS_NAME, _add_variant
+
+    folder = os.fspath(folder)
+    single = os.path.join(folder, _add_variant(SAFETENSORS_WEIGHTS_NAME, variant))
+    if os.path.isfile(single):
+        return single, safetensors_header(single)[0]
+    index = os.path.join(folder, _add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))  # diffusers' names for shards
+    if not os.path.isfile(index):
+        return None
+    try:
+        with open(index) as handle:
+            weight_map = json.load(handle)["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{index} is not a readable shard index (corrupted?): {err}") from None
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        path = os.path.join(folder, os.path.basename(str(shard)))
+        if not os.path.isfile(path):
+            raise ValueError(f"{index} names shard {shard!r}, which is missing from {folder}")
+        tensors.update(safetensors_header(path)[0])
+    return index, tensors
+
+
+class _LargeFactoriesOnMeta(torch.overrides.TorchFunctionMode):
+    """Tensor factories that would allocate much (every ``torch.empty``, which ``nn.Linear``, ``nn.Embedding``
+    and the convolutions allocate their parameters with, and any other factory of more than
+    :attr:`LIMIT` elements) make meta tensors instead. Small ones stay real, so constructors that compute
+    with small tensors (``torch.linspace(...).tolist()`` for drop-path rates) still run; a plain
+    ``torch.device("meta")`` context breaks those."""
+
+    LIMIT = 1 << 20
+    SIZED = {torch.zeros, torch.ones, torch.rand, torch.randn, torch.full, torch.empty_strided}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.empty or (func in self.SIZED and self._numel(func, args, kwargs) > self.LIMIT):
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _numel(func, args, kwargs) -> int:
+        if "size" in kwargs:
+            size = kwargs["size"]
+        elif not args:
+            return 0
+        elif func is torch.full or isinstance(args[0], (tuple, list, torch.Size)):
+            size = args[0]  # full(size, value), empty_strided(size, stride), zeros((a, b))
+        else:
+            size = [a for a in args if isinstance(a, int)]  # zeros(a, b)
+        numel = 1
+        for dim in (size if isinstance(size, (tuple, list, torch.Size)) else (size,)):
+            numel *= int(dim) if isinstance(dim, int) else 1
+        return numel
+
+
+def build_on_meta(model_cls: type, config: Mapping[str, Any]) -> torch.nn.Module:
+    """``model_cls.from_config(config)`` with its parameters on the meta device: the shapes a configuration
+    asks for, whatever their size, without allocating them."""
+    with _LargeFactoriesOnMeta(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # diffusers warns about config keys a class does not take
+        return model_cls.from_config(dict(config))
+
+
+def check_model_folder(model_cls: type, folder: str | os.PathLike, variant: Optional[str] = None) -> None:
+    """Raise ``ValueError`` unless the safetensors weights in ``folder`` fit the model ``folder/config.json``
+    describes (:func:`check_state_dict` on shapes only); nothing is loaded or allocated. A folder without a
+    config or without safetensors weights is left to the loader, which reports it."""
+    folder = os.fspath(folder)
+    config_path = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_path):
+        return
+    found = weight_file_shapes(folder, variant)
+    if found is None:
+        return
+    source, tensors = found
+    try:
+        with open(config_path) as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{config_path} is not a readable JSON file: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
+    try:
+        model = build_on_meta(model_cls, config)
+    except (ValueError, TypeError) as err:  # a config the class refuses: its own words
+        raise ValueError(f"{config_path} does not describe a valid {model_cls.__name__}: {err}") from None
+    except Exception:  # noqa: BLE001 - a constructor that cannot run with meta parameters: left to the loader
+        return
+    check_state_dict(model, tensors, source, f"the model {config_path} describes")
+
+
+class CheckedFromPretrained:
+    """A base class for diffusers models (before ``ModelMixin``): ``from_pretrained`` on a local folder first
+    checks the folder's weight shapes against its ``config.json`` (:func:`check_model_folder`), so an
+    untrusted config cannot make the loader allocate what the file does not hold."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        folder = os.path.join(os.fspath(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
+        if os.path.isdir(folder):
+            check_model_folder(cls, folder, kwargs.get("variant"))
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+
+def _component_class(library: Any, class_name: Any) -> Optional[type]:
+    """A ``model_index.json`` component's class, for diffusers and vispec components only (importing other
+    libraries named by an untrusted file is left to diffusers' loader); ``None`` when not a diffusers model."""
+    from diffusers.models.modeling_utils import ModelMixin
+
+    if not isinstance(library, str) or not isinstance(class_name, str):
+        return None
+    if library != "diffusers" and not library.startswith("vispec."):
+        return None
+    try:
+        cls = getattr(importlib.import_module(library), class_name, None)
+    except ImportError:
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, ModelMixin) else None
+
+
+def check_pipeline_folder(path: str | os.PathLike, expected_class: Optional[str] = None,
+                          hints: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """Check a saved pipeline folder before loading it; return its ``model_index.json``.
+
+    ``ValueError`` (naming the folder) when: ``model_index.json`` is unreadable; the pipeline is not
+    ``expected_class`` (``hints[found class]`` is appended, e.g. the command for that kind); a component the index
+    names has no subfolder; a model component's weights do not fit its config (:func:`check_model_folder`,
+    which covers diffusers' own ``VQModel`` too)."""
+    folder = os.fspath(path)
+    index_path = os.path.join(folder, "model_index.json")
+    try:
+        with open(index_path) as handle:
+            index = json.load(handle)
+    except FileNotFoundError:
+        raise ValueError(f"{folder} is not a pipeline folder (no model_index.json)") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{index_path} is not a readable JSON file: {err}") from None
+    if not isinstance(index, dict):
+        raise ValueError(f"{index_path} must hold a JSON object, got {type(index).__name__}")
+    found = index.get("_class_name")
+    if isinstance(found, list) and found:  # a pipeline outside diffusers: [module, class name]
+        found = found[-1]
+    if expected_class is not None and found != expected_class:
+        hint = (hints or {}).get(found) if isinstance(found, str) else None
+        raise ValueError(f"{folder} holds a {found or 'pipeline of unknown kind'} (model_index.json), not a {expected_class}"
+                         + (f": {hint}" if hint else ""))
+    for name, spec in index.items():
+        if name.startswith("_") or not isinstance(spec, list) or len(spec) != 2 or spec[0] is None:
+            continue
+        sub = os.path.join(folder, name)
+        if not os.path.isdir(sub):
+            raise ValueError(f"pipeline folder {folder} lacks the subfolder {name}/ that model_index.json names "
+                             f"({spec[0]}.{spec[1]})")
+        model_cls = _component_class(*spec)
+        if model_cls is not None:
+            check_model_folder(model_cls, sub)
+    return index

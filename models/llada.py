@@ -67,9 +67,12 @@ import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
+from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import Tensor, nn
 
+from vispec.models.checkpoints import CheckedFromPretrained
 from vispec.models.layers import RMSNorm, apply_rope_half, rope_cos_sin
+from vispec.models.offload import weight_device
 
 # The official GSAI-ML/LLaDA-8B-{Base,Instruct} configuration (spec dllm.md §1.1).
 LLADA_8B_CONFIG: dict[str, object] = dict(
@@ -201,7 +204,7 @@ class LLaDAOutput(BaseOutput):
     kv_cache: Optional[LLaDAKVCache] = None
 
 
-class LLaDAModelLM(ModelMixin, ConfigMixin):
+class LLaDAModelLM(CheckedFromPretrained, ModelMixin, ConfigMixin):
     """LLaDA mask predictor (module docstring). Config fields use the official ``config.json`` names.
 
     Defaults are the LLaDA-8B configuration; token ids that are not None must lie below ``embedding_size``.
@@ -258,8 +261,10 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
     # ------------------------------------------------------------------ helpers
     @property
     def device(self) -> torch.device:
-        """Device of the weights (cheaper than ModelMixin's walk over all modules, used per step)."""
-        return self.model.transformer.wte.weight.device
+        """Where the model computes: its weights' device (cheaper than ModelMixin's walk over all modules, used
+        per step), or accelerate's execution device while sequential offload parks the weights on ``meta``."""
+        wte = self.model.transformer.wte
+        return weight_device(wte, wte.weight)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -310,6 +315,7 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
         """
         return self._full(input_ids, attention_mask, position_ids, keep_kv=False, compile=compile)
 
+    @apply_forward_hook  # cached decoding calls this, not forward: offload hooks must fire here too
     @torch.no_grad()
     def compute_kv_cache(
         self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None, *,
@@ -361,6 +367,7 @@ class LLaDAModelLM(ModelMixin, ConfigMixin):
         return logits, keys, values, (position_ids.clone() if keep_kv else position_ids), mask
 
     # ------------------------------------------------------------------ block-cached forward
+    @apply_forward_hook  # cached decoding calls this, not forward: offload hooks must fire here too
     @torch.no_grad()
     def forward_span(self, span_ids: Tensor, start: int, cache: LLaDAKVCache, *, use_suffix: bool = True,
                      compile: bool = False, dynamic: bool = False) -> LLaDAOutput:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from vispec.models.checkpoints import check_state_dict, diffusers_load_kwargs, read_checkpoint
+from vispec.models.checkpoints import check_state_dict, diffusers_load_kwargs, read_checkpoint, safetensors_header
 from vispec.models.llada import LLADA_8B_CONFIG, LLaDAModelLM
 
 # config.json keys that map one to one onto LLaDAModelLM arguments
@@ -66,33 +66,44 @@ def llada_kwargs_from_config(config: dict[str, Any], overrides: Optional[dict[st
     return kwargs
 
 
-def read_sharded_safetensors(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of an official folder: the shards named by ``model.safetensors.index.json`` (whose
-    ``weight_map`` must agree with the shards' contents), or a single ``model.safetensors``."""
-    folder = os.fspath(folder)
+def _shard_files(folder: str) -> list[str]:
+    """The safetensors files of an official folder, checked against ``model.safetensors.index.json`` from their
+    headers alone (the index's ``weight_map`` must agree with the shards' contents)."""
     index_path = os.path.join(folder, INDEX_NAME)
     if not os.path.isfile(index_path):
         single = os.path.join(folder, SINGLE_NAME)
         if not os.path.isfile(single):
             raise ValueError(f"{folder} holds neither {INDEX_NAME} nor {SINGLE_NAME}")
-        return read_checkpoint(single)[0]
-    with open(index_path) as handle:
-        weight_map = json.load(handle).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
+        return [single]
+    try:
+        with open(index_path) as handle:
+            weight_map = json.load(handle).get("weight_map")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ValueError(f"{index_path} is not a readable shard index (corrupted?): {err}") from None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError(f"{index_path} has no 'weight_map' of tensor name -> shard file")
-    state_dict: dict[str, torch.Tensor] = {}
+    paths = []
     for shard in sorted(set(weight_map.values())):
         path = os.path.join(folder, shard)
         if not os.path.isfile(path):
             raise ValueError(f"{index_path} names shard {shard!r}, which is missing from {folder}")
-        tensors = read_checkpoint(path)[0]
+        tensors = safetensors_header(path)[0]
         listed = {name for name, file in weight_map.items() if file == shard}
         if set(tensors) != listed:
             raise ValueError(
                 f"shard {shard} disagrees with {INDEX_NAME}: in the shard only {sorted(set(tensors) - listed)[:10]}, "
                 f"in the index only {sorted(listed - set(tensors))[:10]}"
             )
-        state_dict.update(tensors)
+        paths.append(path)
+    return paths
+
+
+def read_sharded_safetensors(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of an official folder: the shards named by ``model.safetensors.index.json`` (whose
+    ``weight_map`` must agree with the shards' contents), or a single ``model.safetensors``."""
+    state_dict: dict[str, torch.Tensor] = {}
+    for path in _shard_files(os.fspath(folder)):
+        state_dict.update(read_checkpoint(path)[0])
     return state_dict
 
 
@@ -113,10 +124,13 @@ def load_llada(path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None, 
         with open(config_path) as handle:
             config = json.load(handle)
         kwargs = llada_kwargs_from_config(config, overrides)
-        state_dict = read_sharded_safetensors(folder)
         with torch.device("meta"):
             model = LLaDAModelLM(**kwargs)
-        check_state_dict(model, state_dict, folder)
+        shapes = {}  # the files' shapes from their headers: a config that does not fit fails before any load
+        for shard in _shard_files(folder):
+            shapes.update(safetensors_header(shard)[0])
+        check_state_dict(model, shapes, folder)
+        state_dict = read_sharded_safetensors(folder)
         model.load_state_dict(state_dict, strict=True, assign=True)
     if dtype is not None:
         model = torch.nn.Module.to(model, dtype=dtype)  # ModelMixin.to warns spuriously on dtype casts

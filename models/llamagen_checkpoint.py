@@ -25,12 +25,33 @@ def _num_layers(state_dict: dict[str, torch.Tensor]) -> int:
     return len(layers)
 
 
+_INTEGER_ARGS = ("image_size", "downsample_size", "num_classes", "cls_token_num")
+
+
+def _integer_args(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with its integer settings as ``int``: a safetensors file's metadata holds only strings
+    (``"num_classes": "1000"``), a pickled ``Namespace`` holds ints. A value that is no integer is a
+    ``ValueError`` naming it."""
+    out = dict(args)
+    for key in _INTEGER_ARGS:
+        value = out.get(key)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            continue
+        try:
+            out[key] = int(str(value).strip())
+        except ValueError:
+            raise ValueError(f"the checkpoint's {key} setting (training args or safetensors metadata) must be an "
+                             f"integer, got {value!r}") from None
+    return out
+
+
 def infer_llamagen_config(
     state_dict: dict[str, torch.Tensor], args: dict[str, Any], overrides: dict[str, Any]
 ) -> dict[str, Any]:
     """``LlamaGenGPT`` keyword arguments for a LlamaGen state dict (module docstring)."""
     if "tok_embeddings.weight" not in state_dict:
         raise ValueError("not a LlamaGen GPT state dict: 'tok_embeddings.weight' is missing")
+    args = _integer_args(args)
     config: dict[str, Any] = {}
     name = overrides.pop("gpt_model", None) or args.get("gpt_model")
     if name in GPT_CONFIGS:

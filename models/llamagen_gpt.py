@@ -29,10 +29,13 @@ import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
+from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import Tensor, nn
 
 from vispec.checks import check_int
+from vispec.models.checkpoints import CheckedFromPretrained
 from vispec.models.layers import RMSNorm, apply_rope_interleaved, rope_cache_2d
+from vispec.models.offload import weight_device
 from vispec.protocol import WindowLogits
 
 # name -> (n_layer, n_head, dim). Official names from LlamaGen; GPT-mini is vispec's CPU-sized model.
@@ -259,7 +262,7 @@ class LlamaGenDecodeState:
         return torch.cat([index, index + self.batch_size]) if self.guidance else index
 
 
-class LlamaGenGPT(ModelMixin, ConfigMixin):
+class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
     """LlamaGen GPT (module docstring); implements :class:`vispec.protocol.SpeculativeARModel`."""
 
     _no_split_modules = ["TransformerBlock"]
@@ -339,8 +342,9 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
     # ------------------------------------------------------------------ helpers
     @property
     def device(self) -> torch.device:
-        """Device of the weights (cheaper than ModelMixin's walk over all modules, used per step)."""
-        return self.tok_embeddings.weight.device
+        """Where the model computes: its weights' device (cheaper than ModelMixin's walk over all modules, used
+        per step), or accelerate's execution device while sequential offload parks the weights on ``meta``."""
+        return weight_device(self.tok_embeddings, self.tok_embeddings.weight)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -461,6 +465,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             emb = torch.cat([emb, self._null_embeddings(batch)])
         return emb, self._cond_key_mask(condition, emb.shape[0])
 
+    @apply_forward_hook  # decoders call this, not forward: offload hooks must fire here too
     @torch.no_grad()
     def prefill(
         self, condition: LlamaGenCondition, *, guidance: bool, max_new_tokens: int, window: int = 1, validate: bool = True
@@ -487,6 +492,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         state.lengths += cls
         return state, self._split(state, logits[:, -1:])
 
+    @apply_forward_hook  # decoders call this, not forward: offload hooks must fire here too
     @torch.no_grad()
     def refill(self, state: LlamaGenDecodeState, index: Tensor, condition: LlamaGenCondition) -> WindowLogits:
         """Start new samples in slots ``index [k]`` of a running batch (continuous batching): cache their
@@ -506,6 +512,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         state.lengths[index] = cls
         return self._split(state, logits[:, -1:])
 
+    @apply_forward_hook  # decoders call this, not forward: offload hooks must fire here too
     @torch.no_grad()
     def forward_window(self, state: LlamaGenDecodeState, tokens: Tensor, longest: Optional[int] = None) -> WindowLogits:
         """Append ``tokens [B, W]`` after each sample's cached prefix; logits ``[B, W, V]``.

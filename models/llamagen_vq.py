@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from diffusers import VQModel
 
 from vispec.models.checkpoints import check_state_dict, read_llamagen_checkpoint
+from vispec.models.offload import weight_device
 
 __all__ = [
     "LLAMAGEN_VQ_VARIANTS",
@@ -264,8 +265,10 @@ def load_llamagen_vq(
 
 # ------------------------------------------------------------------------------------- token helpers
 def _model_device_dtype(vq: VQModel) -> tuple[torch.device, torch.dtype]:
+    """Where the VQ decoder computes (the offload hook's device while sequential offload parks weights on
+    ``meta``) and its dtype."""
     weight = vq.post_quant_conv.weight
-    return weight.device, weight.dtype
+    return weight_device(vq.post_quant_conv, weight), weight.dtype
 
 
 def _check_tokens(vq: VQModel, tokens: Any) -> None:

@@ -17,7 +17,14 @@ codebook neighbour table is computed once per tokenizer, cached on the pipeline 
 
 ``__call__`` validates its inputs, decodes image tokens with :func:`vispec.decoding.decode` (per-image
 generators make every image independent of its batch), turns the token grid into pixels with the VQ
-decoder and returns images with per-image decoding statistics.
+decoder and returns images with per-image decoding statistics (``return_dict=False`` returns ``(images,)``
+as diffusers' image pipelines do; the statistics are then in ``pipe.last_stats``).
+
+What diffusers' PipelineTesterMixin expects of an AR pipeline holds here with two differences: there is no
+``num_inference_steps`` (a decoder takes as many forwards as it needs; ``num_timesteps`` is AR's count,
+an upper bound) and no ``latents`` (decoding starts from the condition alone); and a step-end callback
+cannot rewrite tokens (committed tokens are in the KV cache, undecided ones are the decoder's drafts), so
+returning changed tensors is an error, while ``pipe._interrupt = True`` stops and returns what is done.
 """
 
 from __future__ import annotations
@@ -35,12 +42,15 @@ from diffusers.utils import BaseOutput
 
 from safetensors.torch import load_file, save_file
 
+from vispec.checks import check_int
 from vispec.decoding import DecodingConfig, decode
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
-from vispec.pipelines.common import StepCallbackMixin
+from vispec.models.offload import materialized
+from vispec.outputs import UNDECIDED
+from vispec.pipelines.common import Interrupted, PipelineMixin, check_generator
 from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path  # noqa: F401 (re-exported)
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -50,15 +60,17 @@ MAX_STORED_NEIGHBORS = 1000  # LANTERN's default k; larger k is computed on dema
 
 @dataclass
 class LlamaGenPipelineOutput(BaseOutput):
-    """``images`` as requested by ``output_type``; ``stats`` one dict per image (NFE, tokens per forward, ...)."""
+    """``images`` as requested by ``output_type``; ``stats`` one dict per image (NFE, tokens per forward, ...;
+    after an interrupt: ``interrupted``, the committed ``tokens`` and the decode ``steps`` run)."""
 
     images: Union[list[PIL.Image.Image], np.ndarray, torch.Tensor]
     stats: list[dict]
 
 
-class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
+class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
     """Generate images from a LlamaGen GPT and VQ tokenizer with AR, SJD, MC-SJD or draft-model decoding (module docstring)."""
 
+    # the drafter is not in the sequence: it alternates with the transformer every step, so both stay on the device
     model_cpu_offload_seq = "transformer->vqvae"
     _optional_components = ["drafter"]
     _callback_tensor_inputs = ["tokens", "num_committed"]
@@ -68,18 +80,48 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
         super().__init__()
         self.register_modules(transformer=transformer, vqvae=vqvae, decoding_config=decoding_config, drafter=drafter)
         self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
-        self.lantern_neighbors: dict[str, torch.Tensor] = {}  # "raw" / "normalized" -> [V, K] nearest codes
+        self._neighbors_looked_up = False  # whether the folder this pipeline came from was searched for tables
+        self.lantern_neighbors = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A new tokenizer has other codebook neighbours: drop the cached tables (and never load the folder's)."""
+        if name == "vqvae" and value is not self.__dict__.get("vqvae", value):
+            self._lantern_neighbors, self._neighbors_looked_up = {}, True
+        super().__setattr__(name, value)
+
+    @property
+    def lantern_neighbors(self) -> dict[str, torch.Tensor]:
+        """LANTERN's nearest-code tables, ``"raw"`` / ``"normalized"`` -> ``[V, K]``: computed once per tokenizer,
+        or read (on first use) from the folder the pipeline was loaded from, so they survive every loader."""
+        if not self._neighbors_looked_up:
+            self._neighbors_looked_up = True
+            folder = self.name_or_path
+            table = os.path.join(folder, NEIGHBORS_FILE) if isinstance(folder, str) else ""
+            if os.path.isfile(table):
+                saved = {k: v.long() for k, v in load_file(table).items()}
+                self._lantern_neighbors = {**saved, **self._lantern_neighbors}
+        return self._lantern_neighbors
+
+    @lantern_neighbors.setter
+    def lantern_neighbors(self, tables: dict[str, torch.Tensor]) -> None:
+        self._lantern_neighbors = tables
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "LlamaGenPipeline":
-        """Load a saved pipeline folder, or an embedded model by name (``"vispec/tiny-c2i"``), offline."""
+        """Load a saved pipeline folder, or an embedded model by name (``"vispec/tiny-c2i"``), offline.
+
+        The folder is checked first (its kind, every component's subfolder and weight shapes). LANTERN's saved
+        neighbour tables are read on first use (:attr:`lantern_neighbors`), so they survive every loader: this
+        one, diffusers' ``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)`` and ``from_pipe``."""
         kwargs = {**diffusers_load_kwargs(), **kwargs}
         path = resolve_model_path(pretrained_model_name_or_path)
-        pipe = super().from_pretrained(path, **kwargs)
-        table = os.path.join(path, NEIGHBORS_FILE)
-        if os.path.isfile(table):
-            pipe.lantern_neighbors = {k: v.long() for k, v in load_file(table).items()}
-        return pipe
+        cls.check_folder(path)
+        return super().from_pretrained(path, **kwargs)
+
+    def copy_state_from(self, pipeline: Any) -> None:
+        """``from_pipe``: the neighbour tables carry over when the tokenizer does."""
+        if isinstance(pipeline, LlamaGenPipeline) and pipeline.vqvae is self.vqvae:
+            self._lantern_neighbors, self._neighbors_looked_up = dict(pipeline.lantern_neighbors), True
 
     def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs) -> None:
         """diffusers' ``save_pretrained``, plus the cached LANTERN neighbour tables."""
@@ -97,7 +139,7 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
         if embedding is None or not hasattr(embedding, "weight"):
             raise ValueError(f"acceptance 'lantern' needs a tokenizer with a codebook (quantize.embedding); "
                              f"{type(self.vqvae).__name__} has none")
-        return embedding.weight
+        return materialized(embedding)  # with values under sequential offload too
 
     def acceptance_rule(self, acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule]) -> AcceptanceRule:
         """Build the rule; LANTERN neighbour tables are computed once per tokenizer and cached."""
@@ -105,11 +147,11 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
             return acceptance
         config = AcceptanceConfig.parse(acceptance)
         if config.rule != "lantern":
-            return build_rule(config, embeddings=self.transformer.tok_embeddings.weight if config.rule == "gsd" else None)
+            return build_rule(config, embeddings=materialized(self.transformer.tok_embeddings) if config.rule == "gsd" else None)
         key = "normalized" if config.lantern_normalize else "raw"
         table = self.lantern_neighbors.get(key)
-        if table is None or table.shape[1] < config.lantern_k:
-            codebook = self.codebook()
+        codebook = self.codebook()
+        if table is None or table.shape[1] < config.lantern_k or table.shape[0] != codebook.shape[0]:
             stored = min(codebook.shape[0] - 1, max(MAX_STORED_NEIGHBORS, config.lantern_k))
             if config.lantern_k > codebook.shape[0] - 1:
                 codebook_neighbors(codebook, config.lantern_k)  # raises the range error
@@ -119,24 +161,30 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
 
     # ------------------------------------------------------------------ inputs
     def _class_labels(self, class_labels: Any) -> torch.Tensor:
+        """Class ids as a 1-D LongTensor. As diffusers' DiT pipeline, nested lists and tensors of any shape are
+        flattened (``[[1], [2]]`` is ``[1, 2]``); bools, floats and tensors without values are refused."""
         num_classes = self.transformer.config.num_classes
-        if isinstance(class_labels, bool) or class_labels is None:
-            raise ValueError("class_labels must be an int, a list of ints or a 1-D integer tensor")
+        expected = "class_labels must be an int, a (nested) list of ints or an integer tensor"
+        if class_labels is None or _has_bool(class_labels):
+            raise ValueError(f"{expected}, got {class_labels!r}")
+        if isinstance(class_labels, torch.Tensor) and class_labels.device.type == "meta":
+            raise ValueError("class_labels are on the meta device (they have no values); pass them on the CPU or a GPU")
         if isinstance(class_labels, int):
             class_labels = [class_labels]
         try:
-            labels = torch.as_tensor(class_labels)
+            labels = torch.as_tensor(class_labels).cpu().reshape(-1)
         except (TypeError, ValueError, RuntimeError) as err:
-            raise ValueError(f"class_labels must be an int, a list of ints or a 1-D integer tensor, got {class_labels!r}") from err
-        if labels.dim() != 1 or labels.numel() == 0 or labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise ValueError(f"class_labels must be an int, a list of ints or a 1-D integer tensor, got {class_labels!r}")
+            raise ValueError(f"{expected}, got {class_labels!r}") from err
+        if labels.numel() == 0 or labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise ValueError(f"{expected}, got {class_labels!r}")
         bad = labels[(labels < 0) | (labels >= num_classes)]
         if bad.numel():
             raise ValueError(f"class_labels must lie in [0, {num_classes}); got {bad.tolist()}")
         return labels.long()
 
-    def check_inputs(self, output_type: str, num_images_per_prompt: int, callback_inputs: Sequence[str]) -> None:
-        self.check_common_inputs(output_type, OUTPUT_TYPES, "num_images_per_prompt", num_images_per_prompt, callback_inputs)
+    def check_inputs(self, output_type: str, num_images_per_prompt: int, callback: Any, callback_inputs: Sequence[str]) -> list[str]:
+        return self.check_common_inputs(output_type, OUTPUT_TYPES, "num_images_per_prompt", num_images_per_prompt, callback,
+                                        callback_inputs)
 
     def condition(self, class_labels: Any, prompt_embeds: Optional[torch.Tensor], prompt_mask: Optional[torch.Tensor], repeat: int) -> LlamaGenCondition:
         device = self._execution_device
@@ -146,6 +194,10 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
             return LlamaGenCondition(class_labels=self._class_labels(class_labels).repeat_interleave(repeat).to(device))
         if prompt_embeds is None or class_labels is not None:
             raise ValueError("this is a caption-conditioned model: pass prompt_embeds (caption features), not class_labels")
+        for name, value in (("prompt_embeds", prompt_embeds), ("prompt_mask", prompt_mask)):
+            if value is not None and (not isinstance(value, torch.Tensor) or value.device.type == "meta"):
+                raise ValueError(f"{name} must be a tensor with values (not on the meta device), got "
+                                 f"{value.device if isinstance(value, torch.Tensor) else type(value).__name__}")
         mask = None if prompt_mask is None else prompt_mask.bool().repeat_interleave(repeat, 0).to(device)
         return LlamaGenCondition(caption_embeds=prompt_embeds.repeat_interleave(repeat, 0).to(device), caption_mask=mask)
 
@@ -166,7 +218,7 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
         generator: Union[torch.Generator, list[torch.Generator], None] = None,
         output_type: str = "pil",
         return_dict: bool = True,
-        callback_on_step_end: Optional[Callable[["LlamaGenPipeline", int, int, dict], dict]] = None,
+        callback_on_step_end: Optional[Callable[["LlamaGenPipeline", int, int, dict], Optional[dict]]] = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("tokens",),
         max_batch_size: Optional[int] = None,
         compile: bool = False,
@@ -174,7 +226,8 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
         """Generate images.
 
         Args:
-            class_labels: class ids (class-conditional models).
+            class_labels: class ids (class-conditional models): an int, a list (nested lists are flattened, as
+                diffusers' DiT pipeline does) or an integer tensor.
             prompt_embeds, prompt_mask: caption features ``[B, T, C]`` and their mask (caption models).
             guidance_scale, temperature, top_k, top_p: override the defaults in ``decoding_config``.
             decoding: a spec (:mod:`vispec.decoding.config`: ``"ar"``, ``"sjd-vertical"``, ``"mc-sjd:window=8"``,
@@ -189,9 +242,15 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
                 depend on the rest of the batch).
             output_type: ``"pil"``, ``"np"`` (NHWC float in [0, 1]), ``"pt"`` (NCHW float in [0, 1]) or
                 ``"latent"`` (the token grid ``[B, h, w]``).
-            callback_on_step_end: ``f(pipe, step, step, callback_kwargs) -> dict`` after every forward pass;
-                ``callback_kwargs`` holds copies of the requested tensors (``tokens``: committed tokens,
-                -1 where not yet decided; ``num_committed``), so returned values cannot change decoding.
+            return_dict: False returns ``(images,)`` as diffusers' image pipelines do; the per-image statistics
+                are then in ``pipe.last_stats`` (always set after a call).
+            callback_on_step_end: ``f(pipe, step, step, callback_kwargs) -> dict`` after every forward pass (or a
+                diffusers ``PipelineCallback``); ``callback_kwargs`` holds copies of the requested tensors
+                (``tokens``: committed tokens, -1 where not yet decided; ``num_committed``). The decoders cannot
+                rewrite tokens or change guidance mid-decode, so returning changed tensors or changing
+                ``pipe._guidance_scale`` raises ``ValueError``. Setting ``pipe._interrupt = True`` stops decoding
+                and returns what is done: ``"latent"`` keeps -1 where a token is undecided, pixel outputs show
+                those tokens' patches mid-grey, and each image's stats say ``"interrupted": True``.
             max_batch_size: decode at most this many images at once; more are streamed through that many
                 batch slots, a finished image handing its slot to the next (continuous batching).
             compile: run each decode step through ``torch.compile(fullgraph=True)`` (``ar``, ``sjd``,
@@ -200,7 +259,8 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
         Returns ``LlamaGenPipelineOutput(images, stats)`` (``stats``: :meth:`vispec.outputs.DecodeOutput.as_dicts`).
         """
         # 1. check inputs
-        self.check_inputs(output_type, num_images_per_prompt, callback_on_step_end_tensor_inputs)
+        tensor_inputs = self.check_inputs(output_type, num_images_per_prompt, callback_on_step_end,
+                                          callback_on_step_end_tensor_inputs)
         config = DecodingConfig.resolve(decoding, base=self.decoding_config, acceptance=acceptance)
         rule = acceptance if isinstance(acceptance, AcceptanceRule) else self.acceptance_rule(config.rule)
         if config.config.strategy == "sd" and self.drafter is None:
@@ -208,30 +268,65 @@ class LlamaGenPipeline(DiffusionPipeline, StepCallbackMixin):
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
         condition = self.condition(class_labels, prompt_embeds, prompt_mask, num_images_per_prompt)
         batch = condition.batch_size
-        if isinstance(generator, list) and len(generator) != batch:
-            raise ValueError(f"generator list has {len(generator)} entries, expected one per image ({batch})")
+        check_generator(generator, batch)
         num_tokens = self.transformer.num_image_tokens
         side = self.transformer.grid_size
+        slots = batch if max_batch_size is None else min(batch, check_int("max_batch_size", max_batch_size, minimum=1))
+        self.start_call(sampling.guidance_scale, -(-batch // slots) * (num_tokens - 1))
 
         # 2. decode tokens, with a progress bar over generated tokens
         with self.progress_bar(total=batch * num_tokens) as bar:
             bar.update(batch)  # token 0 comes from the prefill
-            on_step = self.step_callback(bar, callback_on_step_end, callback_on_step_end_tensor_inputs,
+            on_step = self.step_callback(bar, callback_on_step_end, tensor_inputs,
                                          {"tokens": lambda p: p.tokens, "num_committed": lambda p: p.num_committed})
-            out = decode(self.transformer, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
-                         generator=generator, grid_width=side, callback=on_step, acceptance=rule,
-                         drafter=self.drafter if config.config.strategy == "sd" else None, compile=compile,
-                         max_batch_size=max_batch_size)
+            try:
+                out = decode(self.transformer, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
+                             generator=generator, grid_width=side, callback=on_step, acceptance=rule,
+                             drafter=self.drafter if config.config.strategy == "sd" else None, compile=compile,
+                             max_batch_size=max_batch_size)
+                tokens, stats = out.tokens, out.as_dicts()
+            except Interrupted as stop:  # pipe._interrupt was set: what is done so far
+                tokens = stop.progress.tokens
+                method = "ar" if config.config.strategy == "ar" else config.method  # as the decoders name themselves
+                stats = [{"method": method, "interrupted": True, "tokens": int(n), "steps": stop.progress.step}
+                         for n in stop.progress.num_committed.tolist()]
 
         # 3. tokens -> pixels
-        grid = out.tokens.view(batch, side, side)
+        grid = tokens.view(batch, side, side)
         if output_type == "latent":
             images: Any = grid
         else:
-            pixels = decode_tokens(self.vqvae, grid.to(self._execution_device)).float()
-            images = self.image_processor.postprocess(pixels, output_type=output_type)
-        stats = out.as_dicts()
+            images = self.image_processor.postprocess(self._pixels(grid), output_type=output_type)
+        self.last_stats = stats
         self.maybe_free_model_hooks()
         if not return_dict:
-            return (images, stats)
+            return (images,)
         return LlamaGenPipelineOutput(images=images, stats=stats)
+
+    def _pixels(self, grid: torch.Tensor) -> torch.Tensor:
+        """VQ-decode a token grid to float pixels in [-1, 1]; undecided tokens (an interrupted call) become
+        mid-grey patches. NaN or inf pixels (a broken VQ decoder, e.g. float16 overflow) raise ``ValueError``."""
+        undecided = grid == UNDECIDED
+        grid = grid.masked_fill(undecided, 0).to(self._execution_device)
+        pixels = decode_tokens(self.vqvae, grid).float()
+        if not bool(torch.isfinite(pixels).all()):
+            raise ValueError("the VQ decoder (vqvae) returned NaN or inf pixels: its weights or dtype are broken "
+                             "(e.g. a float16 overflow; try float32 or bfloat16)")
+        if bool(undecided.any()):
+            factor = pixels.shape[-1] // grid.shape[-1]
+            patches = undecided.repeat_interleave(factor, 1).repeat_interleave(factor, 2)[:, None].to(pixels.device)
+            pixels = pixels.masked_fill(patches, 0.0)
+        return pixels
+
+
+def _has_bool(value: Any) -> bool:
+    """Whether ``value`` is or holds a ``bool`` (Python's ``True`` is an ``int``, never a class id a user meant)."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return value.dtype == torch.bool
+    if isinstance(value, np.ndarray):
+        return value.dtype == np.bool_
+    if isinstance(value, (list, tuple)):
+        return any(_has_bool(v) for v in value)
+    return False

@@ -11,7 +11,13 @@ A diffusers ``DiffusionPipeline`` following diffusers' ``LLaDA2Pipeline`` conven
 ``__call__`` tokenises the prompts (through the chat template when the tokenizer has one), left-pads
 them, decodes with :func:`vispec.dllm.decode` (semi-AR blocks, optional Prefix/Dual KV cache,
 per-sequence generators) and returns sequences, texts and per-sequence statistics
-(:meth:`vispec.outputs.DecodeOutput.as_dicts`).
+(:meth:`vispec.outputs.DecodeOutput.as_dicts`; with ``return_dict=False`` the tuple is ``(sequences, texts)``
+as in ``LLaDA2Pipeline`` and the statistics are in ``pipe.last_stats``).
+
+Users of diffusers' ``LLaDA2Pipeline`` can keep its argument names: ``num_inference_steps`` is steps per
+block (``steps`` is LLaDA's total over blocks), ``eos_early_stop``, ``mask_token_id`` and ``eos_token_id``
+are accepted; ``top_k``, ``top_p``, ``minimal_topk > 1`` and its ``BlockRefinementScheduler`` are refused
+with an error that says what to use instead. The tokenizer is optional when ``input_ids`` are given.
 
 Guidance follows vispec's one convention (as :class:`vispec.pipelines.LlamaGenPipeline` and diffusers):
 ``guidance_scale = s`` gives ``ℓ = ℓ_u + s (ℓ_c - ℓ_u)`` with the prompt masked in the unconditional
@@ -30,10 +36,11 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 import vispec.models.llada  # noqa: F401 (diffusers resolves the saved model class through this module)
+from vispec.checks import check_int
 from vispec.dllm import CACHES, UnmaskingScheduler, check_decode_args, decode, make_scheduler
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.outputs import UNDECIDED, DecodeProgress
-from vispec.pipelines.common import StepCallbackMixin
+from vispec.pipelines.common import PipelineMixin, check_generator
 from vispec.pipelines.embedded import resolve_model_path
 
 OUTPUT_TYPES = ("seq", "text")
@@ -50,19 +57,30 @@ class MaskedDiffusionLMPipelineOutput(BaseOutput):
     stats: list[dict]
 
 
-class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
+def _refuse_block_refinement(scheduler: Any) -> None:
+    if type(scheduler).__name__ == "BlockRefinementScheduler":
+        raise ValueError("diffusers' BlockRefinementScheduler (LLaDA2's threshold commits with a top-k quota and token "
+                         "editing) is not one of vispec's unmasking policies: pass strategy='threshold' with "
+                         "threshold= for confidence-threshold commits (Fast-dLLM), or strategy='llada' with "
+                         "num_inference_steps= for a fixed quota per step (vispec.dllm.SCHEDULERS)")
+
+
+class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
     """Generate text with a masked diffusion LM (module docstring).
 
     ``default_gen_length`` and ``default_block_length`` are saved with the pipeline, so an embedded model
-    carries the lengths it was trained and evaluated with.
+    carries the lengths it was trained and evaluated with. ``tokenizer`` is optional (``input_ids`` then).
     """
 
     model_cpu_offload_seq = "model"
+    _optional_components = ["tokenizer"]
     _callback_tensor_inputs = ["sequences", "transfer_index"]
+    _applied_callback_inputs = ("sequences",)
 
     def __init__(self, model: Any, tokenizer: Any, scheduler: UnmaskingScheduler, default_gen_length: int = 128,
                  default_block_length: int = 32):
         super().__init__()
+        _refuse_block_refinement(scheduler)
         self.register_modules(model=model, tokenizer=tokenizer, scheduler=scheduler)
         self.register_to_config(default_gen_length=default_gen_length, default_block_length=default_block_length)
 
@@ -70,25 +88,44 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
     def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "MaskedDiffusionLMPipeline":
         """Load a saved pipeline folder, or an embedded model by name (``"vispec/tiny-mdlm"``), offline."""
         kwargs = {**diffusers_load_kwargs(), **kwargs}
-        return super().from_pretrained(resolve_model_path(pretrained_model_name_or_path), **kwargs)
+        path = resolve_model_path(pretrained_model_name_or_path)
+        cls.check_folder(path)
+        return super().from_pretrained(path, **kwargs)
 
     # ------------------------------------------------------------------ inputs
+    def _token_id(self, name: str) -> Optional[int]:
+        """``name`` (``mask_token_id``, ``eos_token_id``, ``pad_token_id``, ``bos_token_id``) from the tokenizer,
+        else from the model's config (a pipeline without a tokenizer)."""
+        value = getattr(self.tokenizer, name, None) if self.tokenizer is not None else None
+        if value is None:
+            value = getattr(getattr(self.model, "config", None), name, None)
+        return None if value is None else int(value)
+
     @property
     def mask_token_id(self) -> int:
-        mask_id = getattr(self.tokenizer, "mask_token_id", None)
+        mask_id = self._token_id("mask_token_id")
         if mask_id is None:
-            raise ValueError("the tokenizer has no mask token (set tokenizer.mask_token, e.g. '<|mdm_mask|>')")
-        return int(mask_id)
+            raise ValueError("the tokenizer has no mask token and the model config no mask_token_id: set "
+                             "tokenizer.mask_token (e.g. '<|mdm_mask|>') or pass mask_token_id=")
+        return mask_id
+
+    def _vocab_width(self) -> Optional[int]:
+        """Token ids the model embeds (its padded embedding width), when its config says."""
+        config = getattr(self.model, "config", None)
+        width = getattr(config, "embedding_size", None) or getattr(config, "vocab_size", None)
+        return None if width is None else int(width)
 
     def _encode(self, prompt: Optional[Union[str, list[str]]], messages: Optional[list], use_chat_template: bool,
                 add_generation_prompt: bool) -> list[list[int]]:
         if prompt is not None and messages is not None:
             raise ValueError("pass prompt or messages, not both")
+        if self.tokenizer is None:
+            raise ValueError("prompt and messages need a tokenizer; this pipeline has none: pass input_ids")
         has_template = bool(getattr(self.tokenizer, "chat_template", None))
         if messages is not None:
+            conversations = _conversations(messages)
             if not has_template:
                 raise ValueError("messages need a tokenizer with a chat template; pass prompt instead")
-            conversations = messages if messages and isinstance(messages[0], list) else [messages]
         else:
             prompts = [prompt] if isinstance(prompt, str) else prompt
             if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
@@ -101,28 +138,28 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
 
     def prepare_input_ids(
         self, prompt=None, messages=None, input_ids=None, attention_mask=None, use_chat_template=True,
-        add_generation_prompt=True,
+        add_generation_prompt=True, mask_token_id: Optional[int] = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ``input_ids`` and ``attention_mask`` ``[B, P]`` from prompts, messages or ids."""
-        pad_id = getattr(self.tokenizer, "pad_token_id", None)
-        if pad_id is None:
-            raise ValueError("the tokenizer has no pad token (needed for left padding)")
-        if pad_id == self.mask_token_id:
+        """Left-padded ``input_ids`` and ``attention_mask`` ``[B, P]`` from prompts, messages or ids.
+
+        Given ``input_ids`` without ``attention_mask``, leading pad ids (the pad id is known from the tokenizer or
+        the model config) are left padding and get mask 0; a pad id after a row's first real token is ambiguous
+        and refused. Ids must be integers the model embeds; a mask must be 0/1 with a real token in every row.
+        """
+        mask_id = self.mask_token_id if mask_token_id is None else mask_token_id
+        pad_id = self._token_id("pad_token_id")
+        if pad_id is not None and pad_id == mask_id:
             raise ValueError(f"the tokenizer's pad_token_id equals its mask_token_id ({pad_id})")
         if input_ids is not None:
             if prompt is not None or messages is not None:
                 raise ValueError("pass input_ids or prompt / messages, not both")
-            input_ids = torch.as_tensor(input_ids)
-            if input_ids.dim() == 1:
-                input_ids = input_ids[None]
-            if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-                raise ValueError(f"input_ids must be [batch, length >= 1], got {tuple(input_ids.shape)}")
-            mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask)
-            if mask.shape != input_ids.shape:
-                raise ValueError(f"attention_mask must have shape {tuple(input_ids.shape)}, got {tuple(mask.shape)}")
-            return input_ids.long(), mask.long()
+            return self._checked_ids(input_ids, attention_mask, pad_id)
+        if attention_mask is not None:
+            raise ValueError("attention_mask goes with input_ids; prompts and messages are padded by the pipeline")
         if prompt is None and messages is None:
             raise ValueError("pass prompt, messages or input_ids")
+        if pad_id is None:
+            raise ValueError("the tokenizer has no pad token (needed for left padding)")
         rows = self._encode(prompt, messages, use_chat_template, add_generation_prompt)
         width = max(len(r) for r in rows)
         if width == 0:
@@ -134,13 +171,63 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
             mask[i, width - len(row):] = 1
         return ids, mask
 
-    def check_inputs(self, output_type: str, cache: str, num_sequences_per_prompt: int, callback_inputs: Sequence[str]) -> None:
-        self.check_common_inputs(output_type, OUTPUT_TYPES, "num_sequences_per_prompt", num_sequences_per_prompt, callback_inputs)
+    def _checked_ids(self, input_ids: Any, attention_mask: Any, pad_id: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = _as_tensor("input_ids", input_ids)
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+        if ids.dim() == 1:
+            ids = ids[None]
+        if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be [batch >= 1, length >= 1], got {tuple(ids.shape)}")
+        ids = ids.long()
+        width = self._vocab_width()
+        if (width is not None and int(ids.max()) >= width) or int(ids.min()) < 0:
+            raise ValueError(f"input_ids must lie in [0, {width}) (the model's vocabulary), got values in "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        if attention_mask is None:
+            return ids, self._inferred_mask(ids, pad_id)
+        mask = _as_tensor("attention_mask", attention_mask)
+        if mask.dim() == 1:
+            mask = mask[None]
+        if mask.shape != ids.shape:
+            raise ValueError(f"attention_mask must have shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+        if mask.dtype.is_floating_point or mask.dtype.is_complex or not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("attention_mask must hold 0 (padding) and 1 (real token), as integers or bools")
+        empty = (mask == 0).all(dim=1).nonzero().squeeze(1).tolist()
+        if empty:
+            raise ValueError(f"attention_mask rows {empty} are all padding (no real token to condition on)")
+        return ids, mask.long()
+
+    def _inferred_mask(self, ids: torch.Tensor, pad_id: Optional[int]) -> torch.Tensor:
+        """The attention mask of ``ids`` passed without one: leading pad ids are left padding (module docstring)."""
+        if pad_id is None or not bool((ids == pad_id).any()):
+            return torch.ones_like(ids)
+        if pad_id == self._token_id("bos_token_id"):
+            raise ValueError(f"input_ids contain the pad id {pad_id}, which is also the BOS id: pass attention_mask "
+                             "(padding cannot be told from real tokens)")
+        leading = (ids == pad_id).long().cumprod(dim=1).bool()
+        inner = (ids == pad_id) & ~leading
+        if bool(inner.any()):
+            raise ValueError(f"input_ids contain the pad id {pad_id} after a row's first real token (rows "
+                             f"{inner.any(dim=1).nonzero().squeeze(1).tolist()}): pass attention_mask, since vispec "
+                             "cannot tell padding from a real token there")
+        if bool(leading.all(dim=1).any()):
+            raise ValueError(f"input_ids rows {leading.all(dim=1).nonzero().squeeze(1).tolist()} are all padding")
+        return (~leading).long()
+
+    def check_inputs(self, output_type: str, cache: str, num_sequences_per_prompt: int, callback: Any,
+                     callback_inputs: Sequence[str]) -> list[str]:
+        if output_type == "text" and self.tokenizer is None:
+            raise ValueError("output_type='text' needs a tokenizer; this pipeline has none: use output_type='seq'")
+        inputs = self.check_common_inputs(output_type, OUTPUT_TYPES, "num_sequences_per_prompt", num_sequences_per_prompt,
+                                          callback, callback_inputs)
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+        return inputs
 
     def _scheduler(self, strategy: Union[str, UnmaskingScheduler, None], threshold: Optional[float]) -> UnmaskingScheduler:
         scheduler = self.scheduler if strategy is None else strategy
+        _refuse_block_refinement(scheduler)
         if isinstance(scheduler, str):
             if threshold is not None and scheduler != "threshold":
                 raise ValueError(f"threshold applies to the threshold strategy, not {scheduler!r}")
@@ -153,9 +240,10 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
             scheduler = type(scheduler).from_config({**scheduler.config, "threshold": threshold})
         return scheduler
 
-    def decode_texts(self, sequences: torch.Tensor) -> list[str]:
+    def decode_texts(self, sequences: torch.Tensor, eos_token_id: Optional[int] = None) -> list[str]:
         """Text of each generated row up to its first EOS or end-of-turn token, special tokens skipped."""
-        stops = {getattr(self.tokenizer, "eos_token_id", None), self._eot_token_id()} - {None}
+        eos = getattr(self.tokenizer, "eos_token_id", None) if eos_token_id is None else eos_token_id
+        stops = {eos, self._eot_token_id()} - {None}
         texts = []
         for row in sequences.tolist():
             cut = next((i for i, token in enumerate(row) if token in stops), len(row))
@@ -170,6 +258,40 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
         return eot
 
     # ------------------------------------------------------------------ call
+    def _steps(self, scheduler: UnmaskingScheduler, steps: Optional[int], num_inference_steps: Optional[int],
+               gen_length: int, block_length: int) -> Optional[int]:
+        """Total steps for the decoder: LLaDA's ``steps`` (over all blocks) or LLaDA2's ``num_inference_steps``
+        (per block); fixed-step policies default to one token per step; adaptive ones take neither."""
+        if steps is not None and num_inference_steps is not None:
+            raise ValueError("pass steps (total over all blocks, as LLaDA's generate) or num_inference_steps (per block, "
+                             "as diffusers' LLaDA2Pipeline), not both")
+        if not scheduler.fixed_steps:
+            if steps is not None or num_inference_steps is not None:
+                raise ValueError(f"steps / num_inference_steps apply to fixed-step strategies ('llada'); "
+                                 f"{type(scheduler).__name__} commits until each block is complete")
+            return None
+        check_int("gen_length", gen_length, minimum=1)
+        check_int("block_length", block_length, minimum=1)
+        if num_inference_steps is not None:
+            check_int("num_inference_steps", num_inference_steps, minimum=1, hint=" (steps per block)")
+            return num_inference_steps * max(gen_length // block_length, 1)
+        return gen_length if steps is None else steps
+
+    def apply_callback_outputs(self, edits: dict[str, Any], progress: DecodeProgress) -> Optional[dict]:
+        """A returned ``sequences`` (mask id where undecided) replaces the canvas, and a changed
+        ``pipe._guidance_scale`` the guidance scale, before the next forward (:func:`vispec.dllm.decode`)."""
+        edit: dict[str, Any] = {}
+        if "guidance_scale" in edits:
+            edit["guidance_scale"] = edits["guidance_scale"]
+        if "sequences" in edits:
+            sequences = edits["sequences"]
+            if not isinstance(sequences, torch.Tensor) or sequences.dtype.is_floating_point or sequences.dtype == torch.bool:
+                raise ValueError(f"callback_on_step_end must return 'sequences' as an integer tensor of shape "
+                                 f"{tuple(progress.tokens.shape)}, got {sequences!r}")
+            sequences = sequences.long()
+            edit["tokens"] = torch.where(sequences == self._mask_id, UNDECIDED, sequences)
+        return edit
+
     @torch.no_grad()
     def __call__(
         self,
@@ -187,85 +309,161 @@ class MaskedDiffusionLMPipeline(DiffusionPipeline, StepCallbackMixin):
         strategy: Union[str, UnmaskingScheduler, None] = None,
         threshold: Optional[float] = None,
         cache: str = "none",
-        early_stop_eos: bool = True,
+        early_stop_eos: Optional[bool] = None,
         logits_eos_inf: bool = False,
         confidence_eos_eot_inf: bool = False,
         num_sequences_per_prompt: int = 1,
         generator: Union[torch.Generator, list[torch.Generator], None] = None,
-        output_type: str = "text",
+        output_type: Optional[str] = None,
         return_dict: bool = True,
         callback_on_step_end: Optional[Callable[["MaskedDiffusionLMPipeline", int, int, dict], Optional[dict]]] = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("sequences",),
         compile: bool = False,
+        steps: Optional[int] = None,
+        eos_early_stop: Optional[bool] = None,
+        mask_token_id: Optional[int] = None,
+        eos_token_id: Optional[int] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        minimal_topk: Optional[int] = None,
     ) -> Union[MaskedDiffusionLMPipelineOutput, tuple]:
         """Generate text.
 
         Args:
-            prompt, messages, input_ids, attention_mask: the prompts (strings; chat messages; or left-padded ids).
+            prompt, messages, input_ids, attention_mask: the prompts (strings; chat messages, one conversation as
+                a list of ``{"role", "content"}`` dicts or a batch as a list of them; or left-padded ids, whose
+                mask is inferred from leading pad ids when not given: :meth:`prepare_input_ids`).
             use_chat_template, add_generation_prompt: apply the tokenizer's chat template when it has one.
             gen_length, block_length: canvas and semi-AR block lengths (default: the pipeline's config).
-            num_inference_steps: total steps for fixed-step schedulers (default: ``gen_length``, one token per step).
+            num_inference_steps: steps per block for fixed-step strategies (``"llada"``), as in diffusers'
+                ``LLaDA2Pipeline``; ``steps``: the same as a total over all blocks (LLaDA's ``generate``). Default:
+                one token per step (``steps = gen_length``). Adaptive strategies take neither.
             temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
             guidance_scale: unsupervised CFG scale ``s >= 1`` (``ℓ = ℓ_u + s (ℓ_c - ℓ_u)``, the prompt masked in
                 the unconditional branch); 1 (default) = off. LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``.
             strategy: ``"llada"``, ``"threshold"``, ``"factor"``, ``"entropy"`` or a scheduler object (default:
                 the pipeline's ``scheduler``); ``threshold`` overrides τ of the threshold rule.
             cache: ``"none"``, ``"prefix"`` or ``"dual"`` (Fast-dLLM block KV caches).
-            early_stop_eos: once EOS is committed, the rest of the canvas becomes EOS without more forwards.
+            early_stop_eos (LLaDA2: ``eos_early_stop``): once EOS is committed, the rest of the canvas becomes EOS
+                without more forwards (default True).
             logits_eos_inf, confidence_eos_eot_inf: LLaDA's EOS options (spec: intended semantics).
             generator: one ``torch.Generator`` or a list with one per sequence.
-            output_type: ``"text"`` (sequences and texts) or ``"seq"`` (sequences only).
-            callback_on_step_end: ``f(pipe, step, step, callback_kwargs)`` after every forward; ``sequences``
-                (generated canvas, mask id where undecided) and ``transfer_index`` are copies.
+            output_type: ``"text"`` (sequences and texts; the default with a tokenizer) or ``"seq"`` (sequences
+                only; the default without one).
+            return_dict: False returns ``(sequences, texts)`` as ``LLaDA2Pipeline`` does; the per-sequence
+                statistics are then in ``pipe.last_stats`` (always set after a call).
+            callback_on_step_end: ``f(pipe, step, step, callback_kwargs)`` after every forward (or a diffusers
+                ``PipelineCallback``); ``sequences`` (generated canvas, mask id where undecided) and
+                ``transfer_index`` are copies. A returned ``sequences`` replaces the canvas before the next
+                forward (committed tokens may change, masked ones be committed; not re-masked), as
+                ``LLaDA2Pipeline`` applies a returned block; changing ``pipe._guidance_scale`` changes the guidance
+                of a guided call; setting ``pipe._interrupt = True`` stops and returns what is done (mask ids
+                where undecided, ``"interrupted": True`` in the statistics).
             compile: run the model's forwards through ``torch.compile(fullgraph=True)`` with static shapes
                 (:func:`vispec.dllm.decode`: the whole batch in every forward, ``"prefix"`` spans compiled with
                 ``dynamic=True``); the graphs are cached on ``self.model``, so only the first call with a new
                 shape compiles. Same tokens as eager (the default, False) up to float rounding of fused kernels.
+            mask_token_id, eos_token_id: override the tokenizer's (or, without a tokenizer, the model config's).
+            top_k, top_p, minimal_topk: ``LLaDA2Pipeline``'s names; only ``minimal_topk=1`` has an equivalent here
+                (every adaptive strategy commits at least one token per step); the others raise, saying what to use.
         """
         # 1. check inputs
-        self.check_inputs(output_type, cache, num_sequences_per_prompt, callback_on_step_end_tensor_inputs)
+        if output_type is None:
+            output_type = "text" if self.tokenizer is not None else "seq"
+        tensor_inputs = self.check_inputs(output_type, cache, num_sequences_per_prompt, callback_on_step_end,
+                                          callback_on_step_end_tensor_inputs)
+        for name, value in (("top_k", top_k), ("top_p", top_p)):
+            if value is not None:
+                raise ValueError(f"{name} (LLaDA2's candidate filtering) has no equivalent here: candidates are arg-max "
+                                 "(temperature=0) or Gumbel-max samples from the full softmax at temperature=")
+        if minimal_topk is not None and minimal_topk != 1:
+            raise ValueError(f"minimal_topk={minimal_topk!r} has no equivalent here: the adaptive strategies commit at "
+                             "least one token per step; for n tokens per step use strategy='llada' with "
+                             "num_inference_steps = block_length / n")
+        if eos_early_stop is not None and early_stop_eos is not None and eos_early_stop != early_stop_eos:
+            raise ValueError("early_stop_eos and eos_early_stop (its LLaDA2 name) disagree; pass one")
+        early_stop_eos = next((v for v in (early_stop_eos, eos_early_stop) if v is not None), True)
+        width = self._vocab_width()
+        for name, value in (("mask_token_id", mask_token_id), ("eos_token_id", eos_token_id)):
+            if value is not None:
+                check_int(name, value, minimum=0, maximum=None if width is None else width - 1)
         gen_length = self.config.default_gen_length if gen_length is None else gen_length
         if block_length is None:  # the default block never exceeds the canvas
             block_length = self.config.default_block_length
             if isinstance(gen_length, int) and gen_length < block_length:
                 block_length = gen_length
         scheduler = self._scheduler(strategy, threshold)
-        steps = (num_inference_steps or gen_length) if scheduler.fixed_steps else num_inference_steps
-        ids, mask = self.prepare_input_ids(prompt, messages, input_ids, attention_mask, use_chat_template, add_generation_prompt)
-        ids = ids.repeat_interleave(num_sequences_per_prompt, 0).to(self._execution_device)
-        mask = mask.repeat_interleave(num_sequences_per_prompt, 0).to(self._execution_device)
-        batch = ids.shape[0]
-        if isinstance(generator, list) and len(generator) != batch:
-            raise ValueError(f"generator list has {len(generator)} entries, expected one per sequence ({batch})")
-        check_decode_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, self.mask_token_id,
+        steps = self._steps(scheduler, steps, num_inference_steps, gen_length, block_length)
+        mask_id = self.mask_token_id if mask_token_id is None else mask_token_id
+        eos_id = self._token_id("eos_token_id") if eos_token_id is None else eos_token_id
+        ids, mask = self.prepare_input_ids(prompt, messages, input_ids, attention_mask, use_chat_template, add_generation_prompt,
+                                           mask_token_id=mask_id)
+        batch = ids.shape[0] * num_sequences_per_prompt
+        check_generator(generator, batch)
+        device = self._execution_device
+        ids = ids.repeat_interleave(num_sequences_per_prompt, 0).to(device)
+        mask = mask.repeat_interleave(num_sequences_per_prompt, 0).to(device)
+        check_decode_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, mask_id,
                           compile)
         scheduler.set_timesteps(steps, gen_length, block_length)  # validates steps against the blocks
+        self.start_call(float(guidance_scale), steps if scheduler.fixed_steps else gen_length)
+        self._mask_id = mask_id
 
         # 2. decode, with progress bars over blocks and committed tokens
         num_blocks = gen_length // block_length  # both validated above
-        mask_id = self.mask_token_id
         with self.progress_bar(total=num_blocks) as block_bar, self.progress_bar(total=batch * gen_length) as token_bar:
             blocks_done = [0]
             views = {"sequences": lambda p: p.tokens.masked_fill(p.tokens == UNDECIDED, mask_id),  # mask id where undecided
                      "transfer_index": lambda p: p.details["transfer_index"]}
-            on_token = self.step_callback(token_bar, callback_on_step_end, callback_on_step_end_tensor_inputs, views)
+            on_token = self.step_callback(token_bar, callback_on_step_end, tensor_inputs, views)
 
-            def on_step(progress: DecodeProgress) -> None:
+            def on_step(progress: DecodeProgress) -> Optional[dict]:
                 block_bar.update(progress.details["block"] - blocks_done[0])
                 blocks_done[0] = progress.details["block"]
-                on_token(progress)
+                return on_token(progress)
 
             out = decode(self.model, ids, mask, scheduler=scheduler, gen_length=gen_length, block_length=block_length, steps=steps,
                          temperature=temperature, guidance_scale=guidance_scale, cache=cache, mask_token_id=mask_id,
-                         eos_token_id=getattr(self.tokenizer, "eos_token_id", None), logits_eos_inf=logits_eos_inf,
+                         eos_token_id=eos_id, logits_eos_inf=logits_eos_inf,
                          confidence_eos_eot_inf=confidence_eos_eot_inf, early_stop_eos=early_stop_eos, generator=generator,
                          callback=on_step, compile=compile)
             block_bar.update(num_blocks - blocks_done[0])
 
         # 3. post-process
-        texts = self.decode_texts(out.tokens) if output_type == "text" else None
-        stats = out.as_dicts()
+        texts = self.decode_texts(out.tokens, eos_id) if output_type == "text" else None
+        stats = self.last_stats = out.as_dicts()
         self.maybe_free_model_hooks()
         if not return_dict:
-            return (out.tokens, texts, stats)
+            return (out.tokens, texts)
         return MaskedDiffusionLMPipelineOutput(sequences=out.tokens, texts=texts, stats=stats)
+
+
+def _as_tensor(name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device (it has no values)")
+        return value.cpu()
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"{name} must be a tensor or a (nested) list of integers, got {type(value).__name__}") from err
+
+
+def _conversations(messages: Any) -> list[list[dict]]:
+    """``messages`` as a batch of conversations: one conversation (a list of ``{"role", "content"}`` dicts) or a
+    list of them."""
+    expected = ("messages must be one conversation, a list of {'role': ..., 'content': ...} dicts, or a batch of "
+                "them (a list of such lists)")
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise TypeError(f"{expected}; got {('a ' + type(messages).__name__) if messages else repr(messages)}")
+    conversations = list(messages) if isinstance(messages[0], (list, tuple)) else [messages]
+    for conversation in conversations:
+        if not isinstance(conversation, (list, tuple)) or not conversation:
+            raise TypeError(f"{expected}; got an entry {conversation!r}")
+        for message in conversation:
+            if isinstance(message, str):
+                raise TypeError(f"{expected}; got the string {message!r} (plain strings go in prompt=)")
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                    or not isinstance(message.get("content"), str):
+                raise TypeError(f"{expected}; got {message!r}")
+    return [list(c) for c in conversations]

@@ -76,3 +76,27 @@ def left_padded(rows: list[Tensor], pad_id: int = 0) -> tuple[Tensor, Tensor]:
         ids[i, width - len(r):] = r
         mask[i, width - len(r):] = 1
     return ids, mask
+
+
+TEXT_WORDS = "what is one plus two three four five six seven eight nine ten sort reverse the list a b c d".split()
+
+
+def tiny_text_pipeline(scheduler=None):
+    """A 2-layer LLaDA mask predictor with a word tokenizer over :data:`TEXT_WORDS`, in a
+    ``MaskedDiffusionLMPipeline`` (gen length 8, blocks of 4, progress bars off)."""
+    from vispec.dllm import LLaDAScheduler
+    from vispec.eval.train.tokenizer import train_word_tokenizer
+    from vispec.models.llada import LLaDAModelLM
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    tokenizer = train_word_tokenizer([" ".join(TEXT_WORDS)])
+    torch.manual_seed(0)
+    vocab = len(tokenizer)
+    model = LLaDAModelLM(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=48, vocab_size=vocab, embedding_size=vocab,
+                         max_sequence_length=64, rope_theta=10000.0, mask_token_id=tokenizer.mask_token_id,
+                         eos_token_id=tokenizer.eos_token_id, eot_token_id=tokenizer.convert_tokens_to_ids("<|eot_id|>"),
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, init_std=0.3).eval()
+    pipe = MaskedDiffusionLMPipeline(model=model, tokenizer=tokenizer, scheduler=scheduler or LLaDAScheduler(),
+                                     default_gen_length=8, default_block_length=4)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -39,6 +39,14 @@ def test_generate_text(pipeline_folder, capsys):
     assert "threshold + dual cache: NFE" in captured.err
 
 
+def test_generate_text_steps_are_the_total(pipeline_folder, capsys):
+    """``--steps`` is the total number of steps (the pipeline's ``steps``), not LLaDA2's steps per block."""
+    assert main(["generate", "text", "--model", str(pipeline_folder), "--prompt", "sort the numbers : 3 1 2",
+                 "--strategy", "llada", "--steps", "8", "--gen-length", "32", "--block-length", "8", "--no-early-stop",
+                 "--quiet"]) == 0
+    assert "NFE 8" in capsys.readouterr().err
+
+
 def test_bench_text_writes_table_and_json(pipeline_folder, tmp_path, capsys):
     path = tmp_path / "bench-text.json"
     assert main(["bench", "text", "--model", str(pipeline_folder), "--strategies", "llada,threshold", "--cache", "none,dual",

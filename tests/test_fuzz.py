@@ -118,24 +118,9 @@ TEXT_ARGS = ["prompt", "messages", "input_ids", "attention_mask", "gen_length", 
 
 @pytest.fixture(scope="module")
 def text_pipe():
-    from test_pipeline_mdlm import WORDS
+    from helpers import tiny_text_pipeline
 
-    from vispec.dllm import LLaDAScheduler
-    from vispec.eval.train.tokenizer import train_word_tokenizer
-    from vispec.models.llada import LLaDAModelLM
-    from vispec.pipelines import MaskedDiffusionLMPipeline
-
-    tokenizer = train_word_tokenizer([" ".join(WORDS)])
-    torch.manual_seed(0)
-    vocab = len(tokenizer)
-    model = LLaDAModelLM(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=48, vocab_size=vocab, embedding_size=vocab,
-                         max_sequence_length=64, rope_theta=10000.0, mask_token_id=tokenizer.mask_token_id,
-                         eos_token_id=tokenizer.eos_token_id, eot_token_id=tokenizer.convert_tokens_to_ids("<|eot_id|>"),
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, init_std=0.3).eval()
-    pipeline = MaskedDiffusionLMPipeline(model=model, tokenizer=tokenizer, scheduler=LLaDAScheduler(), default_gen_length=8,
-                                         default_block_length=4)
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+    return tiny_text_pipeline()
 
 
 def _as_tensor(rows):

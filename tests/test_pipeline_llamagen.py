@@ -68,10 +68,11 @@ def test_output_types(pipe, output_type):
 
 
 def test_return_dict_false_and_decoding_override(pipe):
-    images, stats = pipe(**get_dummy_inputs(), return_dict=False, decoding="ar")
-    assert images.shape == (2, 4, 4) and all(s["nfe"] == 16 and s["method"] == "ar" for s in stats)
-    _, stats = pipe(**get_dummy_inputs(), return_dict=False, decoding=DecodingConfig(strategy="sjd", init="vertical", window=3))
-    assert stats[0]["method"] == "sjd-vertical:window=3"
+    """``return_dict=False`` returns ``(images,)`` as diffusers' image pipelines; statistics are in ``last_stats``."""
+    (images,) = pipe(**get_dummy_inputs(), return_dict=False, decoding="ar")
+    assert images.shape == (2, 4, 4) and all(s["nfe"] == 16 and s["method"] == "ar" for s in pipe.last_stats)
+    pipe(**get_dummy_inputs(), return_dict=False, decoding=DecodingConfig(strategy="sjd", init="vertical", window=3))
+    assert pipe.last_stats[0]["method"] == "sjd-vertical:window=3"
 
 
 def test_save_load_round_trip(pipe, tmp_path):
@@ -106,8 +107,7 @@ def test_callback_on_step_end_sees_committed_tokens(pipe):
     def callback(p, step, timestep, kwargs):
         assert p is pipe and set(kwargs) == {"tokens", "num_committed"}
         calls.append((step, kwargs["num_committed"].clone(), kwargs["tokens"].clone()))
-        kwargs["tokens"].fill_(0)  # copies: cannot change the result
-        return kwargs
+        return kwargs  # unchanged: accepted
 
     out = pipe(**get_dummy_inputs(), callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["tokens", "num_committed"])
     assert calls and calls[-1][1].tolist() == [16, 16]
@@ -115,6 +115,13 @@ def test_callback_on_step_end_sees_committed_tokens(pipe):
     assert [c[0] for c in calls] == list(range(1, len(calls) + 1))
     with pytest.raises(ValueError, match="callback_on_step_end_tensor_inputs"):
         pipe(**get_dummy_inputs(), callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"])
+
+    def rewrite(p, step, timestep, kwargs):
+        kwargs["tokens"].fill_(0)  # the decoders cannot rewrite tokens: a clear error, not a silent no-op
+        return kwargs
+
+    with pytest.raises(ValueError, match="returned a changed 'tokens', which LlamaGenPipeline cannot apply"):
+        pipe(**get_dummy_inputs(), callback_on_step_end=rewrite)
 
 
 def test_progress_bar_counts_tokens(pipe, capsys):

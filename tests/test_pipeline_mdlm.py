@@ -7,25 +7,16 @@ import torch
 
 from vispec.dllm import LLaDAScheduler, ThresholdScheduler
 from vispec.eval.train.tokenizer import train_word_tokenizer
-from vispec.models.llada import LLaDAModelLM
 from vispec.pipelines import MaskedDiffusionLMPipeline
 
-WORDS = "what is one plus two three four five six seven eight nine ten sort reverse the list a b c d".split()
+from helpers import TEXT_WORDS, tiny_text_pipeline
+
+WORDS = TEXT_WORDS
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    tokenizer = train_word_tokenizer([" ".join(WORDS)])
-    torch.manual_seed(0)
-    vocab = len(tokenizer)
-    model = LLaDAModelLM(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=48, vocab_size=vocab, embedding_size=vocab,
-                         max_sequence_length=64, rope_theta=10000.0, mask_token_id=tokenizer.mask_token_id,
-                         eos_token_id=tokenizer.eos_token_id, eot_token_id=tokenizer.convert_tokens_to_ids("<|eot_id|>"),
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, init_std=0.3).eval()
-    pipeline = MaskedDiffusionLMPipeline(model=model, tokenizer=tokenizer, scheduler=LLaDAScheduler(), default_gen_length=8,
-                                         default_block_length=4)
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+    return tiny_text_pipeline()
 
 
 def test_output_types_and_stats(pipe):
@@ -36,8 +27,8 @@ def test_output_types_and_stats(pipe):
     assert out.stats[0]["method"] == "llada" and out.stats[0]["cache"] == "none"
     seq = pipe(prompt="what is one plus two", output_type="seq")
     assert seq.texts is None and torch.equal(seq.sequences[0], out.sequences[0])
-    sequences, texts, stats = pipe(prompt="sort the list", return_dict=False)
-    assert torch.equal(sequences[0], out.sequences[1]) and texts[0] == out.texts[1]
+    sequences, texts = pipe(prompt="sort the list", return_dict=False)  # as LLaDA2Pipeline; stats in last_stats
+    assert torch.equal(sequences[0], out.sequences[1]) and texts[0] == out.texts[1] and len(pipe.last_stats) == 1
 
 
 def test_batch_equals_single_with_generators(pipe):
@@ -134,7 +125,7 @@ def test_save_load_round_trip(pipe, tmp_path):
     (dict(prompt="sort", output_type="html"), "output_type must be one of"),
     (dict(prompt="sort", cache="paged"), "cache must be one of"),
     (dict(prompt="sort", gen_length=10, block_length=4), "multiple of block_length"),
-    (dict(prompt="sort", gen_length=8, block_length=4, num_inference_steps=3), "divisible by the number of blocks"),
+    (dict(prompt="sort", gen_length=8, block_length=4, steps=3), "divisible by the number of blocks"),
     (dict(prompt="sort " * 70), "exceeds the model's context"),
     (dict(prompt="sort", strategy="threshold", threshold=1.5), "threshold must be a finite number in \\(0, 1\\]"),
     (dict(prompt="sort", strategy="threshold", threshold=0.0), "threshold must be a finite number in \\(0, 1\\]"),
@@ -152,9 +143,12 @@ def test_bad_input(pipe, kwargs, words):
 
 
 def test_tokenizer_without_mask_token(pipe):
+    """The mask id comes from the tokenizer, else from the model's config; with neither, a clear error."""
     tokenizer = train_word_tokenizer(["a b"])
     tokenizer.mask_token = None
-    bad = MaskedDiffusionLMPipeline(model=pipe.model, tokenizer=tokenizer, scheduler=LLaDAScheduler())
+    fallback = MaskedDiffusionLMPipeline(model=pipe.model, tokenizer=tokenizer, scheduler=LLaDAScheduler())
+    assert fallback.mask_token_id == pipe.model.config.mask_token_id
+    bad = MaskedDiffusionLMPipeline(model=torch.nn.Linear(1, 1), tokenizer=tokenizer, scheduler=LLaDAScheduler())
     with pytest.raises(ValueError, match="no mask token"):
         bad(prompt="a")
 

@@ -46,7 +46,7 @@ import torch
 
 from vispec.decoding import DecodingConfig, decode
 from vispec.eval.bench.memory import PeakMemory
-from vispec.eval.bench.report import environment
+from vispec.eval.bench.report import check_device, environment
 from vispec.models.llamagen_gpt import GPT_CONFIGS, LlamaGenCondition, LlamaGenGPT
 from vispec.profiling import HostSyncCounter
 from vispec.sampling import SamplingConfig
@@ -105,6 +105,7 @@ class DecoderBenchConfig:
             raise ValueError(f"init_std must be > 0, got {self.init_std}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        check_device(self.device)
 
 
 def decoding_config(method: str, window: int) -> DecodingConfig:
@@ -185,15 +186,16 @@ def _base_config(cfg: DecoderBenchConfig, model: LlamaGenGPT, methods: list[str]
     return config
 
 
-def run_decoder_bench(cfg: DecoderBenchConfig, progress=print) -> dict:
+def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> dict:
     """Run every method. One batch size: ``{"config": ..., "methods": {name: {...}}}``; a batch sweep
     (``batch_sizes`` or ``compile``): ``{"config": ..., "rows": [{...}, ...]}``, one row per batch size,
-    compile setting and method (module docstring)."""
+    compile setting and method (module docstring). ``partial(result)`` receives the result so far after
+    every method (one batch size) or batch size (sweep), for an incremental JSON."""
     cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.sweep:
-        return _run_sweep(cfg, progress)
+        return _run_sweep(cfg, progress, partial)
     model = build_model(cfg)
     sampling = _sampling(cfg)
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))  # AR is the baseline
@@ -204,6 +206,8 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print) -> dict:
     for method in methods:
         progress(f"running {method} ...")
         results[method] = _run_method(model, cfg, method, sampling)
+        if partial:
+            partial({"config": _base_config(cfg, model, methods), "methods": dict(results)})
     ar = results["ar"]
     for res in results.values():
         res["step_compression"] = ar["nfe"] / res["nfe"]
@@ -315,12 +319,14 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def _run_sweep(cfg: DecoderBenchConfig, progress) -> dict:
+def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
     model = build_model(cfg)
     sampling = _sampling(cfg)
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))
     settings = (False, True) if cfg.compile else (False,)
     batch_sizes = tuple(dict.fromkeys(cfg.batch_sizes or (cfg.batch_size,)))
+    config = _base_config(cfg, model, methods)
+    config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings])
     rows = []
     for batch in batch_sizes:
         images = batch * math.ceil(max(batch, cfg.num_images) / batch)
@@ -361,8 +367,8 @@ def _run_sweep(cfg: DecoderBenchConfig, progress) -> dict:
                 "windows": con.last_windows, "windows_total": dict(sorted(con.windows.items(), reverse=True)),
                 "round_s": con.round_s, "warmup_s": warmup[con], "compiles_in_timed": con.compiles_in_timed,
             })
-    config = _base_config(cfg, model, methods)
-    config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings])
+        if partial:
+            partial({"config": config, "rows": list(rows)})
     return {"config": config, "rows": rows}
 
 

@@ -20,6 +20,20 @@ inside that interval (``fid_within_noise``, ``accuracy_within_noise``): the yard
 differences between methods. ``real`` reports the evaluator on held-out crops and the FID between
 two disjoint sets of held-out crops (the floor).
 
+Throughput sweep (``batch_sizes`` and/or ``compile``, as ``vispec bench decoders`` does it): per batch
+size ``B`` every method (with ``compile``: eager and ``torch.compile(fullgraph=True)`` decode steps side
+by side; ``sd`` runs its drafter eagerly and has no compiled rows) is decoded untimed first (warm-up and
+compilation, repeated while a run still compiled a graph), then ``rounds`` interleaved rounds each
+decode ``max(B, sweep_images)`` images (whole batches) through the pipeline and the VQ decoder. Rows
+(``throughput``): median images per second and seconds per image, speed-up over AR with the same
+compile setting and over eager AR (medians of per-round ratios). Quality (accuracy, FID, NFE, TV) is
+measured once, at ``batch_size``, eager: every image has its own keyed noise, so the tokens a method
+makes do not depend on the batch they run in (tested; the VQ decoder's batched convolutions may move a
+pixel by 1/255), and compiling changes no token beyond float near-ties.
+
+Progress: a tqdm bar over every image the run decodes (disabled when stderr is not a terminal or with
+``progress_bar=False``); ``partial(result)`` receives the result so far after every measured row.
+
 Method labels follow :meth:`vispec.decoding.DecodingConfig.parse`; ``:window=N`` compares windows
 (e.g. ``sjd:window=4``). A label may end in ``+rule`` for a lossy acceptance rule
 (``mc-sjd+lantern:k=100,delta=0.1``, ``sd+lantern``; ``gsd`` is short for ``sjd+gsd``). A
@@ -41,7 +55,7 @@ import torch
 
 from vispec.decoding import AcceptanceConfig, DecodingConfig
 from vispec.eval.bench.memory import PeakMemory
-from vispec.eval.bench.report import environment
+from vispec.eval.bench.report import check_device, environment
 
 SEED_STRIDE = 1_000_003
 # AR re-seed k uses seeds + k * RESEED_OFFSET. torch's CPU generator keeps only the low 32 bits of a seed, so
@@ -69,7 +83,30 @@ class ImageBenchConfig:
     device: str = "cpu"
     lantern_k: tuple[int, ...] = (1000,)
     lantern_delta: tuple[float, ...] = (0.1,)
+    batch_sizes: Optional[tuple[int, ...]] = None
+    compile: bool = False
+    rounds: int = 3
+    sweep_images: int = 16
     extra: dict = field(default_factory=dict)
+
+    @property
+    def sweep(self) -> bool:
+        """Whether a throughput sweep runs (``batch_sizes`` or ``compile`` given)."""
+        return self.batch_sizes is not None or self.compile
+
+    def validate(self) -> None:
+        """The numeric settings, before any model is loaded: a late failure would lose hours of work."""
+        for name in ("batch_size", "latency_images", "noise_repeats", "rounds", "sweep_images"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("num_images", "real_images"):  # FID needs two images per side
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name} must be >= 2 (FID needs at least two images), got {getattr(self, name)}")
+        if self.noise_repeats > 40:
+            raise ValueError(f"noise_repeats must be <= 40 (distinct 32-bit seeds), got {self.noise_repeats}")
+        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
+            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
+        check_device(self.device)
 
 
 def expand_methods(methods: tuple[str, ...], lantern_k: tuple[int, ...], lantern_delta: tuple[float, ...]) -> list[str]:
@@ -85,8 +122,9 @@ def expand_methods(methods: tuple[str, ...], lantern_k: tuple[int, ...], lantern
     return list(dict.fromkeys(out))
 
 
-def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_size: int, cfg: ImageBenchConfig):
-    """uint8 images, per-image stats, wall time."""
+def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_size: int, cfg: ImageBenchConfig,
+                   compile: bool = False, tick: Optional[Callable[[int], None]] = None):
+    """uint8 images, per-image stats, wall time; ``tick(n)`` after every batch of ``n`` images (the progress bar)."""
     from vispec.models.llamagen_vq import decode_tokens, to_uint8
 
     images, stats = [], []
@@ -95,10 +133,14 @@ def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], ba
         hi = min(lo + batch_size, len(seeds))
         out = pipe(class_labels=labels[lo:hi], decoding=method, generator=[torch.Generator().manual_seed(s) for s in seeds[lo:hi]],
                    guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                   output_type="latent")
+                   output_type="latent", compile=compile)
         with torch.no_grad():
             images.append(to_uint8(decode_tokens(pipe.vqvae, out.images.to(pipe.device)).float()).cpu())
         stats += out.stats
+        if tick is not None:
+            tick(hi - lo)
+    if torch.device(pipe.device).type == "cuda":
+        torch.cuda.synchronize(pipe.device)
     return torch.cat(images), stats, time.perf_counter() - start
 
 
@@ -116,26 +158,39 @@ def fid_score(evaluator, real: torch.Tensor, fake: torch.Tensor) -> float:
     return float(metric.compute())
 
 
-def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = print) -> dict:
+def _progress_bar(total: int, enabled: Optional[bool]):
+    """diffusers' tqdm (``tqdm.auto``) over the images a run decodes; ``enabled=None``: only on a terminal."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="img", desc="bench image", disable=None if enabled is None else not enabled, dynamic_ncols=True)
+
+
+def _compilable(method: str) -> bool:
+    """Whether ``compile=True`` applies: ``sd`` runs its drafter rounds eagerly (:func:`vispec.decoding.decode`)."""
+    return DecodingConfig.parse(method).config.strategy in ("ar", "sjd", "mc-sjd")
+
+
+def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = print,
+                    partial: Optional[Callable[[dict], None]] = None, progress_bar: Optional[bool] = None) -> dict:
+    """Run the benchmark (module docstring). ``progress(message)`` for phase lines, ``partial(result)`` after
+    every measured row (the result so far, for an incremental JSON), ``progress_bar``: ``None`` = a bar when
+    stderr is a terminal."""
     import os
 
     from vispec.eval.bench.data import CropSampler
     from vispec.eval.bench.evaluator import CropClassifier, classify_accuracy
-    from vispec.models.checkpoints import diffusers_load_kwargs
+    from vispec.models.checkpoints import check_pipeline_folder, diffusers_load_kwargs
     from vispec.pipelines import LlamaGenPipeline
     from vispec.pipelines.llamagen import resolve_model_path
 
-    for name in ("num_images", "batch_size", "latency_images", "real_images", "noise_repeats"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.noise_repeats > 40:
-        raise ValueError(f"noise_repeats must be <= 40 (distinct 32-bit seeds), got {cfg.noise_repeats}")
+    cfg.validate()
     folder = resolve_model_path(cfg.model)
-    pipe = LlamaGenPipeline.from_pretrained(folder).to(cfg.device)
-    pipe.set_progress_bar_config(disable=True)
+    check_pipeline_folder(folder, "LlamaGenPipeline", {"MaskedDiffusionLMPipeline": "a text model: use `vispec bench text`"})
     evaluator_path = cfg.evaluator or os.path.join(folder, "evaluator")
     if not os.path.isdir(evaluator_path):
         raise ValueError(f"no evaluator at {evaluator_path}: pass --evaluator (a CropClassifier folder)")
+    pipe = LlamaGenPipeline.from_pretrained(folder).to(cfg.device)
+    pipe.set_progress_bar_config(disable=True)
     evaluator = CropClassifier.from_pretrained(evaluator_path, **diffusers_load_kwargs()).eval()
     num_classes = pipe.transformer.config.num_classes
     methods = expand_methods(("ar",) + tuple(cfg.methods), cfg.lantern_k, cfg.lantern_delta)
@@ -144,54 +199,99 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
         if config.config.strategy == "sd" and pipe.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter, but the pipeline {cfg.model!r} has none")
         pipe.acceptance_rule(config.rule)
+    batch_sizes = tuple(dict.fromkeys(cfg.batch_sizes or (cfg.batch_size,))) if cfg.sweep else ()
+    settings = (False, True) if cfg.compile else (False,)
+    skipped = [m for m in methods if cfg.compile and not _compilable(m)]
+    if skipped:
+        progress(f"--compile: {', '.join(skipped)} run(s) their drafter eagerly: eager throughput rows only")
 
-    # real held-out crops: evaluator accuracy and the FID floor (two disjoint sets)
-    held_out = CropSampler("eval")
-    real_labels = torch.arange(2 * cfg.real_images) % num_classes
-    real, _ = held_out.sample(2 * cfg.real_images, torch.Generator().manual_seed(cfg.seed + 7), labels=real_labels)
-    real_a, real_b = real[: cfg.real_images], real[cfg.real_images :]
-    real_stats = {"accuracy": classify_accuracy(evaluator, real_a, real_labels[: cfg.real_images]),
-                  "fid_real_vs_real": fid_score(evaluator, real_a, real_b), "images": cfg.real_images}
-    progress(f"real held-out crops: accuracy {real_stats['accuracy']:.3f}, FID real vs real {real_stats['fid_real_vs_real']:.3f}")
-
-    labels = torch.arange(cfg.num_images) % num_classes
-    seeds = [cfg.seed * SEED_STRIDE + i for i in range(cfg.num_images)]
-    results: dict[str, dict] = {}
-    warm = pipe(class_labels=[0], decoding="sjd", output_type="latent")  # warm-up, not timed
-    del warm
+    sampling = pipe.decoding_config.sampling(guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    run_config = {k: v for k, v in asdict(cfg).items() if k != "extra"}
+    run_config.update(methods=methods, sampling=sampling.to_dict(), window=pipe.decoding_config.config.window,
+                      fid_features="tiny-c2i evaluator penultimate layer (torchmetrics FrechetInceptionDistance)",
+                      **environment(cfg.device))
+    if cfg.sweep:
+        run_config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings],
+                          compile_skipped=skipped)
     reseeds = [f"ar-reseed-{k}" for k in range(1, cfg.noise_repeats + 1)]
-    for method in methods + reseeds:
-        reseed = int(method.rsplit("-", 1)[1]) if method in reseeds else 0
-        decoding = "ar" if reseed else method
-        row: dict = {}
-        with PeakMemory(cfg.device) as memory:
-            if not reseed:
-                progress(f"{method}: batch-1 latency on {cfg.latency_images} images ...")
-                _, stats1, _ = generate_uint8(pipe, decoding, labels[: cfg.latency_images], seeds[: cfg.latency_images], 1, cfg)
-                row["nfe"] = sum(s["nfe"] for s in stats1) / len(stats1)
-                row["latency_s"] = sum(s["latency_s"] for s in stats1) / len(stats1)
-                row["images_per_s_batch1"] = 1.0 / row["latency_s"]
-            run_seeds = [s + reseed * RESEED_OFFSET for s in seeds]
-            progress(f"{method}: {cfg.num_images} images at batch {cfg.batch_size} ...")
-            images, stats, wall = generate_uint8(pipe, decoding, labels, run_seeds, cfg.batch_size, cfg)
-        row.update(
-            nfe_batched=sum(s["nfe"] for s in stats) / len(stats),
-            latency_s_batched=sum(s["latency_s"] for s in stats) / len(stats),
-            images_per_s=cfg.num_images / wall,
-            accuracy=classify_accuracy(evaluator, images, labels),
-            fid=fid_score(evaluator, real_a, images),
-            peak_mem_mb=memory.peak_mb,
-        )
-        if "tv_mean" in stats[0]:  # images decoded without a measured verification carry NaN
-            measured = [s for s in stats if not math.isnan(s["tv_mean"])]
-            row["tv_mean"] = sum(s["tv_mean"] for s in measured) / len(measured) if measured else float("nan")
-            row["tv_max"] = max(s["tv_max"] for s in measured) if measured else float("nan")
-        if "drafter_nfe" in stats[0]:
-            row["drafter_nfe_batched"] = sum(s["drafter_nfe"] for s in stats) / len(stats)
-        if reseed:
-            row = {k: row[k] for k in ("accuracy", "fid", "nfe_batched", "images_per_s", "peak_mem_mb")}
-        results[method] = row
-        progress(f"{method}: accuracy {row['accuracy']:.3f}, FID {row['fid']:.3f}")
+    sweep_images = {b: b * math.ceil(max(b, cfg.sweep_images) / b) for b in batch_sizes}
+    total = len(methods) * (min(cfg.latency_images, cfg.num_images) + cfg.num_images) + len(reseeds) * cfg.num_images
+    total += sum(n * (1 + cfg.rounds) * sum(1 for c in settings for m in methods if not (c and m in skipped))
+                 for n in sweep_images.values())
+    results: dict[str, dict] = {}
+    real_stats: dict = {}
+    throughput: list[dict] = []
+
+    def snapshot() -> dict:
+        """The result so far, in the final layout (``partial``)."""
+        out = {"config": run_config, "methods": results, "real": real_stats}
+        if cfg.sweep:
+            out["throughput"] = throughput
+        return out
+
+    with _progress_bar(total, progress_bar) as bar:
+
+        def say(message: str) -> None:
+            with bar.external_write_mode():  # clear the bar, print, redraw
+                progress(message)
+
+        # real held-out crops: evaluator accuracy and the FID floor (two disjoint sets)
+        held_out = CropSampler("eval")
+        real_labels = torch.arange(2 * cfg.real_images) % num_classes
+        real, _ = held_out.sample(2 * cfg.real_images, torch.Generator().manual_seed(cfg.seed + 7), labels=real_labels)
+        real_a, real_b = real[: cfg.real_images], real[cfg.real_images :]
+        real_stats.update(accuracy=classify_accuracy(evaluator, real_a, real_labels[: cfg.real_images]),
+                          fid_real_vs_real=fid_score(evaluator, real_a, real_b), images=cfg.real_images)
+        say(f"real held-out crops: accuracy {real_stats['accuracy']:.3f}, FID real vs real {real_stats['fid_real_vs_real']:.3f}")
+        if partial:
+            partial(snapshot())
+
+        labels = torch.arange(cfg.num_images) % num_classes
+        seeds = [cfg.seed * SEED_STRIDE + i for i in range(cfg.num_images)]
+        warm = pipe(class_labels=[0], decoding="sjd", output_type="latent")  # warm-up, not timed
+        del warm
+        for method in methods + reseeds:
+            reseed = int(method.rsplit("-", 1)[1]) if method in reseeds else 0
+            decoding = "ar" if reseed else method
+            row: dict = {}
+            with PeakMemory(cfg.device) as memory:
+                if not reseed:
+                    say(f"{method}: batch-1 latency on {cfg.latency_images} images ...")
+                    _, stats1, _ = generate_uint8(pipe, decoding, labels[: cfg.latency_images], seeds[: cfg.latency_images], 1, cfg,
+                                                  tick=bar.update)
+                    row["nfe"] = sum(s["nfe"] for s in stats1) / len(stats1)
+                    row["latency_s"] = sum(s["latency_s"] for s in stats1) / len(stats1)
+                    row["images_per_s_batch1"] = 1.0 / row["latency_s"]
+                run_seeds = [s + reseed * RESEED_OFFSET for s in seeds]
+                say(f"{method}: {cfg.num_images} images at batch {cfg.batch_size} ...")
+                images, stats, wall = generate_uint8(pipe, decoding, labels, run_seeds, cfg.batch_size, cfg, tick=bar.update)
+            row.update(
+                nfe_batched=sum(s["nfe"] for s in stats) / len(stats),
+                latency_s_batched=sum(s["latency_s"] for s in stats) / len(stats),
+                images_per_s=cfg.num_images / wall,
+                accuracy=classify_accuracy(evaluator, images, labels),
+                fid=fid_score(evaluator, real_a, images),
+                peak_mem_mb=memory.peak_mb,
+            )
+            if "tv_mean" in stats[0]:  # images decoded without a measured verification carry NaN
+                measured = [s for s in stats if not math.isnan(s["tv_mean"])]
+                row["tv_mean"] = sum(s["tv_mean"] for s in measured) / len(measured) if measured else float("nan")
+                row["tv_max"] = max(s["tv_max"] for s in measured) if measured else float("nan")
+            if "drafter_nfe" in stats[0]:
+                row["drafter_nfe_batched"] = sum(s["drafter_nfe"] for s in stats) / len(stats)
+            if reseed:
+                row = {k: row[k] for k in ("accuracy", "fid", "nfe_batched", "images_per_s", "peak_mem_mb")}
+            results[method] = row
+            say(f"{method}: accuracy {row['accuracy']:.3f}, FID {row['fid']:.3f}")
+            if partial:
+                partial(snapshot())
+
+        for batch in batch_sizes:
+            throughput += _throughput_rows(pipe, cfg, methods, settings, skipped, batch, sweep_images[batch], num_classes,
+                                           say, bar)
+            if partial:
+                partial(snapshot())
+
     ar = results["ar"]
     noise = sampling_noise([results[m] for m in ["ar"] + reseeds])
     for method in methods:
@@ -205,12 +305,63 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
             sd = noise[f"{metric}_sd"]
             row[f"{metric}_z"] = deviation / sd if sd > 0 else 0.0
             row[f"{metric}_within_noise"] = abs(deviation) <= noise[f"{metric}_interval"]
-    sampling = pipe.decoding_config.sampling(guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-    config = {k: v for k, v in asdict(cfg).items() if k != "extra"}
-    config.update(methods=methods, sampling=sampling.to_dict(), window=pipe.decoding_config.config.window,
-                  fid_features="tiny-c2i evaluator penultimate layer (torchmetrics FrechetInceptionDistance)",
-                  **environment(cfg.device))
-    return {"config": config, "methods": results, "noise": noise, "real": real_stats}
+    result = {"config": run_config, "methods": results, "noise": noise, "real": real_stats}
+    if cfg.sweep:
+        result["throughput"] = throughput
+    return result
+
+
+def _throughput_rows(pipe, cfg: ImageBenchConfig, methods: list[str], settings: tuple[bool, ...], skipped: list[str],
+                     batch: int, images: int, num_classes: int, say: Callable[[str], None], bar) -> list[dict]:
+    """One batch size of the throughput sweep (module docstring): warm-up, interleaved timed rounds, one row
+    per method and compile setting."""
+    import statistics
+
+    from vispec.eval.bench.decoders import WARMUP_RUNS, _graphs
+
+    labels = torch.arange(images) % num_classes
+    seeds = [cfg.seed * SEED_STRIDE + i for i in range(images)]
+    contenders = [(m, c) for c in settings for m in methods if not (c and m in skipped)]
+    name = lambda m, c: f"{m}{' (compiled)' if c else ''}"  # noqa: E731
+
+    def run(method: str, compiled: bool) -> float:
+        return generate_uint8(pipe, method, labels, seeds, batch, cfg, compile=compiled, tick=bar.update)[2]
+
+    warmup: dict = {}
+    for con in contenders:  # warm-up and compilation, untimed: again while a run still compiled a graph
+        say(f"B={batch}: warm-up {name(*con)} ...")
+        warmup[con] = []
+        for attempt in range(WARMUP_RUNS):
+            if attempt:
+                bar.total += images
+                bar.refresh()
+            graphs = _graphs()
+            warmup[con].append(run(*con))
+            if _graphs() == graphs:
+                break
+    say(f"B={batch}: {cfg.rounds} timed round(s) of {len(contenders)} contenders, {images} image(s) each ...")
+    round_s: dict = {con: [] for con in contenders}
+    compiles = dict.fromkeys(contenders, 0)
+    for _ in range(cfg.rounds):  # interleaved: A B C ... A B C ...
+        for con in contenders:
+            graphs = _graphs()
+            round_s[con].append(run(*con))
+            compiles[con] += _graphs() - graphs
+    rows = []
+    for method, compiled in contenders:
+        times = round_s[(method, compiled)]
+        same_ar, eager_ar = round_s[("ar", compiled)], round_s[("ar", False)]
+        median = statistics.median(times)
+        rows.append({
+            "batch_size": batch, "method": method, "compile": compiled, "images": images, "rounds": len(times),
+            "images_per_s": images / median, "s_per_image": median / images,
+            "speedup_vs_ar": statistics.median(a / b for a, b in zip(same_ar, times)),
+            "speedup_vs_eager_ar": statistics.median(a / b for a, b in zip(eager_ar, times)),
+            "round_s": times, "warmup_s": warmup[(method, compiled)], "compiles_in_timed": compiles[(method, compiled)],
+        })
+        say(f"B={batch} {name(method, compiled)}: {rows[-1]['images_per_s']:.2f} img/s, "
+            f"{rows[-1]['speedup_vs_ar']:.2f}x AR{' (compiled)' if compiled else ''}")
+    return rows
 
 
 def sampling_noise(ar_rows: list[dict]) -> dict:
@@ -247,6 +398,31 @@ def format_image_table(result: dict) -> str:
                  f"(95% interval +-{noise['fid_interval']:.3f}), accuracy {noise['accuracy_mean']:.3f} +- {noise['accuracy_sd']:.3f} "
                  f"(+-{noise['accuracy_interval']:.3f})")
     lines.append(f"real held-out crops: accuracy {real['accuracy']:.3f}, FID real vs real {real['fid_real_vs_real']:.3f}")
+    if result.get("throughput"):
+        lines += ["", format_throughput_table(result)]
+    return "\n".join(lines)
+
+
+def format_throughput_table(result: dict) -> str:
+    """The throughput sweep: one line per batch size, compile setting and method."""
+    rows, config = result["throughput"], result["config"]
+    width = max([18] + [len(row["method"]) for row in rows])
+    head = (f"throughput: medians of {config['rounds']} interleaved round(s), speed-ups as medians of per-round time ratios; "
+            f"quality above is per image, the same at every batch size")
+    header = f"{'B':>4} {'method':<{width}} {'mode':<8} {'images':>6} {'img/s':>8} {'s/img':>8} {'vs AR':>6} {'vs eager AR':>11}"
+    lines = [head, header, "-" * len(header)]
+    last = None
+    for row in rows:
+        if last is not None and row["batch_size"] != last:
+            lines.append("")
+        last = row["batch_size"]
+        line = (f"{row['batch_size']:>4} {row['method']:<{width}} {'compiled' if row['compile'] else 'eager':<8} {row['images']:>6} "
+                f"{row['images_per_s']:>8.3f} {row['s_per_image']:>8.4f} {row['speedup_vs_ar']:>6.2f} {row['speedup_vs_eager_ar']:>11.2f}")
+        if row["compiles_in_timed"]:
+            line += f"  [compiled {row['compiles_in_timed']} graph(s) in timed runs]"
+        lines.append(line)
+    if config.get("compile_skipped"):
+        lines.append(f"no compiled rows for {', '.join(config['compile_skipped'])} (draft-model decoding runs its drafter eagerly)")
     return "\n".join(lines)
 
 

@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
-from vispec.eval.bench.report import environment
+from vispec.eval.bench.report import check_device, environment
 from vispec.kernels.backend import triton_available
 from vispec.kernels.target import Target
 from vispec.kernels.unmask import RowNoise, unmask_candidates
@@ -75,15 +75,13 @@ class KernelBenchConfig:
             raise ValueError(f"ops must be a non-empty subset of verify, unmask; got {self.ops}")
         if self.max_seconds <= 0 or self.repeats < 0:
             raise ValueError("max_seconds must be > 0 and repeats >= 0")
+        _device(self.device)
 
 
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but CUDA is not available")
-    return device
+    return check_device(name)
 
 
 def _sync(device: torch.device) -> None:
@@ -252,8 +250,10 @@ def _compile_results() -> dict:
     return {"returncode": run.returncode, "summary": lines[-1] if lines else "", "failures": [l for l in lines if l.startswith("FAILED")]}
 
 
-def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = print) -> dict:
-    """Run the benchmark (module docstring); returns a JSON-ready dict."""
+def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = print,
+                     partial: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run the benchmark (module docstring); returns a JSON-ready dict. ``partial(result)`` receives the
+    cells so far after every cell and step share, for an incremental JSON."""
     cfg.validate()
     device = _device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
@@ -261,6 +261,13 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
     backends = ("reference", "triton") if on_gpu else ("reference",)
     peak = _peak_gbps(device, cfg.peak_gbps)
     cells = []
+    shares = {}
+
+    def snapshot() -> dict:
+        return {"config": {**asdict(cfg), "device": str(device)},
+                "environment": {**environment(device), "peak_gbps": peak, "triton": triton_available()},
+                "kernels_timed": on_gpu, "cells": list(cells), "step_shares": dict(shares)}
+
     for vocab in cfg.vocab:
         for rows in cfg.rows:
             problem = VerifyProblem.make(rows, vocab, cfg.window, cfg.guidance_scale, dtype, device, cfg.seed)
@@ -282,9 +289,10 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
                 progress(f"{op:<7} rows {cell['rows']:>5} vocab {vocab:>6}: "
                          + ", ".join(f"{b} {cell[b]['ms']:.3f} ms ({cell[b]['gbps']:.1f} GB/s)" for b in backends))
                 cells.append(cell)
+                if partial:
+                    partial(snapshot())
             del problem
 
-    shares = {}
     step_batch = cfg.step_batch or (32 if device.type == "cuda" else 4)
     backend = "triton" if on_gpu else "reference"
     sampling = SamplingConfig(guidance_scale=cfg.guidance_scale)
@@ -294,6 +302,8 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
     tiny = LlamaGenGPT.from_pretrained(os.path.join(resolve_model_path("tiny-c2i"), "transformer")).to(device).eval()
     shares["tiny-c2i"] = _forward_share(tiny, step_batch, cfg.window, 128, _window_verify(sampling, backend, cfg.window), device, cfg)
     progress(f"tiny-c2i step: forward {shares['tiny-c2i']['forward_ms']:.2f} ms, verify {shares['tiny-c2i']['verify_ms']:.2f} ms")
+    if partial:
+        partial(snapshot())
     torch.manual_seed(cfg.seed)
     base = LlamaGenGPT(vocab_size=16384, dim=768, n_layer=12, n_head=12, num_classes=1000, block_size=256,
                        class_dropout_prob=0.1).to(device).eval()

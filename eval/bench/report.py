@@ -1,13 +1,36 @@
 """What every ``vispec bench`` command ends with: the table on stdout, the JSON result on disk, and
-the environment block its JSON records (torch version, threads, machine, device name)."""
+the environment block its JSON records (torch version, threads, machine, device name).
+
+Benchmarks hand their result to a ``partial`` callback after every measured row or phase, and the CLI
+writes it at once (:func:`write_partial`), so Ctrl-C or a late error keeps what was measured: such a
+file carries ``"complete": false``; the final write (:func:`emit`) replaces it with the whole result.
+Every write goes to a temporary file in the same folder and is renamed over the target, so a reader
+(or a kill in the middle of a write) never sees half a file.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 from typing import Optional
 
 import torch
+
+
+def check_device(name: str) -> torch.device:
+    """``name`` as a device this process can use: ``ValueError`` for a name torch does not know (``"gpu"``)
+    or a CUDA device without CUDA (torch's own errors are a ``RuntimeError`` and an ``AssertionError``)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be cpu, cuda or cuda:N (a torch device), got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but CUDA is not available here (torch {torch.__version__})")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device={name!r} but there are {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def environment(device: torch.device | str) -> dict:
@@ -19,9 +42,24 @@ def environment(device: torch.device | str) -> dict:
 
 
 def write_json(result: dict, path: Optional[str]) -> None:
-    if path:
-        with open(path, "w") as handle:
+    """``result`` as JSON at ``path`` (when given), atomically: a temporary file renamed over ``path``."""
+    if not path:
+        return
+    folder, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
+    try:
+        with open(temporary, "w") as handle:
             json.dump(result, handle, indent=2)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def write_partial(result: dict, path: Optional[str]) -> None:
+    """What a benchmark has measured so far, marked ``"complete": false`` (module docstring)."""
+    write_json({"complete": False, **result}, path)
 
 
 def emit(table: str, result: dict, path: Optional[str]) -> None:

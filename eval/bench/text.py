@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 from vispec.eval.bench.memory import PeakMemory
-from vispec.eval.bench.report import environment
+from vispec.eval.bench.report import check_device, environment
 
 STRATEGIES = ("llada", "threshold", "factor", "entropy")
 
@@ -44,6 +44,21 @@ class TextBenchConfig:
     early_stop_eos: bool = True
     seed: int = 0
     device: str = "cpu"
+
+    def validate(self) -> None:
+        """The settings, before a model is loaded."""
+        from vispec.dllm import CACHES
+
+        for name in ("num_problems", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for strategy in self.strategies:
+            if strategy not in STRATEGIES:
+                raise ValueError(f"unknown strategy {strategy!r}; expected some of {STRATEGIES}")
+        for cache in self.caches:
+            if cache not in CACHES:
+                raise ValueError(f"unknown cache {cache!r}; expected some of {CACHES}")
+        check_device(self.device)
 
 
 def _scheduler(cfg: TextBenchConfig, strategy: str):
@@ -79,22 +94,19 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
     return row
 
 
-def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print) -> dict:
-    from vispec.dllm import CACHES
+def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print,
+                   partial: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run the benchmark (module docstring); ``partial(result)`` receives the runs so far after every run."""
     from vispec.eval.bench.text_tasks import get_task, split_items
+    from vispec.models.checkpoints import check_pipeline_folder
     from vispec.pipelines import MaskedDiffusionLMPipeline
+    from vispec.pipelines.embedded import resolve_model_path
 
-    for name in ("num_problems", "batch_size"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for strategy in cfg.strategies:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; expected some of {STRATEGIES}")
-    for cache in cfg.caches:
-        if cache not in CACHES:
-            raise ValueError(f"unknown cache {cache!r}; expected some of {CACHES}")
+    cfg.validate()
     tasks = [get_task(t) for t in cfg.tasks]
-    pipe = MaskedDiffusionLMPipeline.from_pretrained(cfg.model).to(cfg.device)
+    folder = resolve_model_path(cfg.model)
+    check_pipeline_folder(folder, "MaskedDiffusionLMPipeline", {"LlamaGenPipeline": "an image model: use `vispec bench image`"})
+    pipe = MaskedDiffusionLMPipeline.from_pretrained(folder).to(cfg.device)
     pipe.set_progress_bar_config(disable=True)
     cfg.gen_length = cfg.gen_length or pipe.config.default_gen_length
     cfg.block_length = cfg.block_length or min(pipe.config.default_block_length, cfg.gen_length)
@@ -113,6 +125,8 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
                 acc = " ".join(f"{k} {row[k]:.3f}" for k in task.metrics)
                 progress(f"{task.name} {strategy}+{cache} B={batch_size}: {acc}, NFE {row['nfe']:.1f}, "
                          f"{row['tokens_per_s']:.1f} tok/s")
+                if partial:
+                    partial({"config": {**asdict(cfg), **environment(cfg.device)}, "runs": list(runs)})
     for row in runs:
         base = next(r for r in runs if (r["task"], r["batch_size"], r["strategy"], r["cache"]) == (row["task"], row["batch_size"], "llada", "none"))
         row["nfe_reduction"] = base["nfe"] / row["nfe"]

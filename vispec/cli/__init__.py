@@ -2,15 +2,27 @@
 :mod:`~vispec.cli.generate`, :mod:`~vispec.cli.train`, :mod:`~vispec.cli.convert`, :mod:`~vispec.cli.demo`);
 flags of the benchmarks and trainers are built from their config dataclasses (:mod:`~vispec.cli.args`).
 
-User errors (bad arguments, unreadable files) print one ``vispec: error: ...`` line and exit with
-status 2; no traceback.
+User errors print one ``vispec: error: ...`` line on stderr and exit with status 2, no traceback;
+real bugs keep their traceback, so they get reported instead of looking like bad input. User errors are:
+
+* a flag argparse rejects (:class:`UsageError`: one line too, with the command's ``--help`` to read);
+* a ``ValueError`` raised on purpose, by a ``raise`` statement: vispec's checks (and diffusers') raise
+  ``ValueError`` naming the argument and what was expected. A ``ValueError`` the interpreter or a C
+  extension raised implicitly (``a, b = ...`` unpacking, ``int("x")`` on a value nobody checked) is a bug;
+* ``OSError`` (a missing, unreadable or unwritable file, a full disk) and running out of memory.
+
+Ctrl-C prints ``vispec: interrupted`` and exits with 130. Notes added to the exception (a benchmark's
+"the rows measured so far are in ...") are appended to the line. ``VISPEC_TRACEBACK=1`` shows the
+traceback of every error.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Optional, Sequence
+import traceback
+from typing import NoReturn, Optional, Sequence
 
 from vispec.cli.bench import add_bench
 from vispec.cli.convert import add_convert
@@ -20,8 +32,20 @@ from vispec.cli.train import add_train
 from vispec.version import __version__
 
 
+class UsageError(Exception):
+    """A command line argparse rejected (unknown flag, missing argument, a value of the wrong type)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors raised as :class:`UsageError` (one line) instead of usage text and ``exit(2)``;
+    subcommand parsers are of this class too (argparse makes them of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vispec", description="Many tokens per forward pass for visual AR models and masked diffusion LMs.")
+    parser = Parser(prog="vispec", description="Many tokens per forward pass for visual AR models and masked diffusion LMs.")
     parser.add_argument("--version", action="version", version=f"vispec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_bench(sub)
@@ -32,6 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def is_user_error(err: BaseException) -> bool:
+    """Whether ``err`` is the user's to fix rather than a bug (module docstring)."""
+    if isinstance(err, (UsageError, OSError, MemoryError)) or type(err).__name__ == "OutOfMemoryError":
+        return True
+    if isinstance(err, ValueError):
+        frames = traceback.extract_tb(err.__traceback__)
+        return bool(frames) and (frames[-1].line or "").lstrip().startswith("raise")
+    return False
+
+
+def _one_line(err: BaseException) -> str:
+    notes = getattr(err, "__notes__", None) or []
+    text = " ".join(str(err).split()) or type(err).__name__
+    if type(err).__name__ == "OutOfMemoryError" or isinstance(err, MemoryError):
+        text = f"out of memory ({text}); try a smaller --batch-size / --max-batch-size"
+    return text + "".join(f" ({' '.join(note.split())})" for note in notes)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
@@ -40,8 +82,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.print_help()
             return 2
         return args.func(args)
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"vispec: error: {err}", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        print("vispec: interrupted" + "".join(f" ({note})" for note in getattr(err, "__notes__", None) or []),
+              file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - sorted into user errors (one line) and bugs (re-raised)
+        if not is_user_error(err) or os.environ.get("VISPEC_TRACEBACK"):
+            raise
+        print(f"vispec: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 
 from vispec.cli.args import add_config_args, config_from_args
+from vispec.cli.paths import check_output_file
 from vispec.decoding.config import split_specs
 
 DECODER_HELP = {
@@ -38,6 +39,12 @@ IMAGE_HELP = {
     "evaluator": "CropClassifier folder (default: <model>/evaluator)",
     "lantern_k": "comma-separated k values swept for every '+lantern' method",
     "lantern_delta": "comma-separated delta values swept for every '+lantern' method",
+    "batch_sizes": "comma-separated batch sizes of a throughput sweep (images/s per batch size, interleaved rounds; "
+                   "quality is measured once, at --batch-size: images do not depend on the batch) (default: none)",
+    "compile": "also time the throughput sweep with torch.compile(fullgraph=True) decode steps, eager and compiled "
+               "side by side (ar, sjd, mc-sjd; sd has no compiled rows)",
+    "rounds": "interleaved timing rounds of the throughput sweep (medians are reported)",
+    "sweep_images": "images per measurement of the throughput sweep (rounded up to whole batches, at least one)",
 }
 TEXT_HELP = {
     "model": "embedded model name or a pipeline folder",
@@ -86,17 +93,38 @@ BENCHES = {
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """Run the benchmark named by the subcommand, print its table and write its JSON (and the image bench's plot)."""
-    from vispec.eval.bench.report import emit
+    """Run the benchmark named by the subcommand, print its table and write its JSON (and the image bench's plot).
 
-    module_name, config_name, run_name, table_name = BENCHES[args.subcommand]
-    module = importlib.import_module(module_name)
-    result = getattr(module, run_name)(config_from_args(getattr(module, config_name), args), progress=_progress)
-    emit(getattr(module, table_name)(result), result, args.json_path)
+    Output paths are checked before any work; the JSON is rewritten after every measured row or phase
+    (marked ``"complete": false`` until the end), so an interrupted or failed run keeps what it measured."""
+    from vispec.eval.bench.report import emit, write_partial
+
+    check_output_file(args.json_path, "--json")
+    plot = None
     if args.subcommand == "image":
         plot = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else None)
-        if plot:
-            print(f"wrote {module.speed_fid_plot(result, plot)}")
+        check_output_file(plot, "--plot" if args.plot else "--plot (from --json)", image=True)
+    module_name, config_name, run_name, table_name = BENCHES[args.subcommand]
+    module = importlib.import_module(module_name)
+    config = config_from_args(getattr(module, config_name), args)
+    if hasattr(config, "validate"):  # the settings, before anything is loaded (the run checks them again)
+        config.validate()
+    written = []
+
+    def partial(result: dict) -> None:
+        write_partial(result, args.json_path)
+        written.append(True)
+
+    extra = {"progress_bar": False if args.quiet else None} if args.subcommand == "image" else {}
+    try:
+        result = getattr(module, run_name)(config, progress=_progress, partial=partial if args.json_path else None, **extra)
+    except BaseException as err:
+        if written:
+            err.add_note(f"the results measured so far are in {args.json_path}, marked \"complete\": false")
+        raise
+    emit(getattr(module, table_name)(result), result, args.json_path)
+    if plot:
+        print(f"wrote {module.speed_fid_plot(result, plot)}")
     return 0
 
 
@@ -117,6 +145,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     image = bench.add_parser("image", help="speed, accuracy and FID of the decoders on a LlamaGen pipeline")
     add_config_args(image, ImageBenchConfig, help=IMAGE_HELP, splitters=specs)
     image.add_argument("--plot", default=None, help="speed-versus-FID PNG (default: next to --json)")
+    image.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
     image.set_defaults(func=_cmd_bench)
 
     text = bench.add_parser("text", help="accuracy and speed of unmasking strategies and caches on a masked diffusion LM")
@@ -127,4 +156,6 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_config_args(kernels, KernelBenchConfig, help=KERNEL_HELP)
     kernels.set_defaults(func=_cmd_bench)
     for parser in (decoders, image, text, kernels):
-        parser.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")
+        parser.add_argument("--json", dest="json_path", default=None,
+                            help="write the results as JSON to this file (rewritten after every measured row, "
+                                 "\"complete\": false until the end)")

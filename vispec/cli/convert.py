@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from vispec.cli.paths import check_output_folder
+
 # LlamaGen's evaluation CFG per model size (GETTING_STARTED: 2.0 for B and L, 1.75 for XL and XXL, 1.65 for 3B)
 LLAMAGEN_CFG = {"GPT-B": 2.0, "GPT-L": 2.0, "GPT-XL": 1.75, "GPT-XXL": 1.75, "GPT-3B": 1.65}
 
@@ -14,6 +16,7 @@ def _cmd_llamagen(args: argparse.Namespace) -> int:
     from vispec.models.llamagen_vq import load_llamagen_vq
     from vispec.pipelines import LlamaGenPipeline
 
+    check_output_folder(args.out, "--out")
     overrides = {k: v for k, v in (("gpt_model", args.gpt_model), ("n_head", args.n_head), ("image_size", args.image_size),
                                    ("num_classes", args.num_classes), ("cls_token_num", args.cls_token_num)) if v is not None}
     gpt = load_llamagen_gpt(args.gpt, trust_pickle=args.trust_pickle, **overrides)

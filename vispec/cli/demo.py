@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from vispec.cli.paths import check_output_folder
+
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from vispec.eval.demo import run_demo
 
-    run_demo(out_dir=args.out)
+    run_demo(out_dir=check_output_folder(args.out, "--out"))
     return 0
 
 

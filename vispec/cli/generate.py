@@ -7,6 +7,7 @@ import os
 import sys
 
 from vispec.cli.args import add_config_args
+from vispec.cli.paths import check_output_file
 from vispec.cli.bench import STRATEGY_KNOBS, TEXT_FLAGS, TEXT_HELP
 
 
@@ -17,26 +18,55 @@ def _quiet(args: argparse.Namespace) -> None:
         diffusers_logging.disable_progress_bar()
 
 
+# the pipeline kinds and the command that takes each
+COMMANDS = {"LlamaGenPipeline": "vispec generate image", "MaskedDiffusionLMPipeline": "vispec generate text"}
+
+
+def _load(pipeline_cls, name: str):
+    """The pipeline ``name`` names, after checking its folder: the right kind of pipeline (a clear error naming
+    the command for the kind it is, instead of diffusers' "expected [...] but only set() were passed"), every
+    component folder present, weights that fit their configs (nothing allocated before that)."""
+    from vispec.models.checkpoints import check_pipeline_folder
+    from vispec.pipelines.embedded import resolve_model_path
+
+    folder = resolve_model_path(name)
+    check_pipeline_folder(folder, pipeline_cls.__name__, {kind: f"use `{command}`" for kind, command in COMMANDS.items()})
+    return pipeline_cls.from_pretrained(folder)
+
+
+def image_paths(out: str, num_images: int) -> list[str]:
+    """Where ``generate image`` saves: ``out`` for one image, ``stem-i.ext`` for several."""
+    if num_images == 1:
+        return [out]
+    stem, ext = os.path.splitext(out)
+    return [f"{stem}-{i}{ext}" for i in range(num_images)]
+
+
 def _cmd_image(args: argparse.Namespace) -> int:
+    """Images in chunks of ``--batch-size`` (each chunk saved before the next starts: memory stays bounded and
+    an interrupted run keeps its images); per-image generators make every image independent of its chunk."""
     import torch
 
     from vispec.pipelines import LlamaGenPipeline
 
+    for flag, value in (("--num-images", args.num_images), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    check_output_file(args.out, "--out", image=True)
     _quiet(args)
-    pipe = LlamaGenPipeline.from_pretrained(args.model)
+    pipe = _load(LlamaGenPipeline, args.model)
     pipe.set_progress_bar_config(disable=args.quiet)
-    if args.num_images < 1:
-        raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
-    generators = [torch.Generator().manual_seed(args.seed + i) for i in range(args.num_images)]
-    out = pipe(class_labels=[args.class_label] * args.num_images, guidance_scale=args.guidance_scale,
-               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, decoding=args.decoding,
-               generator=generators, compile=args.compile, max_batch_size=args.max_batch_size)
-    stem, ext = os.path.splitext(args.out)
-    for i, (image, stats) in enumerate(zip(out.images, out.stats)):
-        path = args.out if args.num_images == 1 else f"{stem}-{i}{ext or '.png'}"
-        image.save(path)
-        print(f"{path}: {stats['method']} NFE {stats['nfe']} for {stats['tokens']} tokens "
-              f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.2f} s")
+    paths = image_paths(args.out, args.num_images)
+    for lo in range(0, args.num_images, args.batch_size):
+        hi = min(lo + args.batch_size, args.num_images)
+        generators = [torch.Generator().manual_seed(args.seed + i) for i in range(lo, hi)]
+        out = pipe(class_labels=[args.class_label] * (hi - lo), guidance_scale=args.guidance_scale,
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, decoding=args.decoding,
+                   generator=generators, compile=args.compile, max_batch_size=args.max_batch_size)
+        for path, image, stats in zip(paths[lo:hi], out.images, out.stats):
+            image.save(path)
+            print(f"{path}: {stats['method']} NFE {stats['nfe']} for {stats['tokens']} tokens "
+                  f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.2f} s", flush=True)
     return 0
 
 
@@ -51,11 +81,13 @@ def _cmd_text(args: argparse.Namespace) -> int:
                 "entropy": {"gamma": args.entropy_bound}, "llada": {"remasking": args.remasking}}
     if args.strategy not in settings:
         raise ValueError(f"--strategy must be one of {tuple(settings)}, got {args.strategy!r}")
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be >= 1 (or left out: one step per token), got {args.steps}")
     scheduler = make_scheduler(args.strategy, **settings[args.strategy])
-    pipe = MaskedDiffusionLMPipeline.from_pretrained(args.model)
+    pipe = _load(MaskedDiffusionLMPipeline, args.model)
     pipe.set_progress_bar_config(disable=args.quiet)
     out = pipe(prompt=args.prompt, strategy=scheduler, cache=args.cache, gen_length=args.gen_length,
-               block_length=args.block_length, num_inference_steps=args.steps, temperature=args.temperature,
+               block_length=args.block_length, steps=args.steps, temperature=args.temperature,
                guidance_scale=args.guidance_scale, early_stop_eos=args.early_stop_eos,
                generator=torch.Generator().manual_seed(args.seed), compile=args.compile)
     stats = out.stats[0]
@@ -81,11 +113,16 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     image.add_argument("--temperature", type=float, default=None)
     image.add_argument("--top-k", type=int, default=None)
     image.add_argument("--top-p", type=float, default=None)
+    image.add_argument("--batch-size", type=int, default=16,
+                       help="images per pipeline call; each call's images are saved before the next starts "
+                            "(the images do not depend on it: one keyed generator per image) (default: %(default)s)")
     image.add_argument("--max-batch-size", type=int, default=None,
-                       help="stream the images through this many batch slots (continuous batching; default: all at once)")
+                       help="stream each call's images through this many batch slots (continuous batching; "
+                            "default: all of the call's images at once)")
     image.add_argument("--compile", action="store_true",
                        help="torch.compile each decode step (ar, sjd, mc-sjd; the first steps compile)")
-    image.add_argument("--out", default="image.png")
+    image.add_argument("--out", default="image.png",
+                       help="image file (.png, .jpg, ...); several images: STEM-0.png, STEM-1.png, ... (default: %(default)s)")
     image.add_argument("--quiet", action="store_true", help="no progress bar")
     image.set_defaults(func=_cmd_image)
 

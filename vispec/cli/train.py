@@ -7,6 +7,7 @@ import importlib
 import json
 
 from vispec.cli.args import add_config_args, config_from_args
+from vispec.cli.paths import check_output_folder
 
 TRAINERS = {
     # name: (module, config class, train function, help)
@@ -22,6 +23,7 @@ TRAINERS = {
 
 
 def _run(config_cls: type, train, args: argparse.Namespace) -> int:
+    check_output_folder(getattr(args, "out", None), "--out")  # before hours of training
     print(json.dumps(train(config_from_args(config_cls, args)), indent=2))
     return 0
 

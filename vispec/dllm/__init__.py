@@ -5,7 +5,7 @@
 and takes ``guidance_scale`` (1 = off; LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``).
 """
 
-from vispec.dllm.decode import CACHES, check_decode_args, count_tokens, decode
+from vispec.dllm.decode import CACHES, StopDecoding, check_decode_args, count_tokens, decode
 from vispec.dllm.schedulers import (
     SCHEDULERS,
     EntropyBoundScheduler,
@@ -19,7 +19,7 @@ from vispec.dllm.schedulers import (
 )
 
 __all__ = [
-    "CACHES", "SCHEDULERS", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "ThresholdScheduler",
+    "CACHES", "SCHEDULERS", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "StopDecoding", "ThresholdScheduler",
     "UnmaskNoise", "UnmaskSchedulerOutput", "UnmaskingScheduler", "check_decode_args", "count_tokens", "decode",
     "make_scheduler",
 ]

@@ -34,7 +34,11 @@ forward as soon as its block is complete; a row's tokens are those it would get 
 (:func:`vispec.decoding.decode`): ``tokens [B, gen_length]`` (the generated canvas, prompt excluded),
 per-row :class:`vispec.outputs.DecodeStats` (NFE, tokens before the first EOS, EOS and EoT excluded:
 spec §16.4, latency), ``method`` (the scheduler's strategy name) and ``labels`` (scheduler class and
-cache). A step callback receives a :class:`vispec.outputs.DecodeProgress` after every forward.
+cache). A step callback receives a :class:`vispec.outputs.DecodeProgress` after every forward; like
+diffusers' ``LLaDA2Pipeline``, which applies a block its step-end callback returns, it may return an edit
+(``{"tokens": canvas}`` and / or ``{"guidance_scale": s}``, :func:`decode`) or raise :class:`StopDecoding`
+to end early with what is done. Logits with NaN raise ``ValueError`` at the end of their block (one
+read-back per block) instead of leaving the canvas masked.
 
 Model protocol: ``model(input_ids, attention_mask).logits`` (``[B, N, V]``) and ``model.config`` with
 ``mask_token_id`` (and ``eos_token_id``, ``eot_token_id``, ``vocab_size``, ``max_sequence_length``
@@ -68,11 +72,17 @@ from torch import Tensor
 from vispec.checks import check_int, check_number
 from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
 from vispec.kernels.philox import GeneratorArg, per_sample_seeds
-from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback, committed_view
+from vispec.outputs import UNDECIDED, DecodeOutput, DecodeProgress, DecodeStats, StepCallback, committed_view
+from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
 
 CACHES = ("none", "prefix", "dual")
 
 _GUIDANCE_HINT = " (1 disables guidance; LLaDA's cfg_scale w is guidance_scale w + 1)"
+
+
+class StopDecoding(Exception):
+    """Raised by a step callback to end decoding early: :func:`decode` returns the canvas so far (the mask id
+    where undecided), the statistics of the forwards run, and ``labels["interrupted"] = True``."""
 
 
 def _config_id(model: Any, name: str) -> Optional[int]:
@@ -249,6 +259,13 @@ def decode(
             ``step`` (global), ``num_committed [B]`` (committed generated tokens per row), ``tokens [B, gen_length]``
             (the canvas, :data:`vispec.outputs.UNDECIDED` where still masked) and ``details`` with ``block``,
             ``step_in_block``, ``rows`` (batch rows that took part) and ``transfer_index [R, Lb]`` (all copies).
+            It may return None or an edit, applied before the next forward: ``"tokens"``, a new canvas
+            ``[B, gen_length]`` (committed tokens may change and undecided positions may be committed;
+            :data:`~vispec.outputs.UNDECIDED` where still undecided; re-masking a committed position is an
+            error), and ``"guidance_scale"`` (only when decoding started guided, ``!= 1``: the unconditional
+            branch and its cache rows exist from the start). An edited earlier block reaches the cached K/V at the
+            next cache refresh, as Fast-dLLM's approximation has it. Raising :class:`StopDecoding` ends decoding
+            with what is done (``labels["interrupted"] = True``).
         compile: run the model's forwards through ``torch.compile(fullgraph=True)`` with static shapes
             (module docstring: every forward takes the whole batch; ``"prefix"`` spans are compiled with
             ``dynamic=True`` since they shrink block after block). The graphs are cached on the model: the
@@ -281,7 +298,11 @@ def decode(
     masks: Optional[tuple] = None
     start_time = time.perf_counter()
     global_step = 0
+    interrupted = False
+    nan = torch.zeros((), dtype=torch.bool, device=device)  # NaN logits seen in the current block (on the device)
     for block in range(gen_length // block_length):
+        if interrupted:
+            break
         start, end = prompt_len + block * block_length, prompt_len + (block + 1) * block_length
         masked_at_start = (x[:, start:end] == mask_id).sum(dim=1)
         step = 0
@@ -292,6 +313,7 @@ def decode(
             if rows.numel() == 0:
                 break
             logits = forward.block_logits(x, rows, start, end, first_step=step == 0 or forward.cache_rows is None)
+            nan |= torch.isnan(logits).any()
             if logits_eos_inf:  # as LLaDA: EOS is gone from the logits, for the proposal and the confidence
                 logits[..., eos_id] = float("-inf")
             if masks is None:
@@ -309,22 +331,58 @@ def decode(
                 _fill_after_eos(x, rows, prompt_len, eos_id, mask_id)
             done = rows[~(x[rows, prompt_len:] == mask_id).any(dim=1)]
             finished_at[done.cpu()] = time.perf_counter() - start_time
+            step += 1
+            global_step += 1
             if callback is not None:
                 canvas = x[:, prompt_len:]
                 decided = canvas != mask_id
-                callback(DecodeProgress(
-                    step=global_step, num_committed=decided.sum(dim=1), tokens=committed_view(canvas, decided),
-                    details={"block": block, "step_in_block": step, "rows": rows.clone(),
-                             "transfer_index": out.transfer_index.clone()}))
-            step += 1
-            global_step += 1
+                try:
+                    edit = callback(DecodeProgress(
+                        step=global_step - 1, num_committed=decided.sum(dim=1), tokens=committed_view(canvas, decided),
+                        details={"block": block, "step_in_block": step - 1, "rows": rows.clone(),
+                                 "transfer_index": out.transfer_index.clone()}))
+                except StopDecoding:
+                    interrupted = True
+                    break
+                if edit is not None:
+                    _apply_edit(edit, x, prompt_len, mask_id, logits.shape[-1], forward)
+        raise_status(torch.where(nan, STATUS_NAN, STATUS_OK))  # one read-back per block
     elapsed = time.perf_counter() - start_time
     finished_at = torch.where(torch.isnan(finished_at), torch.full_like(finished_at, elapsed), finished_at)
     tokens = x[:, prompt_len:]
     stats = DecodeStats(nfe=nfe.cpu(), tokens=count_tokens(tokens, eos_id, eot_id).cpu(), latency_s=finished_at)
     method = getattr(scheduler, "strategy", "") or type(scheduler).__name__
-    return DecodeOutput(tokens=tokens, stats=stats, method=method,
-                        labels={"scheduler": type(scheduler).__name__, "cache": cache})
+    labels = {"scheduler": type(scheduler).__name__, "cache": cache, **({"interrupted": True} if interrupted else {})}
+    return DecodeOutput(tokens=tokens, stats=stats, method=method, labels=labels)
+
+
+def _apply_edit(edit: Any, x: Tensor, prompt_len: int, mask_id: int, vocab: int, forward: _Forward) -> None:
+    """Apply a step callback's edit (:func:`decode`'s ``callback``) to the canvas ``x`` and the guidance scale."""
+    if not isinstance(edit, dict) or set(edit) - {"tokens", "guidance_scale"}:
+        raise ValueError(f"a step callback returns None or a dict with 'tokens' and / or 'guidance_scale', got {edit!r}")
+    if "guidance_scale" in edit:
+        scale = check_number("guidance_scale", edit["guidance_scale"], minimum=1, hint=_GUIDANCE_HINT)
+        if not forward.guided:
+            raise ValueError("guidance_scale can change during decoding only when decoding started with guidance "
+                             "(guidance_scale != 1): the unconditional branch is set up at the start")
+        forward.guidance_scale = float(scale)
+    if "tokens" not in edit:
+        return
+    canvas = x[:, prompt_len:]
+    tokens = edit["tokens"]
+    if not isinstance(tokens, Tensor) or tokens.shape != canvas.shape or tokens.dtype != torch.long:
+        got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"an edited canvas must be a LongTensor of shape {tuple(canvas.shape)}, got {got}")
+    tokens = tokens.to(x.device)
+    given = tokens != UNDECIDED
+    bad = given & ((tokens < 0) | (tokens >= vocab) | (tokens == mask_id))
+    if bool(bad.any()):
+        raise ValueError(f"an edited canvas holds token ids outside [0, {vocab}) or the mask id {mask_id} "
+                         f"(use {UNDECIDED} where a position stays undecided): {tokens[bad].unique().tolist()}")
+    if bool(((canvas != mask_id) & ~given).any()):
+        raise ValueError("an edited canvas may change committed tokens or commit undecided ones, not re-mask "
+                         "committed positions")
+    x[:, prompt_len:] = torch.where(given, tokens, canvas)
 
 
 def _fill_after_eos(x: Tensor, rows: Tensor, prompt_len: int, eos_id: int, mask_id: int) -> None:

@@ -1,0 +1,64 @@
+"""Output paths checked before any work: a run of minutes or hours must not end in "Is a directory".
+
+Every command that writes a file (``--out``, ``--json``, ``--plot``) or a folder checks it when it starts:
+a file path must not be a folder, its folder must exist and be writable, an image path must end in an
+extension PIL can write; a folder path must not be a file, and its nearest existing ancestor must be a
+writable folder (missing folders are created, as ``save_pretrained`` and the trainers do). Each failure
+is a ``ValueError`` naming the flag, the path and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+
+def image_extensions() -> dict[str, str]:
+    """Lower-case file extensions PIL can write, mapped to their format (``".png": "PNG"``)."""
+    from PIL import Image
+
+    Image.init()
+    return {ext: fmt for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE}
+
+
+def check_output_file(path: Optional[str], flag: str, *, image: bool = False) -> Optional[str]:
+    """``path`` if a file can be written there (module docstring); ``None`` passes through (no output asked)."""
+    if path is None:
+        return None
+    if not path:
+        raise ValueError(f"{flag} is empty; expected a file name")
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a folder; expected a file name in it, e.g. "
+                         f"{os.path.join(path, 'image.png' if image else 'result.json')!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{flag} {path!r}: the folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: the folder {folder} is not writable")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {path!r}: the file exists and is not writable")
+    if image:
+        ext = os.path.splitext(path)[1].lower()
+        allowed = image_extensions()
+        if ext not in allowed:
+            common = ", ".join(e for e in (".png", ".jpg", ".webp", ".bmp", ".tiff") if e in allowed)
+            raise ValueError(f"{flag} {path!r} does not end in an image extension PIL can write; expected e.g. {common}")
+    return path
+
+
+def check_output_folder(path: Optional[str], flag: str) -> Optional[str]:
+    """``path`` if a folder can be written there (module docstring); ``None`` passes through."""
+    if path is None:
+        return None
+    if not path:
+        raise ValueError(f"{flag} is empty; expected a folder")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a file; expected a folder")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{flag} {path!r}: {existing} is a file, so the folder cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: {existing} is not writable")
+    return path
