@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vispec.decoding import decode
+from vispec.decoding import decode, decode_ar
 from vispec.decoding.windows import WindowChooser, predict_cost, window_set
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.profiling import HostSyncCounter
@@ -231,10 +231,35 @@ def test_auto_window_one_passes_read_nothing_back(monkeypatch):
     monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {1: [(0, 1.0)], 2: [(0, 100.0)]}))
     monkeypatch.setattr(windows_module, "TOKENS_PER_PASS", defaultdict(lambda: {2: [2.0]}))
     monkeypatch.setattr(windows_module.WindowChooser, "block", 8)
+    monkeypatch.setattr(windows_module.WindowChooser, "recheck", 1)  # the chooser runs (no AR handover)
     with HostSyncCounter() as syncs:
         out = _run(_model(), "mc-sjd-maximal:window=auto", requests=2, num_tokens=16)
     assert out.stats.windows == {1: 15}
     assert syncs.by_name["tolist"] == 2 + 1  # two block ends, and the pass where the samples finish
+
+
+def test_auto_hands_whole_decodes_to_ar_where_no_window_pays(monkeypatch):
+    """Measured: window 2 costs 100x window 1 and no sample ever accepted its draft. The decode runs as plain
+    AR (the same tokens as ``"ar"``), except every ``recheck``-th such decode, which runs the chooser."""
+    import vispec.decoding.windows as windows_module
+    from collections import defaultdict
+
+    monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {1: [(0, 1.0)], 2: [(0, 100.0)]}))
+    monkeypatch.setattr(windows_module, "TOKENS_PER_PASS", defaultdict(lambda: {2: [1.0]}))
+    monkeypatch.setattr(windows_module, "ALL_ACCEPTED", defaultdict(lambda: {2: [0.0]}))
+    monkeypatch.setattr(windows_module, "AR_HANDOVERS", defaultdict(int))
+    monkeypatch.setattr(windows_module.WindowChooser, "recheck", 3)
+    import vispec.decoding.sjd as sjd
+
+    handed = []
+    monkeypatch.setattr(sjd, "decode_ar", lambda *args: handed.append(1) or decode_ar(*args))
+    model = _model()
+    ar = _run(model, "ar", requests=2, num_tokens=16)
+    runs = [_run(model, "mc-sjd-maximal:window=auto", requests=2, num_tokens=16) for _ in range(3)]
+    assert len(handed) == 2  # the third ran the chooser (which stayed at window 1: the same tokens, as the
+    # one-row pass draws AR's noise)
+    assert all(torch.equal(r.tokens, ar.tokens) for r in runs)
+    assert runs[0].method == "mc-sjd-maximal:window=auto" and runs[0].stats.windows == {1: 15}
 
 
 @pytest.mark.slow

@@ -49,7 +49,8 @@ from typing import Any, Optional
 import torch
 
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
-from vispec.decoding.common import DecodeJob, resolve_grid_width, start_decoding
+from vispec.decoding.ar import decode_ar
+from vispec.decoding.common import DecodeJob, condition_size, resolve_grid_width, start_decoding
 from vispec.decoding.compiled import compiled
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
@@ -163,6 +164,13 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")
     auto = cfg.window == "auto"
     window = decoding.largest_window
+    if auto and rule.lossless:
+        slots = min(condition_size(condition), job.max_batch_size or condition_size(condition))
+        chooser = WindowChooser(window, cost_key(model, slots, job.compile), tokens_key=(cost_key(model, 0, False), decoding.name))
+        if chooser.prefers_ar(job.num_tokens):  # measured: no window beats AR here (exact either way)
+            out = decode_ar(model, condition, job)
+            out.method = decoding.method
+            return out
     grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width, cfg.init)
     start = start_decoding(model, condition, job, window=window, grid_width=grid_width)
     q_dtype = torch.float64 if start.logits.cond.dtype == torch.float64 else torch.float32

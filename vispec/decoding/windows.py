@@ -27,6 +27,9 @@ block of window 2 is spent. Every :attr:`refresh` passes the
 neighbours of the best window are re-measured, if their last rate was within :attr:`near` of the best;
 each re-measurement that confirms the best doubles the interval.
 
+Where the measurements say no window beats AR, a whole decode runs as plain AR
+(:meth:`WindowChooser.prefers_ar`; every :attr:`~WindowChooser.recheck`-th such decode runs the chooser).
+
 The window only decides which drafts a pass verifies; every verification stays exact, so the output
 distribution is the AR one whatever the choices (tests/test_exactness.py runs the chooser). The tokens
 a seed gives do depend on the choices, hence on the machine's timings and on the rest of the batch.
@@ -45,6 +48,8 @@ TOKENS_PER_PASS: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
 """Committed tokens per live sample per pass, per (model, decoding spec) and window (the last :data:`KEEP`)."""
 ALL_ACCEPTED: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
 """Share of live samples whose every draft was accepted, per (model, decoding spec) and window."""
+AR_HANDOVERS: dict[Hashable, int] = defaultdict(int)
+"""Per cost key: consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`)."""
 KEEP = 64
 SPAN = 32  # cached-token range over which step times are fitted by a line rather than a median
 
@@ -120,10 +125,11 @@ class WindowChooser:
     margin = 0.03  # a wider window must beat window 1's rate by this share
     near = 0.8  # neighbours re-measured only if their rate was at least this share of the best
     refresh = 64  # passes between re-measuring neighbours of the best window (doubles on each confirmation)
+    recheck = 8  # of the decodes handed to AR (prefers_ar), every recheck-th runs the chooser instead
 
     def __init__(self, largest: int, key: Hashable, costs: Optional[dict] = None, tokens_key: Hashable = None,
                  tokens: Optional[dict] = None, clock: Callable[[], float] = time.perf_counter):
-        self.windows, self.clock = window_set(largest), clock
+        self.windows, self.clock, self.key = window_set(largest), clock, key
         self.costs = (STEP_COSTS if costs is None else costs)[key]
         tokens_key = tokens_key if tokens_key is not None else key
         self.tokens = (TOKENS_PER_PASS if tokens is None else tokens)[tokens_key]
@@ -185,6 +191,27 @@ class WindowChooser:
         """Whether the pass just chosen needs a read-back even at window 1: its block ends (so the next
         choice sees its time), or its window's first step (compiling, warming) is to be left out."""
         return self._left <= 0 or self._current not in self._warm
+
+    def prefers_ar(self, num_tokens: int) -> bool:
+        """Whether a whole decode of ``num_tokens`` should run as plain AR: window 1 has the best measured
+        rate at mid-decode and no unmeasured wider window could beat it. AR's own steps are cheaper than
+        the speculative decoder's window-1 passes, and no pass is spent exploring. Every
+        :attr:`recheck`-th such decode (per cost key) runs the chooser instead, so measurements stay fresh."""
+        at, growth = num_tokens // 2, self._growth()
+        scores = {w: self._score(w, num_tokens, at, growth) for w in self.windows}
+        if scores[1] is None:
+            return False
+        measured = [w for w in self.windows if scores[w] is not None]
+        widest = max(measured)
+        wider = next((w for w in self.windows if w > widest), None)
+        if max(measured, key=lambda w: scores[w]) != 1 or (
+                wider is not None and self._ceiling(widest, wider, num_tokens, at, growth) > scores[1]):
+            return False
+        AR_HANDOVERS[self.key] += 1
+        if AR_HANDOVERS[self.key] >= self.recheck:
+            AR_HANDOVERS[self.key] = 0
+            return False
+        return True
 
     def _score(self, window: int, need: int, at: int, growth: float) -> Optional[float]:
         rate = self.rate(window, need, at, growth)
