@@ -149,6 +149,13 @@ def single_token_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest
     return target.status
 
 
+def _chooser(model: SpeculativeARModel, slots: int, job: DecodeJob, decoding: DecodingConfig) -> WindowChooser:
+    """The window chooser of a decode over ``slots`` batch slots: step times per (model, slots, compile),
+    acceptance per (model, spec)."""
+    return WindowChooser(decoding.largest_window, cost_key(model, slots, job.compile),
+                         tokens_key=(cost_key(model, 0, False), decoding.name))
+
+
 @torch.no_grad()
 def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decoding: DecodingConfig,
                rule: AcceptanceRule) -> DecodeOutput:
@@ -158,7 +165,8 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     a lossy rule also reports, per sample, the mean and max total-variation distance of a
     verification's output from the target (``stats.tv_mean``, ``stats.tv_max``; measured on the first
     draft of up to ``TV_SAMPLES_PER_STEP`` samples per pass). ``stats.windows`` counts the passes run
-    with each window."""
+    with each window. With ``window="auto"`` and an exact rule, a decode the chooser's measurements give
+    to AR (:meth:`~vispec.decoding.windows.WindowChooser.prefers_ar`) runs :func:`decode_ar`."""
     cfg = decoding.config
     if cfg.strategy not in ("sjd", "mc-sjd"):
         raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")
@@ -166,8 +174,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     window = decoding.largest_window
     if auto and rule.lossless:
         slots = min(condition_size(condition), job.max_batch_size or condition_size(condition))
-        chooser = WindowChooser(window, cost_key(model, slots, job.compile), tokens_key=(cost_key(model, 0, False), decoding.name))
-        if chooser.prefers_ar(job.num_tokens):  # measured: no window beats AR here (exact either way)
+        if _chooser(model, slots, job, decoding).prefers_ar(job.num_tokens):  # no window beats AR here (exact either way)
             out = decode_ar(model, condition, job)
             out.method = decoding.method
             return out
@@ -185,8 +192,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     run = compiled(sjd_step, fullgraph=rule.lossless) if job.compile else sjd_step
     run_single = compiled(single_token_step) if job.compile else single_token_step
     windows = window_set(window)
-    chooser = (WindowChooser(window, cost_key(model, start.batch, job.compile),
-                             tokens_key=(cost_key(model, 0, False), decoding.name)) if auto else None)
+    chooser = _chooser(model, start.batch, job, decoding) if auto else None
     steps = {window: step}  # per window: the step whose windows are at most that wide
     used: dict[int, int] = {}
 

@@ -12,9 +12,10 @@ slower than AR.
   measured as the decoder runs them, kept per (model, device, dtype, compile, B) for the process
   (:data:`STEP_COSTS`; the first step of a shape, which compiles or warms up, is dropped). Eager
   attention reads ``L`` cached tokens, so a step's cost grows with ``L``: the estimate at ``L`` is a
-  least-squares line through the window's samples once they span :data:`SPAN` positions; before, their
-  median, scaled by the relative growth of the window whose samples span the most (windows are
-  measured at different lengths, so unscaled medians would favour whichever ran first). Window-1 passes that read nothing back are timed as a run, up to the read-back that ends it.
+  robust line (:func:`_line`) through the window's samples once they span :data:`SPAN` positions;
+  before, their median, scaled by the relative growth of the window whose samples span the most
+  (windows are measured at different lengths, so unscaled medians would favour whichever ran first).
+  Window-1 passes that read nothing back are timed as a run, up to the read-back that ends it.
 * ``T(W)``: committed tokens per live sample per pass, measured while ``W`` runs a block of passes
   (drafts need passes to mature after the window changes: the first ``max(settle, W // maturity)``
   passes of a block are not counted, the next :attr:`WindowChooser.block` are), kept per (model,
@@ -98,9 +99,9 @@ def _line(samples: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
 
 
 def predict_cost(samples: list[tuple[int, float]], at: int, growth: float = 0.0) -> float:
-    """A step's seconds at cache length ``at`` from ``(L, seconds)`` samples: their least-squares line once
-    they span :data:`SPAN` positions; before, their median scaled by ``1 + growth * L`` (``growth``: the
-    relative slope of a window whose samples do span, 0 if none does)."""
+    """A step's seconds at cache length ``at`` from ``(L, seconds)`` samples: their robust line
+    (:func:`_line`) once they span :data:`SPAN` positions; before, their median scaled by
+    ``1 + growth * L`` (``growth``: the relative slope of a window whose samples do span, 0 if none)."""
     line = _line(samples)
     if line is not None:
         return line[0] + line[1] * at
