@@ -222,6 +222,18 @@ def test_window_chooser_runs_blocks_and_caps_at_need():
     assert chooser.choose(1) == 1  # unless no sample can use it any more
 
 
+def test_window_chooser_times_only_passes_of_a_full_batch():
+    """A batch that sheds finished samples runs cheaper passes near its end; tokens are counted per live
+    sample, so timing those passes would flatter whichever window ran then."""
+    clock = FakeClock()
+    chooser = WindowChooser(4, "k", {"k": {}}, tokens={"k": {}}, clock=clock, slots=4)
+    for live in (4, 4, 1, 1):
+        w = chooser.choose(4, 0, live)
+        clock.now += 1.0 if live == 4 else 0.25
+        chooser.record(w, [0] * live, [1] * live)
+    assert [t for _, t in chooser.costs[1]] == [1.0]  # the first pass warms up; the one-sample passes are left out
+
+
 def test_auto_window_one_passes_read_nothing_back(monkeypatch):
     """Where speculation does not pay, auto runs window 1 like AR: its passes read nothing back but the
     one ending each block (timed for the chooser)."""

@@ -153,7 +153,7 @@ def _chooser(model: SpeculativeARModel, slots: int, job: DecodeJob, decoding: De
     """The window chooser of a decode over ``slots`` batch slots: step times per (model, slots, compile),
     acceptance per (model, spec)."""
     return WindowChooser(decoding.largest_window, cost_key(model, slots, job.compile),
-                         tokens_key=(cost_key(model, 0, False), decoding.name))
+                         tokens_key=(cost_key(model, 0, False), decoding.name), slots=slots)
 
 
 @torch.no_grad()

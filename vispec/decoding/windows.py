@@ -117,6 +117,9 @@ class WindowChooser:
         key: the cost key (:func:`cost_key`); ``tokens_key``: what acceptance depends on (model, spec).
         costs, tokens: tables to use instead of the process-wide :data:`STEP_COSTS`, :data:`TOKENS_PER_PASS`.
         clock: seconds, for step times (``time.perf_counter``).
+        slots: the batch slots; step times are recorded only while every slot is live (a batch that
+            sheds finished samples runs cheaper passes near its end, which would flatter the windows that
+            ran then, as tokens are counted per live sample).
     """
 
     block = 4  # counted passes per block, at least ...
@@ -129,8 +132,10 @@ class WindowChooser:
     recheck = 8  # of the decodes handed to AR (prefers_ar), every recheck-th runs the chooser instead
 
     def __init__(self, largest: int, key: Hashable, costs: Optional[dict] = None, tokens_key: Hashable = None,
-                 tokens: Optional[dict] = None, clock: Callable[[], float] = time.perf_counter):
-        self.windows, self.clock, self.key = window_set(largest), clock, key
+                 tokens: Optional[dict] = None, clock: Callable[[], float] = time.perf_counter,
+                 slots: Optional[int] = None):
+        self.windows, self.clock, self.key, self.slots = window_set(largest), clock, key, slots
+        self._live = slots
         self.costs = (STEP_COSTS if costs is None else costs)[key]
         tokens_key = tokens_key if tokens_key is not None else key
         self.tokens = (TOKENS_PER_PASS if tokens is None else tokens)[tokens_key]
@@ -183,7 +188,7 @@ class WindowChooser:
             self._start_block(self._pick(candidates, need, at), live)
         self._left -= 1
         self.history.append(self._current)
-        self._at = at
+        self._at, self._live = at, live
         if self._run_start is None:
             self._run_start = self.clock()
         return self._current
@@ -268,7 +273,7 @@ class WindowChooser:
         self._run.append(self._at)
         if synced:
             elapsed = self.clock() - self._run_start
-            if window in self._warm:
+            if window in self._warm and (self.slots is None or self._live == self.slots):
                 per_pass = elapsed / len(self._run)
                 for at in self._run:
                     _append(self.costs, window, (at, per_pass))
