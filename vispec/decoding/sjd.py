@@ -204,7 +204,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         width_pad = chosen
         if chosen not in steps:
             steps[chosen] = SJDStep(model, job, rule, step.coupling, cfg.init, grid_width, start.vocab, chosen, tv)
-        before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)]
+        before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)] if chooser else None  # for record()
         status = (run_single if width_pad == 1 else run)(steps[chosen], batch, width_pad, None if job.compile else batch.longest())
         # window 1 commits exactly one token per live sample: nothing to read back unless a sample
         # finishes or the chooser needs the time of its run of passes
