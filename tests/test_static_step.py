@@ -3,6 +3,9 @@ match eager ones, continuous batching that matches one batch, and deferred NaN c
 
 from __future__ import annotations
 
+import statistics
+from typing import Optional
+
 import pytest
 import torch
 
@@ -220,6 +223,43 @@ def test_window_chooser_runs_blocks_and_caps_at_need():
     chooser.record(1, [0], [1])
     assert chooser.choose(3) == 2  # then the climb: the next wider window
     assert chooser.choose(1) == 1  # unless no sample can use it any more
+
+
+def _decode_with_ramp(tables: dict, num_tokens: Optional[int], passes: int = 400) -> WindowChooser:
+    """One decode (4 samples) whose drafts need ``W // 2`` passes to mature after the window changes (those
+    passes commit one token), then every draft is accepted; a step costs 1 at window 1, 3 at window 16.
+    ``num_tokens``: the decode's length, given to the chooser (None: unbounded, as before the ramp was
+    modelled)."""
+    clock = FakeClock()
+    chooser = WindowChooser(16, "k", tables["costs"], tokens=tables["tokens"], ramp=tables["ramp"],
+                            all_accepted=tables["all"], clock=clock)
+    done, since_change, last = 0, 0, None
+    while done < (num_tokens or passes * 16) and len(chooser.history) < passes:
+        left = None if num_tokens is None else num_tokens - done
+        w = chooser.choose(16 if left is None else min(16, left), done, live=4, remaining=left)
+        since_change = since_change + 1 if w == last else 1
+        last = w
+        clock.now += {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8, 16: 3.0}[w]
+        accepted = 0 if since_change <= w // 2 else min(w, left or w) - 1
+        chooser.record(w, [accepted] * 4, [min(w, left or w)] * 4)
+        done += accepted + 1
+    return chooser
+
+
+def test_window_chooser_charges_the_ramp_to_short_decodes():
+    """Every draft is accepted once matured: window 16's steady rate (16 tokens per 3 s) is the best, but its
+    first 8 passes commit one token each. A long decode pays that once and runs window 16. For 24 tokens
+    window 16 would take 8 ramping passes and one more, 27 s (slower than AR's 24 s), while window 4 takes
+    2 + 22 / 4 passes of 1.3 s: the short decode runs window 4."""
+    tables = {name: {"k": {}} for name in ("costs", "tokens", "ramp", "all")}
+    long = _decode_with_ramp(tables, None)
+    assert long.history[-5:] == [16] * 5
+    assert statistics.fmean(tables["ramp"]["k"][(8, 16)]) == 1.0  # measured after the climb from window 8
+    assert long.expected_tokens(16) == 16.0
+    short = _decode_with_ramp(tables, 24)
+    assert short.history[0] == 4 and 16 not in short.history
+    assert short.rate(16, 16, remaining=24) == pytest.approx(24 / 27)  # no ramp measured from no drafts: 1 per pass
+    assert short.rate(16, 16) == pytest.approx(16 / 3)  # without a horizon: the steady rate
 
 
 def test_window_chooser_times_only_passes_of_a_full_batch():

@@ -18,8 +18,14 @@ slower than AR.
   Window-1 passes that read nothing back are timed as a run, up to the read-back that ends it.
 * ``T(W)``: committed tokens per live sample per pass, measured while ``W`` runs a block of passes
   (drafts need passes to mature after the window changes: the first ``max(settle, W // maturity)``
-  passes of a block are not counted, the next :attr:`WindowChooser.block` are), kept per (model,
-  decoding spec) for the process (:data:`TOKENS_PER_PASS`).
+  passes of a block that changes the window are not counted, the next :attr:`WindowChooser.block` are),
+  kept per (model, decoding spec) for the process (:data:`TOKENS_PER_PASS`).
+* The ramp: those first passes commit fewer tokens, ``S(from, W)`` per pass (:data:`RAMP_TOKENS`). A decode
+  of few tokens spends much of itself ramping (GPT-L, 64 tokens, window 16: 8 of 14 passes), so windows
+  are compared by the time to finish: a batch whose slowest sample lacks ``R`` tokens finishes at ``W``
+  after ``r + (R - r S) / T`` passes, ``r`` the ramp passes still ahead (none if ``W`` is running and
+  settled); the rate is ``R`` over that many passes' cost. Continuing a window costs no ramp, so the
+  chooser does not switch for a small gain.
 
 Exploration climbs: window 1 first, then the next wider window while it could beat the best so far:
 its extra rows add tokens only for samples that accepted every draft of the widest measured window
@@ -47,6 +53,10 @@ STEP_COSTS: dict[Hashable, dict[int, list[tuple[int, float]]]] = defaultdict(dic
 """Step times ``(L, seconds)`` per cost key (:func:`cost_key`) and window (the last :data:`KEEP`)."""
 TOKENS_PER_PASS: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
 """Committed tokens per live sample per pass, per (model, decoding spec) and window (the last :data:`KEEP`)."""
+RAMP_TOKENS: dict[Hashable, dict[tuple[int, int], list[float]]] = defaultdict(dict)
+"""Committed tokens per live sample per pass over a block's first (settling) passes, per (model, decoding
+spec) and ``(from, window)``: ``from`` is the window the drafts were made with, 0 when there were none
+(the decode's start, or after window 1, which keeps no drafts)."""
 ALL_ACCEPTED: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
 """Share of live samples whose every draft was accepted, per (model, decoding spec) and window."""
 AR_HANDOVERS: dict[Hashable, int] = defaultdict(int)
@@ -115,7 +125,9 @@ class WindowChooser:
     Args:
         largest: the largest window.
         key: the cost key (:func:`cost_key`); ``tokens_key``: what acceptance depends on (model, spec).
-        costs, tokens: tables to use instead of the process-wide :data:`STEP_COSTS`, :data:`TOKENS_PER_PASS`.
+        costs, tokens, ramp, all_accepted: tables to use instead of the process-wide :data:`STEP_COSTS`,
+            :data:`TOKENS_PER_PASS`, :data:`RAMP_TOKENS`, :data:`ALL_ACCEPTED` (given ``tokens``, the last two
+            start empty unless given).
         clock: seconds, for step times (``time.perf_counter``).
         slots: the batch slots; step times are recorded only while every slot is live (a batch that
             sheds finished samples runs cheaper passes near its end, which would flatter the windows that
@@ -133,13 +145,17 @@ class WindowChooser:
 
     def __init__(self, largest: int, key: Hashable, costs: Optional[dict] = None, tokens_key: Hashable = None,
                  tokens: Optional[dict] = None, clock: Callable[[], float] = time.perf_counter,
-                 slots: Optional[int] = None):
+                 slots: Optional[int] = None, ramp: Optional[dict] = None, all_accepted: Optional[dict] = None):
         self.windows, self.clock, self.key, self.slots = window_set(largest), clock, key, slots
         self._live = slots
         self.costs = (STEP_COSTS if costs is None else costs)[key]
         tokens_key = tokens_key if tokens_key is not None else key
         self.tokens = (TOKENS_PER_PASS if tokens is None else tokens)[tokens_key]
-        self.all_accepted = (ALL_ACCEPTED if tokens is None else defaultdict(dict))[tokens_key]
+        def table(given: Optional[dict], shared: dict) -> dict:  # given tokens: the others start empty
+            return given if given is not None else shared if tokens is None else defaultdict(dict)
+
+        self.all_accepted = table(all_accepted, ALL_ACCEPTED)[tokens_key]
+        self.ramp = table(ramp, RAMP_TOKENS)[tokens_key]
         self.history: list[int] = []
         self.passes = 0
         self._current: Optional[int] = None
@@ -149,6 +165,9 @@ class WindowChooser:
         self._next_refresh = self.refresh
         self._refreshing: Optional[int] = None  # the best window while a neighbour is re-measured
         self._at = 0
+        self._remaining: Optional[int] = None  # tokens the slowest live sample lacks (None: unbounded)
+        self._from = 0  # the window the current block's drafts were made with (0: none)
+        self._settle = 0
         self._run: list[int] = []  # unsynced passes since the last read-back: their cache lengths
         self._run_start: Optional[float] = None
         self._warm: set[int] = set(self.costs)  # windows whose first (compiling, warming) step is behind
@@ -173,16 +192,51 @@ class WindowChooser:
         line = _line(self.costs[max(spans, key=spans.get)]) if spans else None
         return line[1] / line[0] if line is not None and line[0] > 0 else 0.0
 
-    def rate(self, window: int, need: int, at: int = 0, growth: Optional[float] = None) -> Optional[float]:
-        """Tokens per second per live sample at ``window`` (a pass commits at most ``need`` tokens)."""
+    def rate(self, window: int, need: int, at: int = 0, growth: Optional[float] = None,
+             remaining: Optional[int] = None) -> Optional[float]:
+        """Tokens per second per live sample at ``window`` (a pass commits at most ``need`` tokens), over the
+        ``remaining`` tokens of the slowest sample including the ramp still ahead (module docstring; None:
+        the steady rate)."""
         tokens, cost = self.expected_tokens(window), self.cost(window, at, growth)
-        return None if tokens is None or cost is None else min(tokens, need) / cost
+        if tokens is None or cost is None:
+            return None
+        steady = min(tokens, need)
+        ramp_passes, ramp_tokens = self._ramp(window)
+        if remaining is None or ramp_passes == 0 or remaining <= 0:
+            return steady / cost
+        ramp_tokens = min(ramp_tokens, steady)
+        ramped = min(ramp_passes, remaining / ramp_tokens)
+        passes = ramped + (remaining - ramped * ramp_tokens) / steady
+        return remaining / (passes * cost)
+
+    def _ramp(self, window: int) -> tuple[float, float]:
+        """``(passes, tokens per pass)`` of the ramp still ahead if the next pass runs ``window``: the rest of
+        the current block's settling passes, or a new block's; tokens measured for the same ``(from,
+        window)``, else from no drafts, else 1 (a pass commits its sampled token; a ramp measured from
+        another window's drafts says little about one from none)."""
+        if window == 1:
+            return 0, 1.0
+        if window == self._current:
+            passes, source = max(self._settle - self._in_block, 0), self._from
+        else:
+            passes, source = self._settle_passes(window), self._drafts_from()
+        values = self.ramp.get((source, window)) or self.ramp.get((0, window))
+        return passes, (statistics.fmean(values) if values else 1.0)
+
+    def _settle_passes(self, window: int) -> int:
+        return 0 if window == 1 else max(self.settle, window // self.maturity)
+
+    def _drafts_from(self) -> int:
+        """The window the drafts a new block starts from were made with (0: none)."""
+        return self._current if self._current is not None and self._current > 1 else 0
 
     # ---- decisions ---------------------------------------------------------------------------------
 
-    def choose(self, need: int, at: int = 0, live: int = 1) -> int:
+    def choose(self, need: int, at: int = 0, live: int = 1, remaining: Optional[int] = None) -> int:
         """The window for the next pass; ``need``: the widest window any live sample can still use; ``at``:
-        the longest cached length (eager steps cost more as it grows); ``live``: samples in the pass."""
+        the longest cached length (eager steps cost more as it grows); ``live``: samples in the pass;
+        ``remaining``: tokens the slowest live sample lacks (None: rates without the ramp)."""
+        self._remaining = remaining
         candidates = [w for w in self.windows if w < need] + [round_up(need, self.windows)]
         if self._left <= 0 or self._current not in candidates:
             self._start_block(self._pick(candidates, need, at), live)
@@ -204,6 +258,7 @@ class WindowChooser:
         the speculative decoder's window-1 passes, and no pass is spent exploring. Every
         :attr:`recheck`-th such decode (per cost key) runs the chooser instead, so measurements stay fresh."""
         at, growth = num_tokens // 2, self._growth()
+        self._remaining = num_tokens  # a whole decode, from no drafts
         scores = {w: self._score(w, num_tokens, at, growth) for w in self.windows}
         if scores[1] is None:
             return False
@@ -220,13 +275,13 @@ class WindowChooser:
         return True
 
     def _score(self, window: int, need: int, at: int, growth: float) -> Optional[float]:
-        rate = self.rate(window, need, at, growth)
+        rate = self.rate(window, need, at, growth, self._remaining)
         return None if rate is None else rate / (1 + self.margin if window > 1 else 1)
 
     def _ceiling(self, window: int, wider: int, need: int, at: int, growth: float) -> float:
         """The best score ``wider`` could have, from ``window``'s measurements: its extra draft rows help only
-        samples that accepted every draft of ``window``, by at most the extra rows, and it costs at
-        least what ``window`` costs."""
+        samples that accepted every draft of ``window``, by at most the extra rows, it costs at least what
+        ``window`` costs, and its ramp is taken as free."""
         share = self.all_accepted.get(window)
         share = 1.0 if window == 1 else (statistics.fmean(share) if share else 1.0)
         tokens = min(self.expected_tokens(window) + share * (wider - window), need)
@@ -260,8 +315,10 @@ class WindowChooser:
         return best
 
     def _start_block(self, window: int, live: int) -> None:
-        settle = 0 if window == 1 else max(self.settle, window // self.maturity)
+        """A block of ``window``: its settling passes (none if the window continues), then counted ones."""
+        settle = 0 if window == self._current else self._settle_passes(window)
         counted = self.block if window == 1 else max(self.block, -(-self.samples // max(live, 1)))
+        self._from = self._from if window == self._current else self._drafts_from()
         self._current, self._left, self._in_block = window, settle + counted, 0
         self._settle = settle
 
@@ -283,3 +340,5 @@ class WindowChooser:
         if window > 1 and full and self._in_block > self._settle:
             _append(self.tokens, window, statistics.fmean(full))
             _append(self.all_accepted, window, statistics.fmean(t == window for t in full))
+        elif window > 1 and full:
+            _append(self.ramp, (self._from, window), statistics.fmean(full))
