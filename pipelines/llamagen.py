@@ -22,9 +22,10 @@ as diffusers' image pipelines do; the statistics are then in ``pipe.last_stats``
 
 What diffusers' PipelineTesterMixin expects of an AR pipeline holds here with two differences: there is no
 ``num_inference_steps`` (a decoder takes as many forwards as it needs; ``num_timesteps`` is AR's count,
-an upper bound) and no ``latents`` (decoding starts from the condition alone); and a step-end callback
-cannot rewrite tokens (committed tokens are in the KV cache, undecided ones are the decoder's drafts), so
-returning changed tensors is an error, while ``pipe._interrupt = True`` stops and returns what is done.
+an upper bound) and no ``latents`` (decoding starts from the condition alone). A step-end callback may
+return changed committed ``tokens``: the decoder rewinds its cache to the first change, feeds the edited
+tokens again and continues from them (:mod:`vispec.decoding.edits`; exact given the edited prefix), and
+``pipe._interrupt = True`` stops and returns what is done.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
 from vispec.models.offload import materialized
-from vispec.outputs import UNDECIDED
+from vispec.outputs import UNDECIDED, DecodeProgress
 from vispec.pipelines.common import Interrupted, PipelineMixin, check_generator
 from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path  # noqa: F401 (re-exported)
 
@@ -74,6 +75,7 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
     model_cpu_offload_seq = "transformer->vqvae"
     _optional_components = ["drafter"]
     _callback_tensor_inputs = ["tokens", "num_committed"]
+    _applied_callback_inputs = ("tokens",)
 
     def __init__(self, transformer: LlamaGenGPT, vqvae: VQModel, decoding_config: DecodingConfig,
                  drafter: Optional[LlamaGenGPT] = None):
@@ -246,9 +248,11 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
                 are then in ``pipe.last_stats`` (always set after a call).
             callback_on_step_end: ``f(pipe, step, step, callback_kwargs) -> dict`` after every forward pass (or a
                 diffusers ``PipelineCallback``); ``callback_kwargs`` holds copies of the requested tensors
-                (``tokens``: committed tokens, -1 where not yet decided; ``num_committed``). The decoders cannot
-                rewrite tokens or change guidance mid-decode, so returning changed tensors or changing
-                ``pipe._guidance_scale`` raises ``ValueError``. Setting ``pipe._interrupt = True`` stops decoding
+                (``tokens``: committed tokens ``[B, N]``, -1 where not yet decided; ``num_committed``). Returned
+                ``tokens`` with changed committed values are applied: decoding continues from the edited tokens
+                (undecided positions must stay -1; ``num_committed`` cannot change). The decoders fix the target
+                when they start, so changing ``pipe._guidance_scale`` raises ``ValueError``. Setting
+                ``pipe._interrupt = True`` stops decoding
                 and returns what is done: ``"latent"`` keeps -1 where a token is undecided, pixel outputs show
                 those tokens' patches mid-grey, and each image's stats say ``"interrupted": True``.
             max_batch_size: decode at most this many images at once; more are streamed through that many
@@ -302,6 +306,12 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         if not return_dict:
             return (images,)
         return LlamaGenPipelineOutput(images=images, stats=stats)
+
+    def apply_callback_outputs(self, edits: dict[str, Any], progress: DecodeProgress) -> Optional[dict]:
+        """Returned committed ``tokens`` go to the decoder, which continues from them (:mod:`vispec.decoding.edits`);
+        a changed guidance scale is refused (the base class)."""
+        super().apply_callback_outputs({k: v for k, v in edits.items() if k != "tokens"}, progress)
+        return {"tokens": edits["tokens"]} if "tokens" in edits else None
 
     def _pixels(self, grid: torch.Tensor) -> torch.Tensor:
         """VQ-decode a token grid to float pixels in [-1, 1]; undecided tokens (an interrupted call) become

@@ -144,6 +144,7 @@ def _switch_every_pass(monkeypatch) -> None:
     the acceptance it has seen so far."""
     monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {w: list(c) for w, c in AUTO_COSTS.items()}))
     monkeypatch.setattr(windows_module, "TOKENS_PER_PASS", defaultdict(dict))
+    monkeypatch.setattr(windows_module, "RAMP_TOKENS", defaultdict(dict))
     monkeypatch.setattr(windows_module.WindowChooser, "block", 1)
     monkeypatch.setattr(windows_module.WindowChooser, "settle", 0)
     monkeypatch.setattr(windows_module.WindowChooser, "maturity", 10**9)
@@ -225,3 +226,91 @@ def test_single_verification_acceptance_rate_is_one_minus_tv(dense_q):
     counts = torch.bincount(coupled, minlength=vocab).double()
     p_value = stats.chisquare(counts.numpy(), (p * trials).numpy()).pvalue
     assert p_value > ALPHA, f"coupled outputs do not follow p (p={p_value:.2e})"
+
+
+# ---- token edits from a step callback: the decode continues from the edited prefix, exactly -------------
+
+EDIT_METHODS = ["ar", "sjd-horizontal", "mc-sjd-maximal", "sd"]
+
+
+def _edit_prefix(joint: torch.Tensor, seqs_vocab: int) -> torch.Tensor:
+    """A likely sequence whose first token is not the likeliest first token (so most samples' prefixes change)."""
+    seqs = torch.tensor(list(__import__("itertools").product(range(seqs_vocab), repeat=NUM_TOKENS)))
+    first_marginal = torch.zeros(seqs_vocab, dtype=joint.dtype).index_add_(0, seqs[:, 0], joint)
+    other = seqs[:, 0] != int(first_marginal.argmax())
+    return seqs[other][int(joint[other].argmax())]
+
+
+def sample_with_edit(model, method: str, n: int, seed: int, prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` sequences whose first step callback rewrites every committed token to ``prefix``; returns the
+    tokens and each sample's committed count at the edit."""
+    at_edit = []
+
+    def rewrite(progress):
+        if at_edit:
+            return None
+        at_edit.append(progress.num_committed.clone())
+        tokens = progress.tokens.clone()
+        decided = tokens >= 0
+        tokens[decided] = prefix.expand_as(tokens)[decided]
+        return {"tokens": tokens}
+
+    condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
+    out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=DecodingConfig.parse(method, window=WINDOW),
+                 generator=torch.Generator().manual_seed(seed), grid_width=3, callback=rewrite,
+                 drafter=drafter_model() if method == "sd" else None)
+    return out.tokens, at_edit[0]
+
+
+def chi_square_given_prefixes(tokens, committed, joint, prefix, vocab) -> tuple[float, float]:
+    """Pearson's test of each sample's tail against the exact AR conditional given its edited prefix
+    (``prefix[:c]``, ``c`` its committed count at the edit): groups of equal ``c`` are tested against their
+    own conditional (cells with expected count < 5 pooled within the group) and the statistics summed."""
+    index = sequence_index(tokens, vocab)
+    all_seqs = torch.tensor(list(__import__("itertools").product(range(vocab), repeat=NUM_TOKENS)))
+    statistic, dof = 0.0, 0
+    for c in committed.unique().tolist():
+        group = committed == c
+        assert bool((tokens[group, :c] == prefix[:c]).all()), "the edited tokens were not kept"
+        cond = torch.where((all_seqs[:, :c] == prefix[:c]).all(dim=1), joint, torch.zeros_like(joint))
+        cond = cond / cond.sum()
+        size = int(group.sum())
+        counts = torch.bincount(index[group], minlength=joint.numel()).double()
+        ids = pooled_cells(cond * size)
+        cells = int(ids.max()) + 1
+        observed = torch.zeros(cells, dtype=torch.float64).index_add_(0, ids, counts)
+        expected = torch.zeros(cells, dtype=torch.float64).index_add_(0, ids, cond * size)
+        keep = expected > 0
+        statistic += float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+        dof += int(keep.sum()) - 1
+    return statistic, float(stats.chi2.sf(statistic, max(dof, 1)))
+
+
+@pytest.mark.parametrize("method", EDIT_METHODS)
+def test_callback_edits_continue_exactly_from_the_edited_prefix(setup, method):
+    model, joint, n = setup
+    prefix = _edit_prefix(joint, model.image_vocab_size)
+    tokens, committed = sample_with_edit(model, method, n, seed=99, prefix=prefix)
+    statistic, p_value = chi_square_given_prefixes(tokens, committed, joint, prefix, model.image_vocab_size)
+    print(f"\n{method} with an edit to {prefix.tolist()}: committed at the edit {committed.unique().tolist()}, "
+          f"chi2={statistic:.1f} p={p_value:.4f}")
+    assert p_value > ALPHA, f"{method}: tokens after an edit deviate from the exact conditional (p={p_value:.2e})"
+
+
+@pytest.mark.parametrize("method", ["ar", "mc-sjd-maximal"])
+def test_negative_control_edit_without_rewinding_the_cache_fails(setup, method, monkeypatch):
+    """The same test must reject a decoder that rewrites the tokens but keeps the cache of the old ones."""
+    import vispec.decoding.ar as ar_module
+    import vispec.decoding.speculative as speculative_module
+
+    def keep_old_cache(model, state, tokens, cached, keep):
+        return None
+
+    monkeypatch.setattr(ar_module, "refeed", keep_old_cache)
+    monkeypatch.setattr(speculative_module, "refeed", keep_old_cache)
+    model, joint, n = setup
+    prefix = _edit_prefix(joint, model.image_vocab_size)
+    tokens, committed = sample_with_edit(model, method, n, seed=99, prefix=prefix)
+    statistic, p_value = chi_square_given_prefixes(tokens, committed, joint, prefix, model.image_vocab_size)
+    print(f"\nnegative control {method}: chi2={statistic:.1f} p={p_value:.2e}")
+    assert p_value < ALPHA, "the edit test failed to detect a decoder that keeps the old prefix's cache"

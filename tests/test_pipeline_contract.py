@@ -14,10 +14,12 @@ What cannot apply to an AR image model, and why:
   for the speculative decoders.
 * ``latents`` (``test_latents_input``, ``prepare_latents``): decoding starts from the condition alone; there is
   no initial noise to pass in.
-* Callbacks that rewrite ``latents`` (``test_callback_inputs`` returning modified tensors) and CFG callbacks
-  that change the guidance scale (``test_callback_cfg``): committed tokens are in the KV cache and the
-  decoders fix the target distribution at the start (exactness is certified against it), so the image
-  pipeline refuses both with an error. The text pipeline applies both, as ``LLaDA2Pipeline`` applies a block.
+* Callbacks that rewrite ``latents`` (``test_callback_inputs`` returning modified tensors): there are none;
+  returned committed ``tokens`` are applied instead (``tests/test_pipeline_llamagen.py``; exactness after an
+  edit in ``tests/test_exactness.py``). CFG callbacks that change the guidance scale (``test_callback_cfg``):
+  the image decoders fix the target distribution at the start (exactness is certified against it), so the
+  image pipeline refuses them with an error. The text pipeline applies both, as ``LLaDA2Pipeline`` applies a
+  block.
 * Attention slicing, xFormers, VAE tiling / slicing, ``float16`` and ``to("cuda")`` tests: no such processors,
   and no GPU in CI.
 """

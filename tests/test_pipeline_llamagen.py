@@ -116,12 +116,47 @@ def test_callback_on_step_end_sees_committed_tokens(pipe):
     with pytest.raises(ValueError, match="callback_on_step_end_tensor_inputs"):
         pipe(**get_dummy_inputs(), callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"])
 
+
+
+@pytest.mark.parametrize("decoding", ["ar", "mc-sjd", "sjd"])
+def test_callback_token_edits_are_applied(pipe, decoding):
+    """Committed tokens returned by the callback are kept and decoding continues from them (the exactness of
+    what follows is tested in test_exactness.py); undecided ones cannot be set, guidance cannot change."""
+    seen = {}
+
     def rewrite(p, step, timestep, kwargs):
-        kwargs["tokens"].fill_(0)  # the decoders cannot rewrite tokens: a clear error, not a silent no-op
+        if step == 3:
+            tokens = kwargs["tokens"]
+            seen["committed"] = tokens >= 0
+            tokens[tokens >= 0] = 5
         return kwargs
 
-    with pytest.raises(ValueError, match="returned a changed 'tokens', which LlamaGenPipeline cannot apply"):
-        pipe(**get_dummy_inputs(), callback_on_step_end=rewrite)
+    out = pipe(**get_dummy_inputs(), decoding=decoding, callback_on_step_end=rewrite)
+    grid = out.images.flatten(1)
+    assert bool((grid[seen["committed"]] == 5).all()) and bool((grid[~seen["committed"]] >= 0).all())
+    reference = pipe(**get_dummy_inputs(), decoding=decoding).images.flatten(1)
+    assert not torch.equal(grid, reference)
+
+    def ahead(p, step, timestep, kwargs):
+        kwargs["tokens"][kwargs["tokens"] < 0] = 1
+        return kwargs
+
+    with pytest.raises(ValueError, match="may change committed tokens only"):
+        pipe(**get_dummy_inputs(), decoding=decoding, callback_on_step_end=ahead)
+
+    def out_of_vocab(p, step, timestep, kwargs):
+        kwargs["tokens"][kwargs["tokens"] >= 0] = 10**6
+        return kwargs
+
+    with pytest.raises(ValueError, match=r"image token ids in \[0, "):
+        pipe(**get_dummy_inputs(), decoding=decoding, callback_on_step_end=out_of_vocab)
+
+    def guidance(p, step, timestep, kwargs):
+        p._guidance_scale = 7.0
+        return kwargs
+
+    with pytest.raises(ValueError, match="cannot change guidance_scale"):
+        pipe(**get_dummy_inputs(), decoding=decoding, callback_on_step_end=guidance)
 
 
 def test_progress_bar_counts_tokens(pipe, capsys):

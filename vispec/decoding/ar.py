@@ -10,7 +10,8 @@ The step (:func:`ar_step`: forward, sample, keep) reads nothing back from the de
 has no host synchronisation until the end, and ``compile=True`` runs the step through
 ``torch.compile(fullgraph=True)``. With more requests than ``max_batch_size`` the requests go
 through the batch in waves (every AR request needs the same number of passes, so waves are
-continuous batching without partial refills).
+continuous batching without partial refills). A step callback may rewrite committed tokens
+(:mod:`vispec.decoding.edits`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import Tensor
 
 from vispec.decoding.common import DecodeJob, first_token, resolve_grid_width, sample_tokens, select_condition, start_decoding
 from vispec.decoding.compiled import compiled
+from vispec.decoding.edits import edited_tokens, first_change, refeed
 from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, committed_view
 from vispec.protocol import SpeculativeARModel
 from vispec.sampling import raise_status
@@ -71,7 +73,13 @@ def decode_ar(model: SpeculativeARModel, condition: Any, job: DecodeJob) -> Deco
                 view[ids] = done
                 committed = torch.zeros(requests, dtype=torch.long, device=device)
                 committed[:first], committed[ids] = num_tokens, t + 1
-                job.callback(DecodeProgress(first // slots * (num_tokens - 1) + t, committed, view))
+                edit = job.callback(DecodeProgress(first // slots * (num_tokens - 1) + t, committed, view))
+                edit = edited_tokens(edit, view, start.vocab)
+                if edit is not None:  # rewrite committed tokens: earlier waves' outputs, this wave's cache
+                    tokens[:first] = edit[:first]
+                    keep = torch.minimum(first_change(edit[ids], view[ids]), torch.full_like(position, t))
+                    out[:, : t + 1] = edit[ids, : t + 1]
+                    refeed(model, state, out, torch.full_like(position, t), keep)
         raise_status(status)
         tokens[ids] = out
         latency[ids.cpu()] = start.clock.now()

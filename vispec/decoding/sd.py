@@ -25,6 +25,7 @@ from torch import Tensor
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
 from vispec.decoding.common import DecodeJob, select_condition, start_decoding
 from vispec.decoding.config import DecodingConfig
+from vispec.decoding.edits import refeed
 from vispec.decoding.speculative import DRAFT_MODEL, RaggedBatch, verify_window
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import window_target
@@ -133,6 +134,10 @@ def decode_sd(model: SpeculativeARModel, drafter: SpeculativeARModel, condition:
         batch.commit(verified.num_accepted, verified.next_token)
         model.rollback(batch.cache(), torch.where(batch.live, verified.num_accepted + 1, 0))
         batch.sync(target.status)
-        batch.report(job.callback)
+        edited = batch.report(job.callback)
+        if edited is not None:  # the drafter's cache is rewound to the first edit; _propose feeds it again
+            cached = torch.minimum(batch.state["cached"], edited)
+            refeed(drafter, batch.cache("drafter"), batch.tokens, cached, cached)
+            batch.state["cached"] = cached
 
     return batch.output(decoding.method, tv)

@@ -198,7 +198,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
 
     while batch.running:
         need = batch.widths(window)
-        chosen = chooser.choose(need, batch.longest(), batch.live_count) if chooser else need
+        chosen = chooser.choose(need, batch.longest(), batch.live_count, batch.remaining()) if chooser else need
         if job.compile:  # compiled steps come in a few shapes: pad to the window set
             chosen = round_up(chosen, windows)
         width_pad = chosen
@@ -214,7 +214,9 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         if chooser:
             live = [(n, a) for (n, is_live), a in zip(before, after) if is_live]
             chooser.record(chosen, [a - n - 1 for n, a in live], [min(chosen, job.num_tokens - n) for n, _ in live], synced)
-        batch.report(job.callback)
+        edited = batch.report(job.callback)
+        if edited is not None:  # drafts made from the old tokens are dropped
+            batch.state["draft_count"] = torch.where(edited < job.num_tokens, 0, batch.state["draft_count"])
 
     out = batch.output(decoding.method, tv)
     out.stats.windows = used

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
 from vispec.decoding.common import DecodeJob, DecodeStart, first_token, select_condition
+from vispec.decoding.edits import edited_tokens, first_change, refeed
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import Target
 from vispec.kernels.verify import Drafts, SampleRequest
@@ -207,6 +208,13 @@ class RaggedBatch:
         """The most image tokens any live slot has cached (``n - 1``: the newest is fed by the next window)."""
         return max(n - 1 for n, i in zip(self.n_host, self.ids_host) if i >= 0)
 
+    def remaining(self) -> int:
+        """Tokens the batch still has to commit in its slowest slot: the most any live slot lacks, or a whole
+        image while requests wait for a slot."""
+        if self.queued < self.start.requests:
+            return self.num_tokens
+        return max(self.num_tokens - n for n, i in zip(self.n_host, self.ids_host) if i >= 0)
+
     @property
     def live_count(self) -> int:
         return sum(i >= 0 for i in self.ids_host)
@@ -317,10 +325,13 @@ class RaggedBatch:
 
     # ---- reporting ---------------------------------------------------------------------------------
 
-    def report(self, callback: Optional[StepCallback]) -> None:
-        """Call ``callback`` with every sample's committed tokens (-1 where not committed yet)."""
+    def report(self, callback: Optional[StepCallback]) -> Optional[Tensor]:
+        """Call ``callback`` with every sample's committed tokens (-1 where not committed yet) and apply the
+        committed tokens it may return (:mod:`vispec.decoding.edits`). Returns each slot's first changed
+        position (``N`` where none changed; the decoder drops what it built on the old tokens), None if
+        nothing changed."""
         if callback is None:
-            return
+            return None
         live = [b for b, i in enumerate(self.ids_host) if i >= 0]
         slots = torch.tensor(live, dtype=torch.long, device=self.n.device)
         ids = torch.tensor([self.ids_host[b] for b in live], dtype=torch.long, device=self.n.device)
@@ -331,7 +342,24 @@ class RaggedBatch:
         not_started = torch.arange(self.start.requests, device=self.n.device) >= self.queued
         tokens[not_started] = committed_view(tokens[not_started], torch.zeros_like(tokens[not_started], dtype=torch.bool))
         committed = torch.where(not_started, 0, self._committed)
-        callback(DecodeProgress(self.step, committed, tokens))
+        edit = edited_tokens(callback(DecodeProgress(self.step, committed, tokens)), tokens, self.start.vocab)
+        return None if edit is None else self._rewrite(edit, tokens, slots, ids)
+
+    def _rewrite(self, edit: Tensor, given: Tensor, slots: Tensor, ids: Tensor) -> Tensor:
+        """Apply edited committed tokens (:mod:`vispec.decoding.edits`): finished requests' outputs are replaced;
+        live slots get the tokens and the target cache is rewound and fed again from each slot's first
+        change. Returns each slot's first changed position (``N`` where none changed)."""
+        finished = ~torch.isin(torch.arange(self.start.requests, device=edit.device), ids) & (given[:, 0] >= 0)
+        self._tokens[finished] = edit[finished]
+        first = torch.full_like(self.n, self.num_tokens)
+        first[slots] = first_change(edit[ids], given[ids])
+        span = self.tokens[slots, : self.num_tokens]
+        self.tokens[slots, : self.num_tokens] = torch.where(edit[ids] >= 0, edit[ids], span)
+        cached = self.n - 1
+        keep = torch.minimum(first, cached)
+        model, state = self.caches["target"]
+        refeed(model, state, self.tokens, cached, keep)
+        return first
 
     def output(self, method: str, tv: Optional[TVTracker]) -> DecodeOutput:
         """The decode's result in the caller's batch order (``tv``: the lossy rule's measured TV, if any)."""
