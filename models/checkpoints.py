@@ -214,17 +214,37 @@ _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.
                        "BOOL": torch.bool}
 
 
+def bin_shapes(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of a ``torch.save`` weights file (diffusers' ``.bin``) as meta tensors of their stored
+    shapes and dtypes: the weights-only unpickler reads the small pickle and maps nothing (storages go to
+    the meta device), so no code from the file runs and nothing is allocated."""
+    path = os.fspath(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*pickle protocol.*")
+            loaded = torch.load(path, map_location="meta", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - untrusted bytes: any failure is the file's
+        raise _unreadable(path, "torch weights file", err) from None
+    return _unwrap_state_dict(loaded, path)
+
+
 def weight_file_shapes(folder: str | os.PathLike, variant: Optional[str] = None) -> Optional[tuple[str, dict[str, torch.Tensor]]]:
-    """``(file, tensors)`` of a diffusers model folder's safetensors weights (a single file or the shards its
-    index lists, with diffusers' names for ``variant``), as meta tensors from the headers; ``None``
-    when the folder has no safetensors weights (``.bin`` files are left to diffusers)."""
-    from diffusers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFETENSORS_WEIGHTS_NAME, _add_variant
+    """``(file, tensors)`` of a diffusers model folder's weights as meta tensors, read without loading them:
+    safetensors (a single file or the shards its index lists, with diffusers' names for ``variant``) from
+    their headers, else ``.bin`` files with :func:`bin_shapes`; ``None`` when the folder has neither."""
+    from diffusers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFETENSORS_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, _add_variant
 
     folder = os.fspath(folder)
     single = os.path.join(folder, _add_variant(SAFETENSORS_WEIGHTS_NAME, variant))
     if os.path.isfile(single):
         return single, safetensors_header(single)[0]
     index = os.path.join(folder, _add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))  # diffusers' names for shards
+    reader = lambda path: safetensors_header(path)[0]  # noqa: E731
+    if not os.path.isfile(index):
+        single = os.path.join(folder, _add_variant(WEIGHTS_NAME, variant))
+        if os.path.isfile(single):
+            return single, bin_shapes(single)
+        index, reader = os.path.join(folder, _add_variant(WEIGHTS_INDEX_NAME, variant)), bin_shapes
     if not os.path.isfile(index):
         return None
     try:
@@ -238,7 +258,7 @@ def weight_file_shapes(folder: str | os.PathLike, variant: Optional[str] = None)
         path = os.path.join(folder, os.path.basename(str(shard)))
         if not os.path.isfile(path):
             raise ValueError(f"{index} names shard {shard!r}, which is missing from {folder}")
-        tensors.update(safetensors_header(path)[0])
+        tensors.update(reader(path))
     return index, tensors
 
 
@@ -283,9 +303,9 @@ def build_on_meta(model_cls: type, config: Mapping[str, Any]) -> torch.nn.Module
 
 
 def check_model_folder(model_cls: type, folder: str | os.PathLike, variant: Optional[str] = None) -> None:
-    """Raise ``ValueError`` unless the safetensors weights in ``folder`` fit the model ``folder/config.json``
-    describes (:func:`check_state_dict` on shapes only); nothing is loaded or allocated. A folder without a
-    config or without safetensors weights is left to the loader, which reports it."""
+    """Raise ``ValueError`` unless the weights in ``folder`` (safetensors or ``.bin``) fit the model
+    ``folder/config.json`` describes (:func:`check_state_dict` on shapes only); nothing is loaded or
+    allocated. A folder without a config or without weights is left to the loader, which reports it."""
     folder = os.fspath(folder)
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):

@@ -38,6 +38,10 @@ from vispec.models.layers import RMSNorm, apply_rope_interleaved, rope_cache_2d
 from vispec.models.offload import weight_device
 from vispec.protocol import WindowLogits
 
+MAX_BLOCK_SIZE = 1 << 18
+"""The most image tokens a model may declare (a 512 x 512 token grid; official LlamaGen models have 256 to
+1,024): a larger ``block_size`` in an untrusted config would allocate its RoPE table before any check."""
+
 # name -> (n_layer, n_head, dim). Official names from LlamaGen; GPT-mini is vispec's CPU-sized model.
 GPT_CONFIGS: dict[str, dict[str, int]] = {
     "GPT-B": dict(n_layer=12, n_head=12, dim=768),
@@ -300,6 +304,9 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
         n_kv_head = n_kv_head or n_head
         if n_head % n_kv_head != 0:
             raise ValueError(f"n_head={n_head} must be a multiple of n_kv_head={n_kv_head}")
+        check_int("block_size", block_size, minimum=1, maximum=MAX_BLOCK_SIZE,
+                  hint=" (image tokens of one image; the RoPE table and KV caches grow with it)")
+        check_int("cls_token_num", cls_token_num, minimum=1, maximum=MAX_BLOCK_SIZE)
         grid = math.isqrt(block_size)
         if grid * grid != block_size:
             raise ValueError(f"block_size={block_size} must be a square number of image tokens (grid x grid)")
@@ -550,6 +557,17 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
         if state.validate and (int(keep.min()) < 0 or int(keep.max()) > state.last_window):
             raise ValueError(f"keep must be a [{state.batch_size}] tensor with values in [0, {state.last_window}]")
         state.lengths += keep.to(state.lengths)
+        state.last_window = 0
+
+    def truncate(self, state: LlamaGenDecodeState, keep: Tensor) -> None:
+        """Keep at most the first ``keep[b]`` cached image tokens of each sample (the condition stays; a sample
+        with fewer is left as it is), so the next window is written from there (used to rewrite committed
+        tokens, :mod:`vispec.decoding.edits`)."""
+        if keep.shape != state.lengths.shape:
+            raise ValueError(f"keep must be a [{state.batch_size}] tensor, got shape {tuple(keep.shape)}")
+        if state.validate and int(keep.min()) < 0:
+            raise ValueError("keep must be a tensor of non-negative counts")
+        state.lengths.copy_(torch.minimum(state.lengths, keep.to(state.lengths) + self.config.cls_token_num))
         state.last_window = 0
 
     def select(self, state: LlamaGenDecodeState, index: Tensor) -> LlamaGenDecodeState:

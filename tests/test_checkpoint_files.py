@@ -131,6 +131,36 @@ def test_huge_vocabulary_in_a_config_fails_before_allocating(tmp_path, no_loader
     assert len(err) == 1 and "tok_embeddings.weight: checkpoint (1024, 256)" in err[0]
 
 
+def test_bin_weights_are_shape_checked_before_allocating(tmp_path, no_loader):
+    """A folder with diffusers' ``.bin`` weights instead of safetensors: shapes are read with the weights-only
+    unpickler onto the meta device and compared with the config before anything is built at its size."""
+    from safetensors.torch import load_file
+
+    from vispec.models.llamagen_gpt import LlamaGenGPT
+
+    folder = _pipeline_copy(tmp_path, "tiny-c2i")
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    torch.save(load_file(weights), folder / "transformer" / "diffusion_pytorch_model.bin")
+    weights.unlink()
+    _edit_config(folder / "transformer" / "config.json", vocab_size=HUGE)
+    with pytest.raises(ValueError, match=rf"diffusion_pytorch_model.bin.*tok_embeddings.weight: checkpoint \(1024, 256\) vs model \({HUGE}, 256\)"):
+        LlamaGenGPT.from_pretrained(folder / "transformer")
+    (folder / "transformer" / "diffusion_pytorch_model.bin").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ValueError, match=r"diffusion_pytorch_model.bin is not a readable torch weights file"):
+        LlamaGenGPT.from_pretrained(folder / "transformer")
+
+
+@pytest.mark.parametrize("key", ["block_size", "cls_token_num"])
+def test_huge_sequence_sizes_in_a_config_are_refused_before_allocating(tmp_path, no_loader, key):
+    """block_size and cls_token_num size the RoPE table, which no weight shape reveals: they are bounded."""
+    from vispec.models.llamagen_gpt import LlamaGenGPT
+
+    folder = _pipeline_copy(tmp_path, "tiny-c2i")
+    _edit_config(folder / "transformer" / "config.json", **{key: 4 * 10**12})
+    with pytest.raises(ValueError, match=rf"does not describe a valid LlamaGenGPT: {key} must be an integer"):
+        LlamaGenGPT.from_pretrained(folder / "transformer")
+
+
 def test_diffusers_vq_and_missing_components_are_checked_with_the_folder(tmp_path, no_loader):
     folder = _pipeline_copy(tmp_path, "tiny-c2i")
     _edit_config(folder / "vqvae" / "config.json", num_vq_embeddings=HUGE)  # diffusers' VQModel: checked by the folder check
