@@ -23,7 +23,7 @@ and feeds both halves the same window tokens; it returns both halves as :class:`
 
 Unified-token models (Emu3, Lumina-mGPT) need per-position logits processors (forced row-end
 tokens, an allowed image-token range); decoders accept them as ``processors`` and pass absolute
-image-token positions, see :mod:`vispec.decoding.processors`.
+image-token positions, see :mod:`vispec.processors`.
 """
 
 from __future__ import annotations

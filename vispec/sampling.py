@@ -8,7 +8,7 @@ Plain AR decoding of a LlamaGen-style model draws each token from the *processed
        l = l_u + s * (l_c - l_u)          (only while the position is inside ``cfg_interval``)
 
 2. per-position logits processors (forced tokens, an allowed token range; see
-   :mod:`vispec.decoding.processors`);
+   :mod:`vispec.processors`);
 3. temperature ``l / T``, then top-k (ties at the k-th value are kept, as LlamaGen does), then
    top-p on the softmax of what is left (the smallest prefix of the sorted distribution whose mass
    reaches ``top_p``; the token that crosses the threshold is kept);

@@ -47,6 +47,8 @@ def decode(
     ``decoding``: a :class:`DecodingConfig` or a spec such as ``"ar"``, ``"sjd-vertical"``,
     ``"mc-sjd:window=8"`` or ``"mc-sjd+lantern:k=100,delta=0.1"`` (:mod:`vispec.decoding.config`).
     ``sampling``: the target distribution (default: ``decoding``'s sampling settings).
+    ``processors``: per-position logits processors (:mod:`vispec.processors`), applied after the
+    model's own ``position_processors`` (a unified-token model's forced end-of-row token).
     ``generator``: one ``torch.Generator`` for the batch or a list with one per sample (then each
     sample's output is independent of the batch it runs in). ``callback(progress)`` runs after every
     forward pass (:class:`vispec.outputs.DecodeProgress`). ``backend``: ``"auto"`` (Triton kernels for
@@ -74,6 +76,7 @@ def decode(
         raise ValueError("decoding 'sd' needs a drafter model (drafter=...), e.g. the embedded tiny-c2i drafter")
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True or False, got {compile!r}")
+    processors = tuple(getattr(model, "position_processors", ())) + tuple(processors)  # the model's own first
     job = DecodeJob(num_tokens, sampling, generator, processors, grid_width, callback, backend, compile, max_batch_size)
     if strategy == "ar":
         return decode_ar(model, condition, job)

@@ -1,0 +1,480 @@
+"""Unified-token image models (Chameleon, Lumina-mGPT 2.0, Emu3, Janus) behind the decoder protocol.
+
+These are decoder-only transformers whose one sequence holds text and image tokens. An image is laid out
+(:class:`ImageLayout`) as ``prefix`` (image start, resolution tokens), then ``rows`` rows of ``cols``
+codes each followed by an end-of-row token (Lumina-mGPT, Emu3; none for Janus), then ``suffix`` (image
+end). vispec decodes only the rows: the decoder's vocabulary is the codes plus the end-of-row token
+(``V = num_codes + 1``; the head's other rows are never sampled, so they are not computed), and the
+end-of-row token is forced at the end of every row and masked elsewhere by a position processor
+(:class:`vispec.processors.PeriodicForcedToken`). At a forced position the target is one-hot,
+so any draft there is accepted or replaced by the forced token: every decoder stays exact.
+
+:class:`UnifiedTokenModel` implements :class:`vispec.protocol.SpeculativeARModel` over a transformers
+model through a :class:`Backbone` (how to embed prompt and image tokens, run the layers, and compute the
+image logits; one per family in :mod:`vispec.models.unified_families`). Its cache (:class:`RaggedKVCache`) is a transformers-compatible ``past_key_values``
+object of fixed capacity in which every row keeps its own length, so samples advance at their own pace
+and roll back per sample; attention gets a 4-D mask built from those lengths (transformers passes a 4-D
+mask through unchanged) and RoPE gets per-row position ids.
+
+Classifier-free guidance runs a doubled batch, conditional rows first; the unconditional rows have their
+own prompt (:class:`UnifiedCondition`): only the image prefix (Lumina-mGPT: guidance starts at image
+start), a negative prompt (Emu3), or the prompt with every token but BOS and image start replaced by pad
+(Janus). Both halves are fed the same image tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vispec.checks import check_int
+from vispec.processors import PeriodicForcedToken
+from vispec.protocol import WindowLogits
+
+CFG_MODES = ("image_start", "negative", "pad")
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """Where an image's tokens sit in a unified model's sequence and vocabulary.
+
+    Args:
+        rows, cols: the code grid (``rows x cols`` codes).
+        code_offset: the model vocabulary id of code 0 (codes are contiguous: ``code_offset + c``); ignored by
+            models with a separate image head (Janus).
+        num_codes: the VQ codebook size.
+        eol_id: the end-of-row token's id, after every row; None when rows have no end token.
+        prefix: ids that open the image after the prompt (image start, resolution tokens).
+        suffix: ids that close it after the last row (image end, end of sequence).
+    """
+
+    rows: int
+    cols: int
+    num_codes: int
+    code_offset: int = 0
+    eol_id: Optional[int] = None
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "cols", "num_codes"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("code_offset", self.code_offset, minimum=0)
+        if self.eol_id is not None:
+            check_int("eol_id", self.eol_id, minimum=0)
+        for name in ("prefix", "suffix"):
+            ids = getattr(self, name)
+            if not isinstance(ids, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                raise ValueError(f"{name} must be a tuple of non-negative token ids, got {ids!r}")
+
+    @property
+    def row_length(self) -> int:
+        """Decoded tokens per row: the codes and the end-of-row token, if any."""
+        return self.cols + (self.eol_id is not None)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the decoder generates: every row with its end-of-row token."""
+        return self.rows * self.row_length
+
+    @property
+    def vocab_size(self) -> int:
+        """The decoder's vocabulary: the codes, then the end-of-row token (index ``num_codes``)."""
+        return self.num_codes + (self.eol_id is not None)
+
+    def processors(self) -> tuple[Callable[[Tensor, Tensor], Tensor], ...]:
+        """Position processors: the end-of-row token forced at every row's end and masked elsewhere."""
+        return () if self.eol_id is None else (PeriodicForcedToken(self.num_codes, self.row_length),)
+
+    def model_ids(self, tokens: Tensor) -> Tensor:
+        """Decoder tokens (codes, ``num_codes`` for end of row) as the model's vocabulary ids."""
+        ids = tokens + self.code_offset
+        return ids if self.eol_id is None else torch.where(tokens == self.num_codes, self.eol_id, ids)
+
+    def codes(self, tokens: Tensor) -> Tensor:
+        """The ``[B, rows, cols]`` code grid of decoded tokens ``[B, num_tokens]`` (end-of-row tokens dropped;
+        -1, an undecided token, stays -1)."""
+        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
+            raise ValueError(f"tokens must have shape [B, {self.num_tokens}], got {tuple(tokens.shape)}")
+        return tokens.view(-1, self.rows, self.row_length)[:, :, : self.cols]
+
+    def sequence(self, tokens: Tensor) -> Tensor:
+        """The image's whole span in model ids: ``prefix``, the decoded rows, ``suffix`` (``[B, T]``)."""
+        body = self.model_ids(tokens)
+        prefix = torch.tensor(self.prefix, dtype=torch.long, device=tokens.device).expand(tokens.shape[0], -1)
+        suffix = torch.tensor(self.suffix, dtype=torch.long, device=tokens.device).expand(tokens.shape[0], -1)
+        return torch.cat([prefix, body, suffix], dim=1)
+
+
+@dataclass
+class UnifiedCondition:
+    """Per sample, the conditional prompt and (for guidance) the unconditional one, as model token ids that end
+    where the image's first row begins (the layout's prefix included). Build them with
+    :meth:`UnifiedTokenModel.condition`."""
+
+    prompts: list[Tensor]
+    unconditional: list[Tensor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise ValueError("a UnifiedCondition needs at least one prompt")
+        for name, rows in (("prompts", self.prompts), ("unconditional", self.unconditional)):
+            for row in rows:
+                if not isinstance(row, Tensor) or row.dim() != 1 or row.numel() == 0 or row.dtype != torch.long:
+                    raise ValueError(f"{name} must be non-empty 1-D LongTensors of token ids, got {row!r}")
+        if self.unconditional and len(self.unconditional) != len(self.prompts):
+            raise ValueError(f"unconditional has {len(self.unconditional)} prompts for {len(self.prompts)} prompts")
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prompts)
+
+    def select(self, index: Tensor) -> "UnifiedCondition":
+        picked = [int(i) for i in index.tolist()]
+        return UnifiedCondition([self.prompts[i] for i in picked], [self.unconditional[i] for i in picked]
+                                if self.unconditional else [])
+
+
+class RaggedKVCache:
+    """A fixed-capacity key/value cache in which every row (a sample, or its unconditional twin) has its own
+    length: transformers' attention layers call :meth:`update` with a window's keys and values, which are
+    written at each row's :attr:`write_at` positions, and read the whole capacity back (the 4-D mask hides
+    what a row has not written). Duck-typed to transformers' ``Cache`` (``update``)."""
+
+    def __init__(self, layers: int, rows: int, heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.keys = [torch.zeros(rows, heads, capacity, head_dim, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.write_at: Optional[Tensor] = None  # [R, W] cache positions of the window being run
+        self.rows_index: Optional[Tensor] = None  # rows being run (refill), None: all
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self.rows_index is not None:  # a refill: only some rows run
+            index = self.write_at[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+            k_rows, v_rows = keys[self.rows_index], values[self.rows_index]
+            k_rows.scatter_(2, index, key_states.to(keys.dtype))
+            v_rows.scatter_(2, index, value_states.to(values.dtype))
+            keys[self.rows_index], values[self.rows_index] = k_rows, v_rows
+            return k_rows, v_rows
+        index = self.write_at[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+        keys.scatter_(2, index, key_states.to(keys.dtype))
+        values.scatter_(2, index, value_states.to(values.dtype))
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # transformers asks only without position ids
+        raise RuntimeError("RaggedKVCache has per-row lengths; pass position_ids")
+
+    def select_rows(self, rows: Tensor) -> None:
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+
+
+@dataclass
+class UnifiedDecodeState:
+    """The decode state of :class:`UnifiedTokenModel`: the cache, each row's cached length and prompt length
+    (rows: the samples, then their unconditional twins when ``guidance``)."""
+
+    cache: RaggedKVCache
+    lengths: Tensor  # [R] cached positions per row (prompt included)
+    prompt_lengths: Tensor  # [R]
+    guidance: bool
+    validate: bool = True
+    last_window: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0] // (2 if self.guidance else 1)
+
+    def rows(self, index: Tensor) -> Tensor:
+        """Row ids of samples ``index`` (and their unconditional twins)."""
+        return torch.cat([index, index + self.batch_size]) if self.guidance else index
+
+
+class Backbone:
+    """How :class:`UnifiedTokenModel` runs one transformers model family.
+
+    Args:
+        body: the decoder stack, called as ``body(inputs_embeds=, position_ids=, attention_mask=,
+            past_key_values=, use_cache=True)`` and returning ``last_hidden_state``.
+        embed_prompt: model ids ``[B, T]`` -> embeddings.
+        embed_image: decoder tokens ``[B, T]`` -> embeddings.
+        image_head: hidden states ``[B, T, D]`` -> image logits ``[B, T, V]`` (codes, then end of row).
+        config: the text config (``num_hidden_layers``, ``num_key_value_heads``, ``hidden_size``, ...).
+        module: the model itself (device, dtype, parameters).
+    """
+
+    def __init__(self, body: nn.Module, embed_prompt: Callable[[Tensor], Tensor], embed_image: Callable[[Tensor], Tensor],
+                 image_head: Callable[[Tensor], Tensor], config: Any, module: nn.Module,
+                 image_embeddings: Callable[[], Tensor]):
+        self.body, self.embed_prompt, self.embed_image, self.image_head = body, embed_prompt, embed_image, image_head
+        self.config, self.module, self.image_embeddings = config, module, image_embeddings
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """``(layers, key/value heads, head dim)``."""
+        cfg = self.config
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        return cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim
+
+
+def _rows_of(weight: Tensor, ids: Tensor) -> Tensor:
+    return weight.index_select(0, ids.to(weight.device))
+
+
+def lm_head_backbone(module: nn.Module, body: nn.Module, embed: nn.Embedding, head: nn.Linear, config: Any,
+                     layout: ImageLayout) -> Backbone:
+    """A :class:`Backbone` for models whose image codes are ordinary vocabulary ids (Chameleon, Lumina-mGPT 2.0,
+    Emu3): image tokens are embedded with the token embeddings, and the image logits are the LM head's rows
+    of the codes and the end-of-row token."""
+    if layout.eol_id is not None and layout.code_offset <= layout.eol_id < layout.code_offset + layout.num_codes:
+        raise ValueError(f"eol_id {layout.eol_id} lies inside the code range [{layout.code_offset}, "
+                         f"{layout.code_offset + layout.num_codes})")
+    top = max(layout.code_offset + layout.num_codes, (layout.eol_id or 0) + 1)
+    if top > embed.num_embeddings or top > head.out_features:
+        raise ValueError(f"the layout's ids reach {top - 1}, beyond the model's vocabulary of {head.out_features}")
+    ids = torch.arange(layout.vocab_size)
+    ids = layout.model_ids(ids)
+
+    def image_head(hidden: Tensor) -> Tensor:
+        bias = None if head.bias is None else _rows_of(head.bias, ids)
+        return F.linear(hidden, _rows_of(head.weight, ids), bias)
+
+    return Backbone(body, embed, lambda tokens: embed(layout.model_ids(tokens)), image_head, config, module,
+                    lambda: _rows_of(embed.weight, ids))
+
+
+class _ImageEmbeddings:
+    """``model.tok_embeddings.weight``: the image tokens' input embeddings (GSD's token distances)."""
+
+    def __init__(self, backbone: Backbone):
+        self._backbone = backbone
+
+    @property
+    def weight(self) -> Tensor:
+        return self._backbone.image_embeddings()
+
+
+class UnifiedTokenModel(nn.Module):
+    """A unified-token transformers model as a :class:`vispec.protocol.SpeculativeARModel` (module docstring).
+
+    Args:
+        backbone: the family's :class:`Backbone` (:mod:`vispec.models.unified_families`).
+        layout: the image layout (grid, ids, prefix).
+        cfg_mode: how :meth:`condition` builds unconditional prompts: ``"image_start"`` (only the layout's
+            prefix), ``"negative"`` (a negative prompt, empty by default) or ``"pad"`` (the prompt with every
+            token but ``bos_id`` and the image-start token replaced by ``pad_id``).
+        bos_id, pad_id: for ``"pad"``.
+    """
+
+    def __init__(self, backbone: Backbone, layout: ImageLayout, cfg_mode: str = "image_start",
+                 bos_id: Optional[int] = None, pad_id: Optional[int] = None):
+        super().__init__()
+        if cfg_mode not in CFG_MODES:
+            raise ValueError(f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}")
+        if cfg_mode == "pad" and pad_id is None:
+            raise ValueError("cfg_mode 'pad' needs pad_id")
+        self.model = backbone.module  # registered: .to(), .eval(), parameters() reach the wrapped model
+        self.backbone, self.layout, self.cfg_mode, self.bos_id, self.pad_id = backbone, layout, cfg_mode, bos_id, pad_id
+        self.tok_embeddings = _ImageEmbeddings(backbone)
+
+    # ---- facts the decoders read ------------------------------------------------------------------------
+    @property
+    def image_vocab_size(self) -> int:
+        return self.layout.vocab_size
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.layout.num_tokens
+
+    @property
+    def grid_size(self) -> int:
+        """Decoded tokens per row (codes and end of row): the width SJD's vertical initialisation uses."""
+        return self.layout.row_length
+
+    @property
+    def position_processors(self) -> tuple:
+        """Processors :func:`vispec.decoding.decode` applies with this model: the forced end-of-row token."""
+        return self.layout.processors()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    # ---- conditions ---------------------------------------------------------------------------------------
+    def condition(self, prompt_ids: Sequence[Sequence[int]], negative_prompt_ids: Optional[Sequence[Sequence[int]]] = None,
+                  *, add_prefix: bool = True) -> UnifiedCondition:
+        """Conditional and unconditional prompts from tokenized prompts (one list of ids per sample). With
+        ``add_prefix`` the layout's prefix (image start, resolution tokens) is appended to both; without, the
+        ids must already end with it (transformers' Emu3 processor adds it)."""
+        prompts = [self._ids("prompt_ids", p) for p in prompt_ids]
+        prefix = torch.tensor(self.layout.prefix, dtype=torch.long)
+        if add_prefix:
+            prompts = [torch.cat([p, prefix]) for p in prompts]
+        if self.cfg_mode == "image_start":
+            if negative_prompt_ids is not None:
+                raise ValueError("negative_prompt_ids need cfg_mode 'negative' (this model starts guidance at image start)")
+            uncond = [prefix.clone() for _ in prompts]
+        elif self.cfg_mode == "negative":
+            negatives = [[] for _ in prompts] if negative_prompt_ids is None else list(negative_prompt_ids)
+            if len(negatives) != len(prompts):
+                raise ValueError(f"negative_prompt_ids has {len(negatives)} prompts for {len(prompts)} prompts")
+            uncond = [self._ids("negative_prompt_ids", n, allow_empty=add_prefix) for n in negatives]
+            uncond = [torch.cat([n, prefix]) if add_prefix else n for n in uncond]
+        else:
+            keep = [i for i in (self.bos_id, self.layout.prefix[0] if self.layout.prefix else None) if i is not None]
+            uncond = [torch.where(torch.isin(p, torch.tensor(keep, dtype=torch.long)), p, self.pad_id) for p in prompts]
+        if any(u.numel() == 0 for u in uncond):
+            raise ValueError("an unconditional prompt is empty: give negative_prompt_ids or a layout prefix")
+        return UnifiedCondition(prompts, uncond)
+
+    @staticmethod
+    def _ids(name: str, ids: Any, allow_empty: bool = False) -> Tensor:
+        if isinstance(ids, Tensor):
+            if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+                raise ValueError(f"{name} must be 1-D integer token ids per sample, got {ids.dtype} of shape {tuple(ids.shape)}")
+            ids = ids.tolist()
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise ValueError(f"{name} must hold one list of non-negative token ids per sample, got {ids!r}")
+        if not ids and not allow_empty:
+            raise ValueError(f"{name} has an empty prompt")
+        return torch.tensor(ids, dtype=torch.long)
+
+    # ---- the decoder protocol -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, condition: UnifiedCondition, *, guidance: bool, max_new_tokens: int, window: int = 1,
+                validate: bool = True) -> tuple[UnifiedDecodeState, WindowLogits]:
+        """Cache every row's prompt; return logits ``[B, 1, V]`` for the first image token. The cache holds
+        the longest prompt plus ``max_new_tokens + window`` positions."""
+        rows_ids = self._rows(condition, guidance)
+        check_int("max_new_tokens", max_new_tokens, minimum=1, maximum=self.layout.num_tokens)
+        check_int("window", window, minimum=1)
+        longest = max(r.numel() for r in rows_ids)
+        layers, heads, head_dim = self.backbone.geometry
+        cache = RaggedKVCache(layers, len(rows_ids), heads, longest + max_new_tokens + window, head_dim, self.dtype,
+                              self.device)
+        lengths = torch.tensor([r.numel() for r in rows_ids], device=self.device)
+        state = UnifiedDecodeState(cache, torch.zeros_like(lengths), lengths.clone(), guidance, validate)
+        last = self._run_prompts(state, rows_ids, None)
+        state.lengths = lengths
+        return state, self._split(state, last)
+
+    @torch.no_grad()
+    def refill(self, state: UnifiedDecodeState, index: Tensor, condition: UnifiedCondition) -> WindowLogits:
+        """Start new samples in slots ``index [k]`` (continuous batching): their prompts overwrite those rows'
+        cache from position 0; returns logits ``[k, 1, V]`` for their first image token."""
+        if condition.batch_size != index.shape[0]:
+            raise ValueError(f"condition has {condition.batch_size} samples for {index.shape[0]} slots")
+        rows_ids = self._rows(condition, state.guidance)
+        longest = max(r.numel() for r in rows_ids)
+        if longest + self.layout.num_tokens > state.cache.capacity:
+            raise ValueError(f"a prompt of {longest} tokens does not fit the running batch's cache "
+                             f"(capacity {state.cache.capacity}); decode it in another batch")
+        rows = state.rows(index.to(self.device))
+        lengths = torch.tensor([r.numel() for r in rows_ids], device=self.device)
+        state.lengths[rows] = 0
+        last = self._run_prompts(state, rows_ids, rows)
+        state.lengths[rows] = lengths
+        state.prompt_lengths[rows] = lengths
+        k = index.shape[0]
+        return WindowLogits(last[:k], last[k:] if state.guidance else None)
+
+    @torch.no_grad()
+    def forward_window(self, state: UnifiedDecodeState, tokens: Tensor, longest: Optional[int] = None) -> WindowLogits:
+        """Append ``tokens [B, W]`` (decoder vocabulary) after each row's cached prefix; logits ``[B, W, V]``.
+        Attention reads the whole capacity through the mask, so nothing is read back."""
+        if tokens.dim() != 2 or tokens.shape[0] != state.batch_size or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must have shape [{state.batch_size}, W>=1], got {tuple(tokens.shape)}")
+        width = tokens.shape[1]
+        if state.validate and int(state.lengths.max()) + width > state.cache.capacity:
+            raise ValueError(f"window of {width} tokens overflows the cache (capacity {state.cache.capacity})")
+        tokens = tokens.to(self.device)
+        if state.guidance:
+            tokens = torch.cat([tokens, tokens])
+        positions = state.lengths[:, None] + torch.arange(width, device=self.device)
+        hidden = self._run(state, self.backbone.embed_image(tokens), positions, None)
+        state.last_window = width
+        return self._split(state, self.backbone.image_head(hidden).float())
+
+    def rollback(self, state: UnifiedDecodeState, keep: Tensor) -> None:
+        """Keep the first ``keep[b]`` tokens of the last window for each sample."""
+        if keep.shape != (state.batch_size,):
+            raise ValueError(f"keep must be a [{state.batch_size}] tensor, got shape {tuple(keep.shape)}")
+        if state.validate and (int(keep.min()) < 0 or int(keep.max()) > state.last_window):
+            raise ValueError(f"keep must hold values in [0, {state.last_window}]")
+        keep = keep.to(state.lengths)
+        state.lengths += torch.cat([keep, keep]) if state.guidance else keep
+        state.last_window = 0
+
+    def truncate(self, state: UnifiedDecodeState, keep: Tensor) -> None:
+        """Keep at most the first ``keep[b]`` cached image tokens of each sample (its prompt stays)."""
+        if keep.shape != (state.batch_size,):
+            raise ValueError(f"keep must be a [{state.batch_size}] tensor, got shape {tuple(keep.shape)}")
+        keep = keep.to(state.lengths)
+        keep = torch.cat([keep, keep]) if state.guidance else keep
+        state.lengths.copy_(torch.minimum(state.lengths, state.prompt_lengths + keep))
+        state.last_window = 0
+
+    def select(self, state: UnifiedDecodeState, index: Tensor) -> UnifiedDecodeState:
+        """Keep only samples ``index``."""
+        rows = state.rows(index.to(self.device))
+        state.cache.select_rows(rows)
+        return UnifiedDecodeState(state.cache, state.lengths[rows], state.prompt_lengths[rows], state.guidance,
+                                  state.validate)
+
+    # ---- internals ----------------------------------------------------------------------------------------
+    def _rows(self, condition: UnifiedCondition, guidance: bool) -> list[Tensor]:
+        if not isinstance(condition, UnifiedCondition):
+            raise ValueError(f"condition must be a UnifiedCondition (UnifiedTokenModel.condition), got {type(condition).__name__}")
+        if guidance and not condition.unconditional:
+            raise ValueError("guidance needs unconditional prompts: build the condition with UnifiedTokenModel.condition")
+        return list(condition.prompts) + (list(condition.unconditional) if guidance else [])
+
+    def _run_prompts(self, state: UnifiedDecodeState, rows_ids: list[Tensor], rows: Optional[Tensor]) -> Tensor:
+        """Run right-padded prompts into the cache (``rows``: the cache rows, None for all); the image logits
+        at each prompt's last position ``[R, 1, V]``."""
+        longest = max(r.numel() for r in rows_ids)
+        pad = self.pad_id if self.pad_id is not None else 0
+        ids = torch.full((len(rows_ids), longest), pad, dtype=torch.long)
+        for i, r in enumerate(rows_ids):
+            ids[i, : r.numel()] = r
+        ids = ids.to(self.device)
+        positions = torch.arange(longest, device=self.device)[None].expand(len(rows_ids), -1)
+        hidden = self._run(state, self.backbone.embed_prompt(ids), positions, rows)
+        last = torch.tensor([r.numel() - 1 for r in rows_ids], device=self.device)
+        hidden = hidden.gather(1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))
+        return self.backbone.image_head(hidden).float()
+
+    def _run(self, state: UnifiedDecodeState, embeds: Tensor, positions: Tensor, rows: Optional[Tensor]) -> Tensor:
+        """Run the layers on ``embeds [R, W, D]`` written at cache ``positions [R, W]`` (also the RoPE positions);
+        a query sees the cached positions below its own."""
+        cache = state.cache
+        cache.write_at, cache.rows_index = positions, rows
+        slots = torch.arange(cache.capacity, device=self.device)
+        visible = slots[None, None, :] <= positions[:, :, None]
+        mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=self.device)
+        mask = mask.masked_fill(~visible, torch.finfo(embeds.dtype).min)[:, None]
+        out = self.backbone.body(inputs_embeds=embeds, position_ids=positions, attention_mask=mask,
+                                 past_key_values=cache, use_cache=True)
+        cache.write_at = cache.rows_index = None
+        return out.last_hidden_state
+
+    @staticmethod
+    def _split(state: UnifiedDecodeState, logits: Tensor) -> WindowLogits:
+        if not state.guidance:
+            return WindowLogits(logits)
+        half = logits.shape[0] // 2
+        return WindowLogits(logits[:half], logits[half:])
