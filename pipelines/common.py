@@ -42,6 +42,21 @@ def check_generator(generator: Any, batch: int) -> None:
         raise ValueError(f"generator list has {len(generator)} entries, expected one per sample ({batch})")
 
 
+def interrupted_stats(stop: Interrupted, method: str) -> list[dict]:
+    """Per-sample stats of a decode stopped by ``pipe._interrupt``: committed tokens and steps run."""
+    return [{"method": method, "interrupted": True, "tokens": int(n), "steps": stop.progress.step}
+            for n in stop.progress.num_committed.tolist()]
+
+
+def grey_undecided(pixels: Tensor, undecided: Tensor) -> Tensor:
+    """``pixels [B, 3, H, W]`` with the patches of undecided tokens (``undecided [B, h, w]``) mid-grey (0 in [-1, 1])."""
+    if not bool(undecided.any()):
+        return pixels
+    factor = pixels.shape[-1] // undecided.shape[-1]
+    patches = undecided.repeat_interleave(factor, 1).repeat_interleave(factor, 2)[:, None].to(pixels.device)
+    return pixels.masked_fill(patches, 0.0)
+
+
 def _plain_cpu(device: Any) -> Any:
     return torch.device("cpu") if device is not None and torch.device(device).type == "cpu" else device
 

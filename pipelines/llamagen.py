@@ -51,7 +51,7 @@ from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
 from vispec.models.offload import materialized
 from vispec.outputs import UNDECIDED, DecodeProgress
-from vispec.pipelines.common import Interrupted, PipelineMixin, check_generator
+from vispec.pipelines.common import Interrupted, PipelineMixin, check_generator, grey_undecided, interrupted_stats
 from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path  # noqa: F401 (re-exported)
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -292,8 +292,7 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
             except Interrupted as stop:  # pipe._interrupt was set: what is done so far
                 tokens = stop.progress.tokens
                 method = "ar" if config.config.strategy == "ar" else config.method  # as the decoders name themselves
-                stats = [{"method": method, "interrupted": True, "tokens": int(n), "steps": stop.progress.step}
-                         for n in stop.progress.num_committed.tolist()]
+                stats = interrupted_stats(stop, method)
 
         # 3. tokens -> pixels
         grid = tokens.view(batch, side, side)
@@ -322,11 +321,7 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         if not bool(torch.isfinite(pixels).all()):
             raise ValueError("the VQ decoder (vqvae) returned NaN or inf pixels: its weights or dtype are broken "
                              "(e.g. a float16 overflow; try float32 or bfloat16)")
-        if bool(undecided.any()):
-            factor = pixels.shape[-1] // grid.shape[-1]
-            patches = undecided.repeat_interleave(factor, 1).repeat_interleave(factor, 2)[:, None].to(pixels.device)
-            pixels = pixels.masked_fill(patches, 0.0)
-        return pixels
+        return grey_undecided(pixels, undecided)
 
 
 def _has_bool(value: Any) -> bool:

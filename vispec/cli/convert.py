@@ -1,4 +1,5 @@
-"""``vispec convert llamagen``: official LlamaGen GPT + VQ checkpoints as a LlamaGenPipeline folder."""
+"""``vispec convert llamagen | lumina-mgpt``: official checkpoints as vispec pipeline folders (LlamaGen GPT + VQ as a
+``LlamaGenPipeline``; Lumina-mGPT 2.0 + MoVQGAN as a ``UnifiedImagePipeline``)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,67 @@ def _cmd_llamagen(args: argparse.Namespace) -> int:
     return 0
 
 
+def resolution_base(ids: dict[int, int]) -> int:
+    """The id of ``<reserved08800>`` (0 patches) from the resolution tokens a tokenizer has, which must be
+    consecutive ids (the pipeline computes ``base + n``)."""
+    if not ids:
+        raise ValueError("the tokenizer has no resolution tokens <reserved{8800 + n:05d}> (Lumina-mGPT 2.0's size tokens)")
+    bases = {token_id - n for n, token_id in ids.items()}
+    if len(bases) != 1:
+        raise ValueError(f"the tokenizer's resolution tokens <reserved{{8800 + n}}> do not have consecutive ids: "
+                         f"{dict(sorted(ids.items())[:6])}")
+    return bases.pop()
+
+
+def _cmd_lumina(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from vispec.decoding import DecodingConfig
+    from vispec.models.lumina_checkpoint import LuminaSpecialTokens, load_lumina_chameleon
+    from vispec.models.movqgan import load_movqgan
+    from vispec.pipelines import UnifiedImagePipeline
+
+    check_output_folder(args.out, "--out")
+    for flag, folder in (("--checkpoint", args.checkpoint), ("--tokenizer", args.tokenizer)):
+        if folder is not None and not os.path.isdir(folder):
+            raise ValueError(f"{flag} {folder!r} is not a folder")
+    tokenizer_dir = args.tokenizer or args.checkpoint
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"no tokenizer could be read from {tokenizer_dir} (pass --tokenizer FOLDER with its "
+                         f"tokenizer.json / tokenizer_config.json): {str(err).splitlines()[0]}") from None
+    special = LuminaSpecialTokens.from_vocab(tokenizer.get_vocab(), image_token_offset=args.image_token_offset)
+    base = resolution_base(dict(special.resolution_ids))
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
+    model = load_lumina_chameleon(args.checkpoint, dtype=dtype)
+    vq = load_movqgan(args.movqgan, trust_pickle=args.trust_pickle)
+    num_codes, downsample = vq.config.num_vq_embeddings, 2 ** (len(vq.config.block_out_channels) - 1)
+    if special.image_token_offset + num_codes > model.config.vocab_size:
+        raise ValueError(f"image tokens {special.image_token_offset}..{special.image_token_offset + num_codes - 1} "
+                         f"(--image-token-offset + the MoVQGAN's {num_codes} codes) exceed the model's vocabulary "
+                         f"({model.config.vocab_size})")
+    top_k = special.image_top_k if special.image_top_k < num_codes else 0  # 0: top-k would keep every code
+    decoding = DecodingConfig(strategy="mc-sjd", window=16, guidance_scale=special.cfg_scale, top_k=top_k,
+                              temperature=special.temperature)
+    pipe = UnifiedImagePipeline(
+        transformer=model, tokenizer=tokenizer, vqvae=vq, decoding_config=decoding, family="chameleon",
+        num_codes=num_codes, code_offset=special.image_token_offset, eol_id=special.end_of_row,
+        image_start_id=special.image_start, image_end_ids=[special.image_end], resolution_token_base=base,
+        resolution_unit=special.patch_size, downsample=downsample, prompt_template=special.prompt_template,
+        prompt_suffix_ids=[] if special.separator is None else [special.separator], cfg_mode="image_start",
+        default_height=args.size, default_width=args.size)
+    pipe.layout(args.size, args.size)  # the default size fits the tokenizer's grid and resolution tokens
+    pipe.save_pretrained(args.out)
+    print(f"wrote {args.out} (Chameleon {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"{num_codes} codes at ids {special.image_token_offset}.., {args.size}x{args.size} by default, CFG "
+          f"{special.cfg_scale} from image start)")
+    return 0
+
+
 def add_convert(sub: argparse._SubParsersAction) -> None:
     convert = sub.add_parser("convert", help="convert official checkpoints").add_subparsers(dest="subcommand", metavar="FAMILY")
     llamagen = convert.add_parser("llamagen", help="LlamaGen GPT + VQ checkpoints -> a LlamaGenPipeline folder")
@@ -46,3 +108,17 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     llamagen.add_argument("--trust-pickle", action="store_true",
                           help="allow checkpoints that pickle Python objects (official DDP files pickle their args); runs the pickle")
     llamagen.set_defaults(func=_cmd_llamagen)
+
+    lumina = convert.add_parser("lumina-mgpt", help="Lumina-mGPT 2.0 checkpoint + MoVQGAN -> a UnifiedImagePipeline folder")
+    lumina.add_argument("--checkpoint", required=True,
+                        help="the released model folder (config.json + model*.safetensors, tokenizer files)")
+    lumina.add_argument("--movqgan", required=True, help="the MoVQGAN checkpoint (movqgan_270M.ckpt)")
+    lumina.add_argument("--out", required=True, help="output pipeline folder")
+    lumina.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --checkpoint)")
+    lumina.add_argument("--image-token-offset", type=int, default=155000,
+                        help="vocabulary id of code 0 (Lumina-mGPT 2.0: 155000)")
+    lumina.add_argument("--size", type=int, default=768, help="default image size in pixels (default: %(default)s)")
+    lumina.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="cast the weights (default: as stored)")
+    lumina.add_argument("--trust-pickle", action="store_true", help="allow a MoVQGAN file that pickles Python objects")
+    lumina.set_defaults(func=_cmd_lumina)

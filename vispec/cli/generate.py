@@ -19,19 +19,36 @@ def _quiet(args: argparse.Namespace) -> None:
 
 
 # the pipeline kinds and the command that takes each
-COMMANDS = {"LlamaGenPipeline": "vispec generate image", "MaskedDiffusionLMPipeline": "vispec generate text"}
+COMMANDS = {"LlamaGenPipeline": "vispec generate image", "UnifiedImagePipeline": "vispec generate image",
+            "MaskedDiffusionLMPipeline": "vispec generate text"}
 
 
 def _load(pipeline_cls, name: str):
     """The pipeline ``name`` names, after checking its folder: the right kind of pipeline (a clear error naming
     the command for the kind it is, instead of diffusers' "expected [...] but only set() were passed"), every
-    component folder present, weights that fit their configs (nothing allocated before that)."""
+    component folder present, weights that fit their configs (nothing allocated before that). ``pipeline_cls``
+    may be a tuple of accepted classes: the folder's own kind is loaded."""
     from vispec.models.checkpoints import check_pipeline_folder
     from vispec.pipelines.embedded import resolve_model_path
 
     folder = resolve_model_path(name)
-    check_pipeline_folder(folder, pipeline_cls.__name__, {kind: f"use `{command}`" for kind, command in COMMANDS.items()})
-    return pipeline_cls.from_pretrained(folder)
+    classes = pipeline_cls if isinstance(pipeline_cls, tuple) else (pipeline_cls,)
+    found = _pipeline_kind(folder)
+    chosen = next((c for c in classes if c.__name__ == found), classes[0])
+    check_pipeline_folder(folder, chosen.__name__, {kind: f"use `{command}`" for kind, command in COMMANDS.items()})
+    return chosen.from_pretrained(folder)
+
+
+def _pipeline_kind(folder: str):
+    """The pipeline class name in ``folder/model_index.json`` (None if unreadable: the folder check reports it)."""
+    import json
+
+    try:
+        with open(os.path.join(folder, "model_index.json")) as handle:
+            name = json.load(handle).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name[-1] if isinstance(name, list) and name else name
 
 
 def image_paths(out: str, num_images: int) -> list[str]:
@@ -47,27 +64,51 @@ def _cmd_image(args: argparse.Namespace) -> int:
     an interrupted run keeps its images); per-image generators make every image independent of its chunk."""
     import torch
 
-    from vispec.pipelines import LlamaGenPipeline
+    from vispec.pipelines import LlamaGenPipeline, UnifiedImagePipeline
 
     for flag, value in (("--num-images", args.num_images), ("--batch-size", args.batch_size)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     check_output_file(args.out, "--out", image=True)
+    from vispec.pipelines.embedded import resolve_model_path
+
+    text = _pipeline_kind(resolve_model_path(args.model)) == UnifiedImagePipeline.__name__
+    _check_condition_flags(args, text)
     _quiet(args)
-    pipe = _load(LlamaGenPipeline, args.model)
+    pipe = _load((LlamaGenPipeline, UnifiedImagePipeline), args.model)
     pipe.set_progress_bar_config(disable=args.quiet)
     paths = image_paths(args.out, args.num_images)
     for lo in range(0, args.num_images, args.batch_size):
         hi = min(lo + args.batch_size, args.num_images)
         generators = [torch.Generator().manual_seed(args.seed + i) for i in range(lo, hi)]
-        out = pipe(class_labels=[args.class_label] * (hi - lo), guidance_scale=args.guidance_scale,
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, decoding=args.decoding,
-                   generator=generators, compile=args.compile, max_batch_size=args.max_batch_size)
+        common = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      decoding=args.decoding, generator=generators, max_batch_size=args.max_batch_size)
+        if text:
+            out = pipe(prompt=[args.prompt] * (hi - lo), negative_prompt=args.negative_prompt, height=args.height,
+                       width=args.width, **common)
+        else:
+            out = pipe(class_labels=[args.class_label] * (hi - lo), compile=args.compile, **common)
         for path, image, stats in zip(paths[lo:hi], out.images, out.stats):
             image.save(path)
             print(f"{path}: {stats['method']} NFE {stats['nfe']} for {stats['tokens']} tokens "
                   f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.2f} s", flush=True)
     return 0
+
+
+def _check_condition_flags(args: argparse.Namespace, text: bool) -> None:
+    """A text-to-image folder takes --prompt (and --negative-prompt, --height, --width); a class-conditional one
+    takes --class."""
+    if text:
+        if args.prompt is None or args.class_label is not None:
+            raise ValueError(f"{args.model} is a text-to-image pipeline: pass --prompt (not --class)")
+        if args.compile:
+            raise ValueError("--compile is not supported for unified-token (text-to-image) models yet")
+        return
+    if args.class_label is None or args.prompt is not None:
+        raise ValueError(f"{args.model} is a class-conditional pipeline: pass --class (not --prompt)")
+    for flag, value in (("--negative-prompt", args.negative_prompt), ("--height", args.height), ("--width", args.width)):
+        if value is not None:
+            raise ValueError(f"{flag} applies to text-to-image pipelines; {args.model} is class-conditional")
 
 
 def _cmd_text(args: argparse.Namespace) -> int:
@@ -103,7 +144,11 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     generate = sub.add_parser("generate", help="generate samples").add_subparsers(dest="subcommand", metavar="KIND")
     image = generate.add_parser("image", help="class-conditional images from a LlamaGen pipeline")
     image.add_argument("--model", default="tiny-c2i", help="embedded model name or a pipeline folder (default: %(default)s)")
-    image.add_argument("--class", dest="class_label", type=int, required=True)
+    image.add_argument("--class", dest="class_label", type=int, default=None, help="class id (class-conditional models)")
+    image.add_argument("--prompt", default=None, help="the text (text-to-image models, e.g. a converted Lumina-mGPT 2.0)")
+    image.add_argument("--negative-prompt", default=None, help="text-to-image models whose guidance takes one (Emu3)")
+    image.add_argument("--height", type=int, default=None, help="text-to-image: pixels (default: the model's)")
+    image.add_argument("--width", type=int, default=None, help="text-to-image: pixels (default: the model's)")
     image.add_argument("--decoding", default=None,
                        help="ar, sjd[-init], mc-sjd[-coupling], sd, optionally +lantern[:k=..,delta=..] or +gsd (lossy); "
                             "default: the pipeline's")

@@ -1,0 +1,273 @@
+"""``UnifiedImagePipeline``: text-to-image with unified-token models (Lumina-mGPT 2.0 and other Chameleon
+forks, Emu3, Janus) under AR, SJD, MC-SJD and the relaxed acceptance rules.
+
+Components:
+
+* ``transformer``: the transformers model (``ChameleonForConditionalGeneration``, ``Emu3ForConditionalGeneration``
+  or ``JanusForConditionalGeneration``), wrapped per call in :class:`vispec.models.unified.UnifiedTokenModel`;
+* ``tokenizer``: its transformers tokenizer (prompts only: image tokens are ids the layout names);
+* ``vqvae`` (optional): a diffusers ``VQModel`` that turns codes into pixels (Lumina-mGPT 2.0's MoVQGAN);
+  without it the transformer's own ``decode_image_tokens`` is used (Emu3, Janus);
+* ``decoding_config``: the default decoder and sampling settings (:class:`vispec.decoding.DecodingConfig`).
+
+The layout (:class:`vispec.models.unified.ImageLayout`) is built per call from ``height`` and ``width``:
+``rows = height / downsample`` rows of ``width / downsample`` codes, each row ended by ``eol_id``; the prefix
+is ``image_start_id`` and, when the model has them, two resolution tokens
+``resolution_token_base + height / resolution_unit`` and ``... + width / resolution_unit``; ``image_end_ids``
+close the image. The prompt is ``prompt_template`` filled with ``prompt`` and the size (``height`` / ``h``,
+``width`` / ``w``), tokenized, then ``prompt_suffix_ids`` (Lumina-mGPT 2.0: its turn separator).
+
+Guidance follows the model (``cfg_mode``): Lumina-mGPT starts it at image start (the unconditional branch
+sees only the image prefix; ``negative_prompt`` is refused), Emu3 takes a negative prompt, Janus pads the
+prompt. Step-end callbacks see ``tokens`` (the decoded rows, end-of-row tokens included, -1 where undecided)
+and may return changed committed codes (end-of-row positions must stay).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+import PIL.Image
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.utils import BaseOutput
+
+from vispec.checks import check_int
+from vispec.decoding import DecodingConfig, decode
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
+from vispec.models.checkpoints import diffusers_load_kwargs
+from vispec.models.llamagen_vq import decode_tokens
+from vispec.models.unified import CFG_MODES, ImageLayout, UnifiedTokenModel
+from vispec.models.unified_families import chameleon_backbone, emu3_backbone, janus_backbone
+from vispec.outputs import UNDECIDED, DecodeProgress
+from vispec.pipelines.common import Interrupted, PipelineMixin, check_generator, grey_undecided, interrupted_stats
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+FAMILIES = {"chameleon": chameleon_backbone, "emu3": emu3_backbone, "janus": janus_backbone}
+FAR = 1e4  # the end-of-row token's codebook row for LANTERN: farther from every code than codes are from each other
+
+
+@dataclass
+class UnifiedImagePipelineOutput(BaseOutput):
+    """``images`` as requested by ``output_type`` (``"latent"``: the code grids ``[B, rows, cols]``); ``stats``
+    one dict per image."""
+
+    images: Union[list[PIL.Image.Image], np.ndarray, torch.Tensor]
+    stats: list[dict]
+
+
+class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
+    """Text-to-image for unified-token models with vispec's decoders (module docstring)."""
+
+    model_cpu_offload_seq = "transformer->vqvae"
+    _optional_components = ["vqvae"]
+    _callback_tensor_inputs = ["tokens", "num_committed"]
+    _applied_callback_inputs = ("tokens",)
+
+    def __init__(self, transformer: Any, tokenizer: Any, decoding_config: DecodingConfig, vqvae: Any = None, *,
+                 family: str = "chameleon", num_codes: int = 16384, code_offset: int = 0, eol_id: Optional[int] = None,
+                 image_start_id: Optional[int] = None, image_end_ids: Optional[list] = None,
+                 resolution_token_base: Optional[int] = None, resolution_unit: int = 32, downsample: int = 8,
+                 prompt_template: str = "{prompt}", prompt_suffix_ids: Optional[list] = None, cfg_mode: str = "image_start",
+                 bos_id: Optional[int] = None,
+                 pad_id: Optional[int] = None, default_height: int = 256, default_width: int = 256):
+        super().__init__()
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+        if cfg_mode not in CFG_MODES:
+            raise ValueError(f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}")
+        for name, value in (("num_codes", num_codes), ("downsample", downsample), ("resolution_unit", resolution_unit)):
+            check_int(name, value, minimum=1)
+        self.register_modules(transformer=transformer, tokenizer=tokenizer, decoding_config=decoding_config, vqvae=vqvae)
+        self.register_to_config(
+            family=family, num_codes=num_codes, code_offset=code_offset, eol_id=eol_id, image_start_id=image_start_id,
+            image_end_ids=list(image_end_ids or []), resolution_token_base=resolution_token_base, resolution_unit=resolution_unit,
+            downsample=downsample, prompt_template=prompt_template, prompt_suffix_ids=list(prompt_suffix_ids or []),
+            cfg_mode=cfg_mode, bos_id=bos_id, pad_id=pad_id,
+            default_height=default_height, default_width=default_width)
+        self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "UnifiedImagePipeline":
+        """Load a saved (or ``vispec convert lumina-mgpt``-converted) pipeline folder, offline, after checking it."""
+        kwargs = {**diffusers_load_kwargs(), **kwargs}
+        path = os.fspath(pretrained_model_name_or_path)
+        cls.check_folder(path)
+        return super().from_pretrained(path, **kwargs)
+
+    # ------------------------------------------------------------------ layout and model
+    def layout(self, height: int, width: int) -> ImageLayout:
+        """The image layout of a ``height x width`` image (module docstring)."""
+        cfg = self.config
+        unit = cfg.downsample if cfg.resolution_token_base is None else int(np.lcm(cfg.downsample, cfg.resolution_unit))
+        for name, value in (("height", height), ("width", width)):
+            check_int(name, value, minimum=unit, hint=f" and a multiple of {unit}")
+            if value % unit:
+                why = "the tokenizer's downsampling" + (" and the resolution tokens' unit" if unit != cfg.downsample else "")
+                raise ValueError(f"{name} must be a multiple of {unit} ({why}), got {value}")
+        prefix = () if cfg.image_start_id is None else (cfg.image_start_id,)
+        if cfg.resolution_token_base is not None:
+            prefix += (cfg.resolution_token_base + height // cfg.resolution_unit,
+                       cfg.resolution_token_base + width // cfg.resolution_unit)
+        return ImageLayout(rows=height // cfg.downsample, cols=width // cfg.downsample, num_codes=cfg.num_codes,
+                           code_offset=cfg.code_offset, eol_id=cfg.eol_id, prefix=prefix,
+                           suffix=tuple(cfg.image_end_ids))
+
+    def unified_model(self, layout: ImageLayout) -> UnifiedTokenModel:
+        """The transformer as a decoder-protocol model for ``layout``."""
+        backbone = FAMILIES[self.config.family](self.transformer, layout)
+        return UnifiedTokenModel(backbone, layout, self.config.cfg_mode, bos_id=self.config.bos_id, pad_id=self.config.pad_id)
+
+    def encode_prompt(self, prompt: Union[str, Sequence[str]], height: int, width: int) -> list[list[int]]:
+        """Token ids of each prompt in the model's template."""
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
+        texts = [self.config.prompt_template.format(prompt=p, h=height, w=width, height=height, width=width) for p in prompts]
+        suffix = list(self.config.prompt_suffix_ids)
+        return [list(ids) + suffix for ids in self.tokenizer(texts)["input_ids"]]
+
+    # ------------------------------------------------------------------ acceptance
+    def codebook(self) -> torch.Tensor:
+        """LANTERN's latent space over the decoder vocabulary: the VQ codebook, and a far row for end of row."""
+        embedding = getattr(getattr(self.vqvae, "quantize", None), "embedding", None)
+        if embedding is None:
+            raise ValueError("acceptance 'lantern' needs the pipeline's vqvae codebook (quantize.embedding); this "
+                             "pipeline has no vqvae")
+        codes = embedding.weight.detach().float()
+        if self.config.eol_id is None:
+            return codes
+        return torch.cat([codes, torch.full((1, codes.shape[1]), FAR, dtype=codes.dtype, device=codes.device)])
+
+    def acceptance_rule(self, config: AcceptanceConfig, model: UnifiedTokenModel) -> AcceptanceRule:
+        if config.rule == "lantern":
+            return build_rule(config, neighbors=codebook_neighbors(self.codebook(), config.lantern_k,
+                                                                   normalize=config.lantern_normalize))
+        return build_rule(config, embeddings=model.tok_embeddings.weight if config.rule == "gsd" else None)
+
+    # ------------------------------------------------------------------ call
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: Union[str, list[str]],
+        negative_prompt: Union[str, list[str], None] = None,
+        height: Optional[int] = None,
+        width: Optional[int] = None,
+        guidance_scale: Optional[float] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        decoding: Union[str, DecodingConfig, None] = None,
+        acceptance: Union[str, AcceptanceConfig, AcceptanceRule, None] = None,
+        num_images_per_prompt: int = 1,
+        generator: Union[torch.Generator, list[torch.Generator], None] = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Optional[Callable[["UnifiedImagePipeline", int, int, dict], Optional[dict]]] = None,
+        callback_on_step_end_tensor_inputs: Sequence[str] = ("tokens",),
+        max_batch_size: Optional[int] = None,
+    ) -> Union[UnifiedImagePipelineOutput, tuple]:
+        """Generate images from text.
+
+        Args:
+            prompt: one prompt or a list; negative_prompt: likewise (models with ``cfg_mode="negative"``).
+            height, width: pixels (multiples of the tokenizer's downsampling; default the config's).
+            guidance_scale, temperature, top_k, top_p: override ``decoding_config``'s sampling defaults (top-k
+                and top-p act on the codes: the end-of-row token is forced, never sampled).
+            decoding: a spec (``"ar"``, ``"sjd"``, ``"mc-sjd:window=16"``, ``"mc-sjd+lantern:k=100,delta=0.1"``);
+                acceptance: a rule given on its own (:mod:`vispec.decoding.acceptance`).
+            num_images_per_prompt, generator (one, or one per image), output_type (``"pil"``, ``"np"``,
+                ``"pt"``, ``"latent"``: code grids), return_dict (False: ``(images,)``), callbacks and
+                ``max_batch_size`` as in :class:`vispec.pipelines.LlamaGenPipeline`.
+        """
+        tensor_inputs = self.check_common_inputs(output_type, OUTPUT_TYPES, "num_images_per_prompt", num_images_per_prompt,
+                                                 callback_on_step_end, callback_on_step_end_tensor_inputs)
+        height = self.config.default_height if height is None else height
+        width = self.config.default_width if width is None else width
+        layout = self.layout(height, width)
+        config = DecodingConfig.resolve(decoding, base=self.decoding_config, acceptance=acceptance)
+        if config.config.strategy == "sd":
+            raise ValueError("decoding 'sd' needs a drafter model; UnifiedImagePipeline has none: use 'ar', 'sjd' or 'mc-sjd'")
+        sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
+        model = self.unified_model(layout)
+        rule = acceptance if isinstance(acceptance, AcceptanceRule) else self.acceptance_rule(config.rule, model)
+        prompts = self.encode_prompt(prompt, height, width)
+        negatives = None
+        if negative_prompt is not None:
+            if self.config.cfg_mode != "negative":
+                raise ValueError(f"negative_prompt needs a model whose guidance takes one (cfg_mode 'negative'); this one "
+                                 f"uses cfg_mode {self.config.cfg_mode!r}")
+            negatives = self.encode_prompt(negative_prompt, height, width)
+            if len(negatives) not in (1, len(prompts)):
+                raise ValueError(f"negative_prompt has {len(negatives)} prompts for {len(prompts)} prompts")
+            negatives = negatives * len(prompts) if len(negatives) == 1 else negatives
+        check_int("num_images_per_prompt", num_images_per_prompt, minimum=1)
+        repeat = lambda rows: [r for r in rows for _ in range(num_images_per_prompt)]  # noqa: E731
+        condition = model.condition(repeat(prompts), None if negatives is None else repeat(negatives))
+        batch = condition.batch_size
+        check_generator(generator, batch)
+        slots = batch if max_batch_size is None else min(batch, check_int("max_batch_size", max_batch_size, minimum=1))
+        num_tokens = layout.num_tokens
+        self.start_call(sampling.guidance_scale, -(-batch // slots) * (num_tokens - 1))
+        self._layout = layout
+
+        with self.progress_bar(total=batch * num_tokens) as bar:
+            bar.update(batch)
+            on_step = self.step_callback(bar, callback_on_step_end, tensor_inputs,
+                                         {"tokens": lambda p: p.tokens, "num_committed": lambda p: p.num_committed})
+            try:
+                out = decode(model, condition, num_tokens=num_tokens, sampling=sampling, decoding=config, generator=generator,
+                             callback=on_step, acceptance=rule, max_batch_size=max_batch_size)
+                tokens, stats = out.tokens, out.as_dicts()
+            except Interrupted as stop:
+                tokens = stop.progress.tokens
+                method = "ar" if config.config.strategy == "ar" else config.method
+                stats = interrupted_stats(stop, method)
+
+        codes = layout.codes(tokens)
+        images: Any = codes if output_type == "latent" else self.image_processor.postprocess(
+            self._pixels(codes, height, width), output_type=output_type)
+        self.last_stats = stats
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (images,)
+        return UnifiedImagePipelineOutput(images=images, stats=stats)
+
+    def apply_callback_outputs(self, edits: dict[str, Any], progress: DecodeProgress) -> Optional[dict]:
+        """Returned ``tokens`` may change committed codes; end-of-row positions must keep the end-of-row token."""
+        super().apply_callback_outputs({k: v for k, v in edits.items() if k != "tokens"}, progress)
+        if "tokens" not in edits:
+            return None
+        tokens, layout = edits["tokens"], self._layout
+        if isinstance(tokens, torch.Tensor) and tokens.shape == progress.tokens.shape and layout.eol_id is not None:
+            ends = torch.arange(tokens.shape[1]) % layout.row_length == layout.row_length - 1
+            given = progress.tokens[:, ends]
+            if not torch.equal(tokens[:, ends].to(given), given):
+                raise ValueError("edited tokens must keep the end-of-row token at the end of every row")
+        return {"tokens": tokens}
+
+    def _pixels(self, codes: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Code grids ``[B, rows, cols]`` to pixels in [-1, 1]; undecided codes become mid-grey patches."""
+        undecided = codes == UNDECIDED
+        grid = codes.masked_fill(undecided, 0).to(self._execution_device)
+        if self.vqvae is not None:
+            pixels = decode_tokens(self.vqvae, grid).float()
+        elif hasattr(self.transformer, "decode_image_tokens"):
+            pixels = self._family_pixels(grid, height, width).float()
+        else:
+            raise ValueError("this pipeline has no vqvae and its transformer cannot decode image tokens; use "
+                             "output_type='latent' or give the pipeline a vqvae")
+        if not bool(torch.isfinite(pixels).all()):
+            raise ValueError("the image decoder returned NaN or inf pixels: its weights or dtype are broken")
+        return grey_undecided(pixels, undecided)
+
+    def _family_pixels(self, grid: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """The transformer's own image decoder: Emu3 takes vocabulary ids and the grid size, Janus codes."""
+        if self.config.family == "emu3":
+            ids = grid + self.config.code_offset
+            return self.transformer.decode_image_tokens(ids.flatten(1), height=grid.shape[1], width=grid.shape[2])
+        return self.transformer.decode_image_tokens(grid.flatten(1))
