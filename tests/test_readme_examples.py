@@ -1,9 +1,11 @@
 """Every python example in README.md runs in a fresh Python process.
 
 ``tests/test_readme.py`` runs the examples on embedded models as written. This file makes sure no example is
-left out: each block parses, and is either such an embedded-model example or the one that needs official
+left out: each block parses, and is either such an embedded-model example, the one that needs official
 LlamaGen checkpoints, which runs here on the tiny official-layout checkpoints in ``tests/data/llamagen``
-(written by the official code) with only the constants a tiny model cannot take substituted (listed below).
+(written by the official code) with only the constants a tiny model cannot take substituted (listed below),
+or the one on a converted Lumina-mGPT 2.0 folder, which runs on a tiny checkpoint in Lumina's layout converted
+by ``vispec convert lumina-mgpt`` (``tests/test_convert_lumina.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
 EMBEDDED = [b for b in BLOCKS if "vispec/tiny-" in b]  # run by tests/test_readme.py
 OFFICIAL = [b for b in BLOCKS if "c2i_B_256.pt" in b]
+LUMINA = [b for b in BLOCKS if '"lumina-mgpt-2"' in b]
 DATA = ROOT / "tests" / "data" / "llamagen"
 
 # what the official-checkpoint example asks of a LlamaGen-B model that the tiny checkpoint (4 heads, 10 classes,
@@ -33,8 +36,9 @@ def test_every_example_parses_and_is_run():
     assert len(BLOCKS) >= 5
     for block in BLOCKS:
         ast.parse(block)
-    assert len(EMBEDDED) + len(OFFICIAL) == len(BLOCKS), "a README example neither runs on an embedded model nor is the official one"
-    assert len(OFFICIAL) == 1
+    assert len(EMBEDDED) + len(OFFICIAL) + len(LUMINA) == len(BLOCKS), \
+        "a README example neither runs on an embedded model nor is one of the official-checkpoint ones"
+    assert len(OFFICIAL) == 1 and len(LUMINA) == 1
 
 
 def test_official_checkpoint_example_on_tiny_official_files(tmp_path):
@@ -52,3 +56,25 @@ def test_official_checkpoint_example_on_tiny_official_files(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{code}\n{result.stderr[-3000:]}"
 
+
+def test_lumina_example_on_a_tiny_converted_checkpoint(tmp_path):
+    """The README's Lumina-mGPT 2.0 example, on a tiny checkpoint in Lumina's layout converted by the CLI (its grid
+    is 8 x 8 codes at 64 pixels, so only the size is substituted)."""
+    from vispec.cli import main
+
+    from test_convert_lumina import CODE0, lumina_tokenizer
+    from test_lumina_checkpoint import official_config, official_weights, write_folder
+    from test_movqgan import TINY, randomized
+
+    config = official_config(mp=1)
+    checkpoint = write_folder(tmp_path / "Lumina-mGPT-2.0", config, official_weights(config, seed=3))
+    lumina_tokenizer().save_pretrained(checkpoint)
+    torch.save(randomized(TINY).state_dict(), tmp_path / "movqgan_270M.ckpt")
+    assert main(["convert", "lumina-mgpt", "--checkpoint", str(checkpoint), "--movqgan", str(tmp_path / "movqgan_270M.ckpt"),
+                 "--out", str(tmp_path / "lumina-mgpt-2"), "--image-token-offset", str(CODE0), "--size", "64"]) == 0
+    code = LUMINA[0]
+    assert "height=768, width=768" in code, "the README example changed: update this test"
+    code = code.replace("height=768, width=768", "height=64, width=64")
+    code += "\nassert out.images[0].size == (64, 64) and (tmp := __import__('os').path.isfile('cat.png'))\n"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{code}\n{result.stderr[-3000:]}"
