@@ -276,6 +276,8 @@ class UnifiedTokenModel(nn.Module):
         bos_id, pad_id: for ``"pad"``.
     """
 
+    compilable = False  # decode(compile=True) refuses it: the transformers forward is not a static step
+
     def __init__(self, backbone: Backbone, layout: ImageLayout, cfg_mode: str = "image_start",
                  bos_id: Optional[int] = None, pad_id: Optional[int] = None):
         super().__init__()

@@ -90,3 +90,5 @@ def test_conditions_are_checked(model):
         model.prefill(UnifiedCondition([torch.tensor([4, 5])]), guidance=True, max_new_tokens=3)
     with pytest.raises(ValueError, match="condition must be a UnifiedCondition"):
         model.prefill([[4]], guidance=False, max_new_tokens=3)
+    with pytest.raises(ValueError, match="compile=True is not supported for UnifiedTokenModel"):
+        decode(model, model.condition(PROMPTS), num_tokens=15, decoding="ar", compile=True)

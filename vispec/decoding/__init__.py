@@ -76,6 +76,9 @@ def decode(
         raise ValueError("decoding 'sd' needs a drafter model (drafter=...), e.g. the embedded tiny-c2i drafter")
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True or False, got {compile!r}")
+    if compile and not getattr(model, "compilable", True):
+        raise ValueError(f"compile=True is not supported for {type(model).__name__} (its forward runs a transformers "
+                         f"model with a Python-side cache); use compile=False")
     processors = tuple(getattr(model, "position_processors", ())) + tuple(processors)  # the model's own first
     job = DecodeJob(num_tokens, sampling, generator, processors, grid_width, callback, backend, compile, max_batch_size)
     if strategy == "ar":
