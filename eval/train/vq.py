@@ -1,4 +1,6 @@
-"""Training the tiny-c2i VQ tokenizer (LlamaGen VQ family at downsample 4, cosine codebook).
+"""Training the VQ tokenizers of the embedded models (LlamaGen VQ family at downsample 4, cosine codebook):
+tiny-c2i's on photo crops (``data="photos"``), tiny-t2i's on captioned scenes (``data="scenes"``,
+:mod:`vispec.eval.bench.scenes`, both aspect ratios; the convolutional VQ takes any multiple of 4).
 
 Objective (VQGAN without the adversarial and perceptual terms, which need pretrained networks we
 cannot download; LlamaGen's codebook choices kept):
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from diffusers import VQModel
 
 from vispec.eval.bench.data import CropSampler, to_model_range
+from vispec.eval.bench.scenes import DEFAULT_SIZES, SceneSampler
 from vispec.eval.train.common import fit, warmup_cosine, write_record
 from vispec.models.llamagen_vq import llamagen_vq_config
 
@@ -32,6 +35,7 @@ from vispec.models.llamagen_vq import llamagen_vq_config
 @dataclass
 class VQTrainConfig:
     out: str = "out/tiny-c2i/vqvae"
+    data: str = "photos"  # "photos" (tiny-c2i) or "scenes" (tiny-t2i)
     steps: int = 4000
     batch_size: int = 16
     lr: float = 3e-4
@@ -46,6 +50,28 @@ class VQTrainConfig:
     eval_images: int = 512
     seed: int = 0
     log_every: int = 50
+
+
+class SceneImages:
+    """Scene images in [0, 255] with :class:`CropSampler`'s ``sample(count, gen)`` interface: each call draws one of
+    the scene sizes (by ``gen``) and that many scenes of it, from a seeded stream per size."""
+
+    def __init__(self, split: str, seed: int):
+        self.samplers = [SceneSampler(split, seed=seed + i, sizes=(size,)) for i, size in enumerate(DEFAULT_SIZES)]
+
+    def sample(self, count: int, gen: torch.Generator) -> tuple[torch.Tensor, None]:
+        sampler = self.samplers[int(torch.randint(len(self.samplers), (1,), generator=gen))]
+        images = torch.stack(sampler.sample(count).images)
+        return ((images + 1) * 127.5).round(), None  # [0, 255], as to_model_range takes them
+
+
+def image_sources(cfg: VQTrainConfig) -> tuple:
+    """``(train, held-out)`` image samplers for ``cfg.data``."""
+    if cfg.data == "photos":
+        return CropSampler("train"), CropSampler("eval")
+    if cfg.data == "scenes":
+        return SceneImages("train", cfg.seed), SceneImages("test", cfg.seed + 100)
+    raise ValueError(f"data must be 'photos' or 'scenes', got {cfg.data!r}")
 
 
 def build_vq(cfg: VQTrainConfig) -> VQModel:
@@ -91,7 +117,7 @@ def evaluate(vq: VQModel, sampler: CropSampler, count: int, seed: int) -> dict:
 def train_vq(cfg: VQTrainConfig) -> dict:
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    train, held_out = CropSampler("train"), CropSampler("eval")
+    train, held_out = image_sources(cfg)
     vq = build_vq(cfg).train()
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
     sched = warmup_cosine(opt, cfg.steps, warmup=200)

@@ -11,12 +11,13 @@ from vispec.cli.paths import check_output_folder
 
 TRAINERS = {
     # name: (module, config class, train function, help)
-    "vq": ("vispec.eval.train.vq", "VQTrainConfig", "train_vq", "the tiny-c2i VQ tokenizer"),
+    "vq": ("vispec.eval.train.vq", "VQTrainConfig", "train_vq", "a VQ tokenizer: tiny-c2i's (--data photos) or tiny-t2i's (--data scenes)"),
     "evaluator": ("vispec.eval.train.evaluator", "EvaluatorTrainConfig", "train_evaluator", "the tiny-c2i crop classifier (accuracy, FID features)"),
     "gpt": ("vispec.eval.train.gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
     "assemble": ("vispec.eval.train.assemble", "AssembleConfig", "assemble", "write the trained parts as the embedded tiny-c2i pipeline"),
     "drafter": ("vispec.eval.train.drafter", "DrafterTrainConfig", "train_drafter", "the tiny-c2i-drafter GPT, distilled from tiny-c2i's samples"),
     "assemble-drafter": ("vispec.eval.train.assemble", "DrafterAssembleConfig", "assemble_drafter", "add a trained drafter (and LANTERN's neighbour table) to a pipeline folder"),
+    "t2i": ("vispec.eval.train.t2i", "T2ITrainConfig", "train_t2i", "the tiny-t2i unified-token text-to-image decoder (needs a scene VQ)"),
     "mdlm": ("vispec.eval.train.mdlm", "MDLMTrainConfig", "train_mdlm", "the tiny-mdlm masked diffusion LM (task suite, tokenizer, SFT)"),
     "assemble-mdlm": ("vispec.eval.train.assemble", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as the embedded tiny-mdlm pipeline"),
 }
