@@ -1,4 +1,4 @@
-"""Acceptance rules for speculative verification: exact, LANTERN (lossy) and GSD (lossy).
+"""Acceptance rules for speculative verification: exact, LANTERN, GSD and Lumina-mGPT 2.0's SJD (all three lossy).
 
 A rule decides, for a draft ``x ~ q`` checked against the target ``p`` of its position, whether
 ``x`` is kept (with a uniform ``u``), and what the rejected position samples from instead. The
@@ -19,6 +19,10 @@ exact rule (speculative sampling; Leviathan et al. 2023, Chen et al. 2023) keeps
   vocabulary, where the public code wraps around), with ``|p(t) - p(x)| < p_thr`` and squared
   embedding distance ``||E_t - E_x||² < d_thr`` (``E``: the AR model's input token embeddings).
   ``x`` is kept iff ``u Σ_G q < Σ_G p``; a rejection resamples from ``max(0, p - q)``.
+* **Lumina-mGPT 2.0's SJD** (Alpha-VLLM/Lumina-mGPT-2.0, ``lumina_mgpt/generate_examples/sjds.py``,
+  ``SpeculativeSampler``; :class:`LuminaRule`). SJD's test ``u < min(1, p(x) / max(q(x), 1e-7))``, but a
+  rejection samples from ``p`` itself unless the residual of ``q`` clamped at 0.99 carries (almost) all
+  the mass, so the rejected draft can be drawn again: the output leans towards the drafts.
 
 Every rule also computes :meth:`AcceptanceRule.output_tv`: the total-variation distance between
 the distribution one verification actually outputs (draft ``x ~ q``, accepted or resampled) and
@@ -43,8 +47,9 @@ from vispec.kernels import verify
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import Target
 from vispec.kernels.verify import Drafts, SampleRequest
+from vispec.sampling import SamplingConfig, warp_logits
 
-RULES = ("exact", "lantern", "gsd")
+RULES = ("exact", "lantern", "gsd", "lumina")
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,16 @@ class AcceptanceConfig:
     """Which acceptance rule verification uses, with its parameters.
 
     Args:
-        rule: ``"exact"`` (lossless, the default), ``"lantern"`` or ``"gsd"`` (both lossy).
+        rule: ``"exact"`` (lossless, the default), ``"lantern"``, ``"gsd"`` or ``"lumina"`` (all lossy).
         lantern_k: neighbours per token (LANTERN's default 1000; 0 makes the rule exact).
         lantern_delta: TV budget ``δ <= 1``, or LANTERN++'s ratio ``λ = δ > 1`` (default 0.1).
         lantern_normalize: neighbours by L2-normalised codebook vectors (LANTERN uses raw weights).
         gsd_half_width: rank half-width ``H`` of the GSD group window (default 7).
         gsd_p_thr: probability closeness ``|p(t) - p(x)| < p_thr`` (default 0.15).
         gsd_d_thr: squared embedding distance bound (default 0.5).
+        lumina_q_clamp: the clamp Lumina-mGPT 2.0 applies to ``q`` in the residual (default 0.99).
+        lumina_reprocess: pass a rejected position's sampling weights through the target's warpers again
+            (temperature, top-k, top-p), as Lumina-mGPT 2.0 does with its ``logits_processor`` (default on).
     """
 
     rule: str = "exact"
@@ -68,6 +76,8 @@ class AcceptanceConfig:
     gsd_half_width: int = 7
     gsd_p_thr: float = 0.15
     gsd_d_thr: float = 0.5
+    lumina_q_clamp: float = 0.99
+    lumina_reprocess: bool = True
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -76,6 +86,9 @@ class AcceptanceConfig:
         for name in ("lantern_delta", "gsd_p_thr", "gsd_d_thr"):
             check_number(name, getattr(self, name), minimum=0)
         check_int("gsd_half_width", self.gsd_half_width, minimum=1)
+        check_number("lumina_q_clamp", self.lumina_q_clamp, minimum=0, maximum=1)
+        if not isinstance(self.lumina_reprocess, bool):
+            raise ValueError(f"lumina_reprocess must be True or False, got {self.lumina_reprocess!r}")
 
     @property
     def lossless(self) -> bool:
@@ -88,6 +101,10 @@ class AcceptanceConfig:
             return f"lantern:k={self.lantern_k},delta={self.lantern_delta:g}" + (",normalize=1" if self.lantern_normalize else "")
         if self.rule == "gsd":
             return f"gsd:half_width={self.gsd_half_width},p_thr={self.gsd_p_thr:g},d_thr={self.gsd_d_thr:g}"
+        if self.rule == "lumina":
+            options = ([f"q_clamp={self.lumina_q_clamp:g}"] if self.lumina_q_clamp != 0.99 else []) + \
+                      ([] if self.lumina_reprocess else ["reprocess=0"])
+            return "lumina" + (":" + ",".join(options) if options else "")
         return "exact"
 
     def to_dict(self) -> dict:
@@ -95,7 +112,8 @@ class AcceptanceConfig:
 
     @classmethod
     def parse(cls, spec: Union[None, str, "AcceptanceConfig"]) -> "AcceptanceConfig":
-        """``None``/``"exact"``, ``"lantern"``, ``"lantern:k=50,delta=0.2,normalize=1"``, ``"gsd:half_width=5"``."""
+        """``None``/``"exact"``, ``"lantern"``, ``"lantern:k=50,delta=0.2,normalize=1"``, ``"gsd:half_width=5"``,
+        ``"lumina"``, ``"lumina:reprocess=0"``."""
         if spec is None:
             return cls()
         if isinstance(spec, cls):
@@ -193,7 +211,7 @@ class AcceptanceRule:
         residual_tokens = torch.full((target.num_rows,), -1, dtype=torch.int64, device=target.device)
         if rows.numel():
             p = target.probabilities()
-            weights = self.residual_weights(p[rows], drafts.tokens[rows], drafts.dense(rows, target.vocab, p.dtype))
+            weights = self.target_residual(target, p[rows], drafts.tokens[rows], drafts.dense(rows, target.vocab, p.dtype))
             noise = (request.noise.residual[rows] if request.noise is not None else
                      target.race_noise(rows, torch.full_like(rows, int(Stream.RESIDUAL)), request.residual_draws[rows]))
             residual_tokens[rows] = verify.sample_from_weights(weights, noise)
@@ -204,6 +222,11 @@ class AcceptanceRule:
         """``[len(rows)]`` :meth:`output_tv` of the given rows of a verification."""
         p = target.probabilities()
         return self.output_tv(p[rows], drafts.dense(rows, target.vocab, p.dtype))
+
+    def target_residual(self, target: Target, p: Tensor, drafts: Tensor, q: Tensor) -> Tensor:
+        """What rejected rows of ``target`` sample from: :meth:`residual_weights` (a rule may also use the
+        target's sampling settings)."""
+        return self.residual_weights(p, drafts, q)
 
     # ---- on probability rows ---------------------------------------------------------------------
 
@@ -350,10 +373,89 @@ class GSDRule(AcceptanceRule):
         return 0.5 * (out - p64).abs().sum(-1)
 
 
+LUMINA_Q_FLOOR = 1e-7  # sampled_draft_probs.clamp(min=1e-7) in get_acc_criterion_mask
+LUMINA_VALID_EPS = 1e-7  # get_reject_sampling_logits' eps: valid_mask = residual mass + eps > 1
+LUMINA_MASS_FLOOR = 1e-10  # the residual's normaliser, clamp(min=1e-10)
+
+
+class LuminaRule(AcceptanceRule):
+    """Lumina-mGPT 2.0's SJD verification, a lossy rule (visual-ar spec §11.5).
+
+    Reproduces ``SpeculativeSampler`` in ``lumina_mgpt/generate_examples/sjds.py`` of
+    Alpha-VLLM/Lumina-mGPT-2.0 (checked at commit f44a4d7f15aaf35e097d422b5712468001489c6c):
+
+    * acceptance, ``get_acc_criterion_mask``: ``u < min(1, p(x) / max(q(x), 1e-7))`` with ``q`` the stored
+      draft distribution (one-hot for initialised drafts, as in SJD);
+    * the rejected position's weights, ``get_reject_sampling_logits``:
+      ``r = max(0, p - min(q, 0.99))`` normalised by ``max(Σ r, 1e-10)``, but replaced by ``p`` itself
+      wherever ``valid_mask = Σ r + 1e-7 > 1`` is false. The clamped residual's mass is
+      ``Σ (p - min(q, 0.99))_+``, below 1 unless ``p`` and ``q`` are (nearly) disjoint; for a one-hot draft ``x``
+      it is ``1 - min(p(x), 0.99)``, so a rejected initialised draft is resampled from ``p``, ``x`` included,
+      unless ``p(x) < 1e-7``. The weights do not depend on which draft was rejected;
+    * ``reject_sampling_single_token``: the log of those weights goes through the sampler's
+      ``logits_processor`` again, then softmax and a multinomial draw. ``renew_sampler._sample`` in
+      ``jacobi_utils_static.py`` builds the sampler with ``_sample``'s ``logits_processor``: their
+      ``create_logits_processor`` list (``MultiTokensVLLogitsProcessor`` for end-of-line / image tokens, image
+      top-k, top-n-sigma) followed, under their transformers 4.46.2 (``requirements.txt``; warpers merged into
+      the processor list by huggingface/transformers#32626), by the temperature warper. Here
+      (``lumina_reprocess``) the weights' log goes through :func:`vispec.sampling.warp_logits` again
+      (temperature, top-k, top-p); the position processors are not re-applied: vispec's only mask or force
+      tokens, which leaves weights inside ``p``'s support unchanged. It changes nothing at temperature 1 and
+      top-p 1 (the weights' support is within ``p``'s top-k);
+    * ``__call__``: the first rejection ends the window; accepted drafts and the resampled token are committed,
+      and the later outputs become the next drafts with their ``p`` as ``q`` (as in SJD; the verification
+      here runs through the same :func:`vispec.decoding.speculative.verify_window` as every rule).
+
+    Not modelled: the batch-wide minimum of accepted lengths (``prefix_matching_next_tokens``; vispec keeps
+    per-sample lengths), top-n-sigma (not a vispec warper) and ``rand_times > 1`` (default 1).
+
+    The output of one verification with draft ``x ~ q`` is ``P(y) = q(y) a(y) + (Σ_x q(x) (1 - a(x))) R(y)``
+    with ``a`` the acceptance probability and ``R`` the normalised (re-warped) weights; :meth:`output_tv`
+    returns ``TV(P, p)`` (``p(x) (1 - p(x))`` for a one-hot draft ``x`` without re-warping).
+    """
+
+    def accept(self, p: Tensor, drafts: Tensor, q: Tensor, u: Tensor) -> Tensor:
+        at = drafts[:, None]
+        p_at = p.gather(-1, at).squeeze(-1)
+        q_at = q.to(p.dtype).gather(-1, at).squeeze(-1)
+        return u.to(p.dtype) < (p_at / q_at.clamp_min(LUMINA_Q_FLOOR)).clamp(max=1.0)
+
+    def residual_weights(self, p: Tensor, drafts: Optional[Tensor], q: Tensor) -> Tensor:
+        """``[R, V]`` normalised: the clamped residual where its mass is (nearly) 1, else ``p`` (``drafts`` unused)."""
+        delta = (p - q.to(p.dtype).clamp(max=self.config.lumina_q_clamp)).clamp_min(0.0)
+        mass = delta.sum(-1, keepdim=True)
+        valid = mass + LUMINA_VALID_EPS > 1.0
+        return torch.where(valid, delta / mass.clamp_min(LUMINA_MASS_FLOOR), p)
+
+    def rejection_distribution(self, p: Tensor, q: Tensor, sampling: Optional[SamplingConfig] = None) -> Tensor:
+        """``[R, V]`` what a rejected row samples from: :meth:`residual_weights`, re-warped with ``sampling``
+        (temperature, top-k, top-p) when ``lumina_reprocess`` is on, normalised."""
+        weights = self.residual_weights(p, None, q)
+        if self.config.lumina_reprocess and sampling is not None and not sampling.greedy:
+            weights = warp_logits(weights.log(), sampling).softmax(dim=-1)
+        return weights / weights.sum(-1, keepdim=True).clamp_min(1e-300)
+
+    def target_residual(self, target: Target, p: Tensor, drafts: Tensor, q: Tensor) -> Tensor:
+        return self.rejection_distribution(p, q, target.sampling)
+
+    def measure_tv(self, target: Target, rows: Tensor, drafts: Drafts) -> Tensor:
+        p = target.probabilities()
+        return self.output_tv(p[rows], drafts.dense(rows, target.vocab, p.dtype), target.sampling)
+
+    def output_tv(self, p: Tensor, q: Tensor, sampling: Optional[SamplingConfig] = None) -> Tensor:
+        """``[R]`` TV between one verification's output (draft ``x ~ q``) and ``p``; ``sampling``: the target's
+        settings, for the re-warped rejection distribution (None: not re-warped)."""
+        p64, q64 = p.double(), q.double()
+        accepted_mass = q64 * (p64 / q64.clamp_min(LUMINA_Q_FLOOR)).clamp(max=1.0)
+        rejected = (q64 - accepted_mass).sum(-1, keepdim=True)
+        out = accepted_mass + rejected * self.rejection_distribution(p64, q64, sampling)
+        return 0.5 * (out - p64).abs().sum(-1)
+
+
 def build_rule(config: Union[None, str, AcceptanceConfig], *, codebook: Optional[Tensor] = None,
                embeddings: Optional[Tensor] = None, neighbors: Optional[Tensor] = None) -> AcceptanceRule:
     """The rule for ``config``. LANTERN needs the VQ ``codebook`` (or a precomputed ``neighbors`` table);
-    GSD needs the AR model's input token ``embeddings``."""
+    GSD needs the AR model's input token ``embeddings``; Lumina-mGPT 2.0's rule needs nothing."""
     config = AcceptanceConfig.parse(config)
     if config.rule == "lantern":
         if neighbors is None:
@@ -368,6 +470,8 @@ def build_rule(config: Union[None, str, AcceptanceConfig], *, codebook: Optional
         if embeddings is None:
             raise ValueError("acceptance 'gsd' needs the AR model's input token embeddings")
         return GSDRule(config, embeddings)
+    if config.rule == "lumina":
+        return LuminaRule(config)
     return AcceptanceRule(config)
 
 

@@ -7,7 +7,7 @@ benchmarks)::
     variant := "ar" | "sjd" ["-random" | "-horizontal" | "-vertical"] | "mc-sjd" ["-maximal" | "-gumbel"]
              | "sd" | "gsd"                          ("gsd" is short for "sjd+gsd")
     option  := key "=" value, key in window, init, coupling, guidance_scale, temperature, top_k, top_p, cfg_interval
-    rule    := "exact" | "lantern" | "gsd"           (options: vispec.decoding.acceptance.AcceptanceConfig)
+    rule    := "exact" | "lantern" | "gsd" | "lumina"  (options: vispec.decoding.acceptance.AcceptanceConfig)
 
 e.g. ``"mc-sjd"``, ``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.1"``, ``"sd:window=3"``.
 :attr:`DecodingConfig.name` writes a config back in this grammar with only its non-default settings,
@@ -46,7 +46,7 @@ OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "guidance_scale
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "cfg_interval")
 SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], sd or gsd, optionally followed by "
              "':key=value,...' (window, init, coupling, sampling settings) and '+rule' (exact, lantern[:k=..,delta=..], "
-             "gsd[:half_width=..])")
+             "gsd[:half_width=..], lumina)")
 
 
 class DecodingConfig(SchedulerMixin, ConfigMixin):
@@ -68,8 +68,9 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         coupling: ``"none"`` for SJD; ``"maximal"`` (verify every slot, keep each slot's coupled output
             as its next draft) or ``"gumbel"`` (drafts by Gumbel-max with noise fixed per absolute
             position) for MC-SJD. ``None`` picks the strategy's default.
-        acceptance: the acceptance rule, ``"exact"`` (default) or a lossy relaxation (``"lantern"``,
-            ``"gsd"``, with options; :mod:`vispec.decoding.acceptance`). Stored in canonical form.
+        acceptance: the acceptance rule, ``"exact"`` (default) or a lossy one (``"lantern"``, ``"gsd"``, with
+            options, or ``"lumina"``, Lumina-mGPT 2.0's biased rule; :mod:`vispec.decoding.acceptance`). Stored in
+            canonical form.
         guidance_scale, temperature, top_k, top_p, cfg_interval: the default target distribution
             (:class:`vispec.sampling.SamplingConfig`), so a saved pipeline carries the sampling settings
             its model was evaluated with; call arguments override them.
