@@ -168,3 +168,64 @@ def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
     train_log = os.path.join(cfg.trained, "train_log.jsonl")
     return write_pipeline_folder(pipe, cfg.out, card, record, record_title="Training record",
                                  extras={"logs/model.jsonl": lambda path: shutil.copy(train_log, path)})
+
+
+@dataclass
+class T2IAssembleConfig:
+    vq: str = "out/tiny-t2i/vqvae"
+    t2i: str = "out/tiny-t2i/transformer"
+    clip: str = ""  # the trained tiny-clip folder, stored as clip/ when given
+    out: str = "models/pretrained/tiny-t2i"
+    guidance_scale: float = 3.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    window: int = 16
+
+
+def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
+    """Write tiny-t2i (a ``UnifiedImagePipeline``: the Chameleon decoder, its caption tokenizer, the scene VQ) with
+    its model card; the layout ids come from the trainer's record (:func:`vispec.eval.train.t2i.t2i_vocabulary`)."""
+    from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
+
+    from vispec.eval.train.t2i import DOWNSAMPLE, RESOLUTION_UNIT
+    from vispec.pipelines import UnifiedImagePipeline
+
+    record = read_record(cfg.t2i, required=True)
+    vocab = record["metrics"]["vocabulary"]
+    transformer = ChameleonForConditionalGeneration.from_pretrained(cfg.t2i).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(cfg.t2i, "tokenizer"))
+    vqvae = VQModel.from_pretrained(cfg.vq, **diffusers_load_kwargs()).eval()
+    num_codes = vqvae.config.num_vq_embeddings
+    if vocab["vocab_size"] - vocab["code_offset"] != num_codes:
+        raise ValueError(f"the decoder was trained for {vocab['vocab_size'] - vocab['code_offset']} codes, the VQ has {num_codes}")
+    decoding = DecodingConfig(strategy="mc-sjd", window=cfg.window, guidance_scale=cfg.guidance_scale,
+                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    pipe = UnifiedImagePipeline(
+        transformer=transformer, tokenizer=tokenizer, vqvae=vqvae, decoding_config=decoding, family="chameleon",
+        num_codes=num_codes, code_offset=vocab["code_offset"], eol_id=vocab["end_of_row"],
+        image_start_id=vocab["image_start"], image_end_ids=[vocab["image_end"]], resolution_token_base=vocab["resolution_base"],
+        resolution_unit=RESOLUTION_UNIT, downsample=DOWNSAMPLE, prompt_template="{prompt}", cfg_mode="image_start",
+        default_height=64, default_width=64)
+    info = {name: read_record(folder) for name, folder in (("vqvae", cfg.vq), ("transformer", cfg.t2i), ("clip", cfg.clip))
+            if folder}
+    c = transformer.config
+    card = [
+        "# tiny-t2i: vispec's embedded text-to-image model (unified tokens)",
+        "",
+        "Captioned scenes (vispec.eval.bench.scenes): one to three shapes in six colours on textured grey backgrounds,",
+        "captions such as 'two red circles' or 'a blue square left of a yellow triangle'; held-out compositions are",
+        "never trained on. Sizes 64x64 and 64x96 (height x width).",
+        "",
+        f"- VQ tokenizer: LlamaGen VQ family at downsample {DOWNSAMPLE}, {num_codes} codes, trained on the scenes.",
+        f"- Decoder: transformers' Chameleon architecture, {c.num_hidden_layers} layers, hidden {c.hidden_size}; one vocabulary of "
+        f"caption words, image start / end, end of row, resolution tokens (n = pixels / {RESOLUTION_UNIT}) and the codes;",
+        "  caption dropout for classifier-free guidance from image start.",
+        f"- Default sampling: CFG {cfg.guidance_scale}, temperature {cfg.temperature}, top-k {cfg.top_k}; decoding mc-sjd "
+        f"(window {cfg.window}).",
+        "- Reproduce with samples/train_tiny_t2i.sh (seeded).",
+    ]
+    extras = {}
+    if cfg.clip:
+        extras["clip"] = lambda path: shutil.copytree(cfg.clip, path)
+    return write_pipeline_folder(pipe, cfg.out, card, info, record_title="Training records", extras=extras)

@@ -18,6 +18,8 @@ TRAINERS = {
     "drafter": ("vispec.eval.train.drafter", "DrafterTrainConfig", "train_drafter", "the tiny-c2i-drafter GPT, distilled from tiny-c2i's samples"),
     "assemble-drafter": ("vispec.eval.train.assemble", "DrafterAssembleConfig", "assemble_drafter", "add a trained drafter (and LANTERN's neighbour table) to a pipeline folder"),
     "t2i": ("vispec.eval.train.t2i", "T2ITrainConfig", "train_t2i", "the tiny-t2i unified-token text-to-image decoder (needs a scene VQ)"),
+    "clip": ("vispec.eval.train.clip", "CLIPTrainConfig", "train_clip", "the tiny-t2i CLIP (contrastive, attribute-swap hard negatives) for CLIPScore and retrieval"),
+    "assemble-t2i": ("vispec.eval.train.assemble", "T2IAssembleConfig", "assemble_t2i", "write the trained parts as the embedded tiny-t2i pipeline"),
     "mdlm": ("vispec.eval.train.mdlm", "MDLMTrainConfig", "train_mdlm", "the tiny-mdlm masked diffusion LM (task suite, tokenizer, SFT)"),
     "assemble-mdlm": ("vispec.eval.train.assemble", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as the embedded tiny-mdlm pipeline"),
 }
