@@ -302,6 +302,18 @@ def build_on_meta(model_cls: type, config: Mapping[str, Any]) -> torch.nn.Module
         return model_cls.from_config(dict(config))
 
 
+def read_json_object(path: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (a config file); ``ValueError`` naming the file when it is unreadable or not an object."""
+    try:
+        with open(path) as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable JSON file: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
 def check_model_folder(model_cls: type, folder: str | os.PathLike, variant: Optional[str] = None) -> None:
     """Raise ``ValueError`` unless the weights in ``folder`` (safetensors or ``.bin``) fit the model
     ``folder/config.json`` describes (:func:`check_state_dict` on shapes only); nothing is loaded or
@@ -314,13 +326,7 @@ def check_model_folder(model_cls: type, folder: str | os.PathLike, variant: Opti
     if found is None:
         return
     source, tensors = found
-    try:
-        with open(config_path) as handle:
-            config = json.load(handle)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{config_path} is not a readable JSON file: {err}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
+    config = read_json_object(config_path)
     try:
         model = build_on_meta(model_cls, config)
     except (ValueError, TypeError) as err:  # a config the class refuses: its own words

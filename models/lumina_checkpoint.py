@@ -38,7 +38,6 @@ the four shards (15.76 GB in bfloat16, about 7.9B parameters) are consistent wit
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import types
@@ -49,7 +48,7 @@ from typing import Any, Optional
 import torch
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-from vispec.models.checkpoints import check_state_dict
+from vispec.models.checkpoints import check_state_dict, read_json_object
 from vispec.models.llada_checkpoint import read_sharded_safetensors
 
 __all__ = [
@@ -312,14 +311,7 @@ def _read_config(folder: str) -> dict[str, Any]:
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"{folder} is not a Lumina-mGPT checkpoint folder: config.json is missing")
-    try:
-        with open(path) as handle:
-            config = json.load(handle)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable JSON file: {err}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
-    return config
+    return read_json_object(path)
 
 
 def load_lumina_chameleon(path: str | os.PathLike, *,

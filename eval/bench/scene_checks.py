@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vispec.eval.bench.scenes import COLOURS, PALETTE, SIZE_THRESHOLD, parse_caption
+from vispec.eval.bench.scenes import COLOURS, PALETTE, SIZE_THRESHOLD, box_centre, parse_caption
 
 CHROMA_THRESHOLD = 0.25
 HUE_TOLERANCE = 30.0
@@ -94,8 +94,7 @@ class Detection:
 
     @property
     def centre(self) -> tuple[float, float]:
-        """``(y, x)`` of the box centre."""
-        return ((self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2)
+        return box_centre(self.box)
 
 
 def _to_unit_hwc(image: Tensor, zero_one: bool) -> np.ndarray:

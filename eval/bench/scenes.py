@@ -200,6 +200,11 @@ def _check_split(split: str) -> None:
 
 
 # --------------------------------------------------------------------------------------- descriptions
+def box_centre(box: tuple[float, float, float, float]) -> tuple[float, float]:
+    """``(y, x)`` of the centre of a ``(top, left, bottom, right)`` box."""
+    return ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+
+
 @dataclass(frozen=True)
 class SceneObject:
     """One rendered object; ``box`` is ``(top, left, bottom, right)`` in continuous pixel coordinates."""
@@ -211,8 +216,7 @@ class SceneObject:
 
     @property
     def centre(self) -> tuple[float, float]:
-        """``(y, x)`` of the box centre."""
-        return ((self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2)
+        return box_centre(self.box)
 
 
 @dataclass(frozen=True)
