@@ -122,6 +122,30 @@ class PipelineMixin:
             raise ValueError(f"callback_on_step_end_tensor_inputs {unknown} are not among {self._callback_tensor_inputs}")
         return list(callback_inputs)
 
+    def decode_image_tokens(self, model: Any, condition: Any, *, num_tokens: int, sampling: Any, config: Any, rule: Any,
+                            generator: Any, max_batch_size: Optional[int], callback_on_step_end: Optional[Callable],
+                            tensor_inputs: Sequence[str], **decode_kwargs: Any) -> tuple[Tensor, list[dict]]:
+        """The image pipelines' decode (:func:`vispec.decoding.decode`): resets the per-call state, drives a progress
+        bar over generated tokens and the step callbacks, and on ``pipe._interrupt`` returns the committed tokens so
+        far (-1 elsewhere) with ``"interrupted"`` stats. Returns ``(tokens [B, N], per-image stats)``."""
+        from vispec.decoding import decode
+
+        batch = condition.batch_size
+        slots = batch if max_batch_size is None else min(batch, check_int("max_batch_size", max_batch_size, minimum=1))
+        self.start_call(sampling.guidance_scale, -(-batch // slots) * (num_tokens - 1))
+        with self.progress_bar(total=batch * num_tokens) as bar:
+            bar.update(batch)  # token 0 comes from the prefill
+            on_step = self.step_callback(bar, callback_on_step_end, tensor_inputs,
+                                         {"tokens": lambda p: p.tokens, "num_committed": lambda p: p.num_committed})
+            try:
+                out = decode(model, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
+                             generator=generator, callback=on_step, acceptance=rule, max_batch_size=max_batch_size,
+                             **decode_kwargs)
+                return out.tokens, out.as_dicts()
+            except Interrupted as stop:  # pipe._interrupt was set: what is done so far
+                method = "ar" if config.config.strategy == "ar" else config.method  # as the decoders name themselves
+                return stop.progress.tokens, interrupted_stats(stop, method)
+
     def start_call(self, guidance_scale: float, num_timesteps: int) -> None:
         """Reset the per-call state diffusers' properties read."""
         self._guidance_scale, self._num_timesteps, self._interrupt = guidance_scale, num_timesteps, False

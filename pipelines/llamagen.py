@@ -43,15 +43,14 @@ from diffusers.utils import BaseOutput
 
 from safetensors.torch import load_file, save_file
 
-from vispec.checks import check_int
-from vispec.decoding import DecodingConfig, decode
+from vispec.decoding import DecodingConfig
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
 from vispec.models.offload import materialized
 from vispec.outputs import UNDECIDED, DecodeProgress
-from vispec.pipelines.common import Interrupted, PipelineMixin, check_generator, grey_undecided, interrupted_stats
+from vispec.pipelines.common import PipelineMixin, check_generator, grey_undecided
 from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path  # noqa: F401 (re-exported)
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -275,24 +274,12 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         check_generator(generator, batch)
         num_tokens = self.transformer.num_image_tokens
         side = self.transformer.grid_size
-        slots = batch if max_batch_size is None else min(batch, check_int("max_batch_size", max_batch_size, minimum=1))
-        self.start_call(sampling.guidance_scale, -(-batch // slots) * (num_tokens - 1))
-
         # 2. decode tokens, with a progress bar over generated tokens
-        with self.progress_bar(total=batch * num_tokens) as bar:
-            bar.update(batch)  # token 0 comes from the prefill
-            on_step = self.step_callback(bar, callback_on_step_end, tensor_inputs,
-                                         {"tokens": lambda p: p.tokens, "num_committed": lambda p: p.num_committed})
-            try:
-                out = decode(self.transformer, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
-                             generator=generator, grid_width=side, callback=on_step, acceptance=rule,
-                             drafter=self.drafter if config.config.strategy == "sd" else None, compile=compile,
-                             max_batch_size=max_batch_size)
-                tokens, stats = out.tokens, out.as_dicts()
-            except Interrupted as stop:  # pipe._interrupt was set: what is done so far
-                tokens = stop.progress.tokens
-                method = "ar" if config.config.strategy == "ar" else config.method  # as the decoders name themselves
-                stats = interrupted_stats(stop, method)
+        tokens, stats = self.decode_image_tokens(
+            self.transformer, condition, num_tokens=num_tokens, sampling=sampling, config=config, rule=rule,
+            generator=generator, max_batch_size=max_batch_size, callback_on_step_end=callback_on_step_end,
+            tensor_inputs=tensor_inputs, grid_width=side, compile=compile,
+            drafter=self.drafter if config.config.strategy == "sd" else None)
 
         # 3. tokens -> pixels
         grid = tokens.view(batch, side, side)

@@ -37,14 +37,14 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
 from vispec.checks import check_int
-from vispec.decoding import DecodingConfig, decode
+from vispec.decoding import DecodingConfig
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_vq import decode_tokens
 from vispec.models.unified import CFG_MODES, ImageLayout, UnifiedTokenModel
 from vispec.models.unified_families import chameleon_backbone, emu3_backbone, janus_backbone
 from vispec.outputs import UNDECIDED, DecodeProgress
-from vispec.pipelines.common import Interrupted, PipelineMixin, check_generator, grey_undecided, interrupted_stats
+from vispec.pipelines.common import PipelineMixin, check_generator, grey_undecided
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 FAMILIES = {"chameleon": chameleon_backbone, "emu3": emu3_backbone, "janus": janus_backbone}
@@ -210,23 +210,11 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         condition = model.condition(repeat(prompts), None if negatives is None else repeat(negatives))
         batch = condition.batch_size
         check_generator(generator, batch)
-        slots = batch if max_batch_size is None else min(batch, check_int("max_batch_size", max_batch_size, minimum=1))
-        num_tokens = layout.num_tokens
-        self.start_call(sampling.guidance_scale, -(-batch // slots) * (num_tokens - 1))
         self._layout = layout
-
-        with self.progress_bar(total=batch * num_tokens) as bar:
-            bar.update(batch)
-            on_step = self.step_callback(bar, callback_on_step_end, tensor_inputs,
-                                         {"tokens": lambda p: p.tokens, "num_committed": lambda p: p.num_committed})
-            try:
-                out = decode(model, condition, num_tokens=num_tokens, sampling=sampling, decoding=config, generator=generator,
-                             callback=on_step, acceptance=rule, max_batch_size=max_batch_size)
-                tokens, stats = out.tokens, out.as_dicts()
-            except Interrupted as stop:
-                tokens = stop.progress.tokens
-                method = "ar" if config.config.strategy == "ar" else config.method
-                stats = interrupted_stats(stop, method)
+        tokens, stats = self.decode_image_tokens(
+            model, condition, num_tokens=layout.num_tokens, sampling=sampling, config=config, rule=rule,
+            generator=generator, max_batch_size=max_batch_size, callback_on_step_end=callback_on_step_end,
+            tensor_inputs=tensor_inputs)
 
         codes = layout.codes(tokens)
         images: Any = codes if output_type == "latent" else self.image_processor.postprocess(
