@@ -158,14 +158,13 @@ class RaggedKVCache:
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
+        index = self.write_at[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
         if self.rows_index is not None:  # a refill: only some rows run
-            index = self.write_at[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
             k_rows, v_rows = keys[self.rows_index], values[self.rows_index]
             k_rows.scatter_(2, index, key_states.to(keys.dtype))
             v_rows.scatter_(2, index, value_states.to(values.dtype))
             keys[self.rows_index], values[self.rows_index] = k_rows, v_rows
             return k_rows, v_rows
-        index = self.write_at[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
         keys.scatter_(2, index, key_states.to(keys.dtype))
         values.scatter_(2, index, value_states.to(values.dtype))
         return keys, values
