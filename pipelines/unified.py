@@ -45,6 +45,7 @@ from vispec.models.unified import CFG_MODES, ImageLayout, UnifiedTokenModel
 from vispec.models.unified_families import chameleon_backbone, emu3_backbone, janus_backbone
 from vispec.outputs import UNDECIDED, DecodeProgress
 from vispec.pipelines.common import PipelineMixin, check_generator, grey_undecided
+from vispec.pipelines.embedded import resolve_model_path
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 FAMILIES = {"chameleon": chameleon_backbone, "emu3": emu3_backbone, "janus": janus_backbone}
@@ -93,9 +94,10 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "UnifiedImagePipeline":
-        """Load a saved (or ``vispec convert lumina-mgpt``-converted) pipeline folder, offline, after checking it."""
+        """Load a saved (or ``vispec convert lumina-mgpt``-converted) pipeline folder, or an embedded model by name
+        (``"vispec/tiny-t2i"``), offline, after checking it."""
         kwargs = {**diffusers_load_kwargs(), **kwargs}
-        path = os.fspath(pretrained_model_name_or_path)
+        path = resolve_model_path(pretrained_model_name_or_path)
         cls.check_folder(path)
         return super().from_pretrained(path, **kwargs)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("skimage", reason="scene backgrounds need the train extra (scikit-image)")
+pytest.importorskip("skimage", reason="photo backgrounds and the checks need the train extra (scikit-image)")
 
 from vispec.eval.bench import scenes as S  # noqa: E402
 from vispec.eval.bench.scene_checks import (  # noqa: E402
@@ -119,25 +119,50 @@ def test_format_caption_rejects_bad_descriptions():
 
 
 # --------------------------------------------------------------------------------------- images
-def test_images_shapes_range_and_muted_textured_backgrounds(batches):
+def _outside_objects(scene) -> np.ndarray:
+    outside = np.ones((scene.height, scene.width), dtype=bool)
+    for obj in scene.objects:
+        t, l, b, r = (int(v) for v in obj.box)
+        outside[max(0, t - 1) : b + 2, max(0, l - 1) : r + 2] = False
+    return outside
+
+
+def test_images_shapes_range_and_muted_smooth_backgrounds(batches):
     images, _, scenes = _all(batches)
     assert {(im.shape[1], im.shape[2]) for im in images} == {(64, 64), (64, 96)}
+    levels = []
     for image, scene in zip(images, scenes):
         assert image.dtype == torch.float32 and image.shape == (3, scene.height, scene.width)
         unit = (image.numpy() + 1) / 2
         assert unit.min() >= 0.0 and unit.max() <= 1.0
         assert abs(unit * 255 - np.round(unit * 255)).max() < 1e-3  # uint8 grid, as to_model_range
-        outside = np.ones(unit.shape[1:], dtype=bool)
-        for obj in scene.objects:
-            t, l, b, r = (int(v) for v in obj.box)
-            outside[max(0, t - 1) : b + 2, max(0, l - 1) : r + 2] = False
+        outside = _outside_objects(scene)
         chroma = unit.max(0) - unit.min(0)
         assert chroma[outside].max() < CHROMA_THRESHOLD / 2
-        assert unit.mean(0)[outside].std() > 0.003  # grain at least
+        grey = unit.mean(0)
+        # a plain background is a ramp: neighbouring pixels differ by at most the ramp step plus rounding
+        steps = np.abs(np.diff(grey, axis=1))[outside[:, 1:] & outside[:, :-1]]
+        assert steps.max() < 0.15 / 64 + 2 / 255
+        levels.append(float(np.median(grey[outside])))
+    assert max(levels) - min(levels) > 0.2  # varied between scenes
     groups = batches["test"].by_size()
     assert sum(len(idx) for _, idx in groups.values()) == PER_SPLIT
     for (h, w), (stacked, idx) in groups.items():
         assert stacked.shape == (len(idx), 3, h, w) and torch.equal(stacked[0], batches["test"].images[idx[0]])
+
+
+def test_photo_backgrounds_are_textured_and_checks_still_hold():
+    batch = S.SceneSampler("test", seed=5, background="photo").sample(12)
+    for image, scene in zip(batch.images, batch.scenes):
+        unit = (image.numpy() + 1) / 2
+        outside = _outside_objects(scene)
+        chroma = unit.max(0) - unit.min(0)
+        assert chroma[outside].max() < CHROMA_THRESHOLD / 2
+        assert np.abs(np.diff(unit.mean(0), axis=1))[outside[:, 1:] & outside[:, :-1]].std() > 0.003  # texture, grain
+    assert check_images(batch.images, batch.captions)["accuracy"]["overall"] == 1.0
+    plain = S.SceneSampler("test", seed=5).sample(12)
+    assert plain.captions == batch.captions  # the background draws come after the layout's
+    assert not torch.equal(plain.images[0], batch.images[0])
 
 
 def test_other_sizes_render():
@@ -248,6 +273,7 @@ def test_checks_survive_a_mild_degradation(batches):
     ({"sizes": ()}, "sizes"), ({"sizes": ((64, 60),)}, "sizes"), ({"sizes": ((32, 32),)}, "sizes"),
     ({"sizes": ((256, 256),)}, "sizes"), ({"sizes": ((64, 64, 3),)}, "sizes"), ({"sizes": (64, 64)}, "sizes"),
     ({"sizes": ((64.5, 64),)}, "sizes"), ({"relation_fraction": 1.5}, "relation_fraction"),
+    ({"background": "noise"}, "background"), ({"photos": []}, "photos"),
 ])
 def test_sampler_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -22,15 +22,20 @@ Caption grammar (words from :data:`CAPTION_WORDS` only, single spaces, lower cas
 Split: the *composition key* of a caption is its canonical form (a caption already abstracts positions;
 "X right of Y" is keyed as "Y left of X" and "X below Y" as "Y above X", so both phrasings of one
 layout share a split). A stable hash (sha256 of :data:`SPLIT_SALT` and the key) sends a fraction
-:data:`TEST_FRACTION` of keys to ``"test"``; test compositions never occur in training. Backgrounds
-follow the photo-tile split of :mod:`vispec.eval.bench.data`: train scenes use its train tiles, test
-scenes its held-out tiles.
+:data:`TEST_FRACTION` of keys to ``"test"``; test compositions never occur in training. Photo
+backgrounds follow the photo-tile split of :mod:`vispec.eval.bench.data`: train scenes use its train
+tiles, test scenes its held-out tiles.
 
-Backgrounds: a crop of a bundled scikit-image photo (scale jitter, random flip), converted to grey,
-standardised and re-mapped to mid grey levels with a low contrast (standard deviation 0.04-0.10 on
-[0, 1]; flat crops are not amplified), plus grey grain (standard deviation 0.005-0.02) and a faint
-uniform tint (chroma at most about 0.05). Textured, so image tokens are not trivially
-low-entropy, yet far below the objects' chroma (about 0.7), so colour segmentation separates them.
+Backgrounds (:data:`BACKGROUNDS`), both with a faint uniform tint (chroma at most about 0.05), far below the
+objects' chroma (about 0.7), so colour segmentation separates them:
+
+* ``"plain"`` (the default; tiny-t2i's domain): a grey level in [0.25, 0.75] with a linear ramp in a
+  random direction (level change across the image at most 0.15). Varied between scenes, smooth within
+  one, so a small model spends its capacity on the objects;
+* ``"photo"``: a crop of a bundled scikit-image photo (scale jitter, random flip; needs scikit-image),
+  converted to grey, standardised and re-mapped to mid grey levels with a low contrast (standard
+  deviation 0.04-0.10 on [0, 1]; flat crops are not amplified), plus grey grain (standard deviation
+  0.005-0.02). Textured, so image tokens are not low-entropy.
 
 Geometry, in fractions of the image's shorter side ``m``: every object's box is square, with side
 ``[0.20, 0.25] m`` (small) or ``[0.34, 0.40] m`` (large); objects keep ``0.08 m`` apart and ``0.03 m`` from
@@ -73,6 +78,7 @@ CAPTION_WORDS: tuple[str, ...] = tuple(sorted(
 SPLITS = ("train", "test")
 DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (64, 96))
 TEST_FRACTION = 0.2
+BACKGROUNDS = ("plain", "photo")
 SPLIT_SALT = "vispec-scenes-v1"
 
 EXTENTS: dict[str, tuple[float, float]] = {"small": (0.20, 0.25), "large": (0.34, 0.40)}
@@ -334,8 +340,22 @@ def _default_photos() -> tuple[tuple[np.ndarray, ...], dict[str, tuple[Tile, ...
     return tuple(_grey(p) for p in photos), {"train": tuple(tiles["train"]), "test": tuple(tiles["eval"])}
 
 
-def _background(rng: np.random.Generator, grey: Sequence[np.ndarray], tiles: Sequence[Tile], height: int,
-                width: int) -> np.ndarray:
+def _tint(rng: np.random.Generator) -> np.ndarray:
+    angle, tint = rng.uniform(0, 2 * np.pi), rng.uniform(0, 0.03)
+    return (tint * np.cos(angle - np.array([0, 2 * np.pi / 3, 4 * np.pi / 3]))).astype(np.float32)
+
+
+def _plain_background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A smooth grey ramp ``[H, W, 3]`` in ``[0, 1]`` with a faint tint (see the module docstring)."""
+    level, ramp, angle = rng.uniform(0.25, 0.75), rng.uniform(0.0, 0.15), rng.uniform(0, 2 * np.pi)
+    y = (np.arange(height, dtype=np.float32)[:, None] + 0.5) / height - 0.5
+    x = (np.arange(width, dtype=np.float32)[None, :] + 0.5) / width - 0.5
+    grey = level + ramp * (np.cos(angle) * x + np.sin(angle) * y)
+    return grey[..., None].astype(np.float32) + _tint(rng)
+
+
+def _photo_background(rng: np.random.Generator, grey: Sequence[np.ndarray], tiles: Sequence[Tile], height: int,
+                      width: int) -> np.ndarray:
     """A muted textured background ``[H, W, 3]`` in ``[0, 1]`` (see the module docstring)."""
     tile = tiles[int(rng.integers(len(tiles)))]
     scale = rng.uniform(1.0, TILE / max(height, width))
@@ -350,9 +370,7 @@ def _background(rng: np.random.Generator, grey: Sequence[np.ndarray], tiles: Seq
     z = (crop - crop.mean()) / max(float(crop.std()), 4.0)
     grain = rng.uniform(0.005, 0.02) * rng.standard_normal((height, width), dtype=np.float32)
     level = np.clip(rng.uniform(0.3, 0.7) + rng.uniform(0.04, 0.10) * z + grain, 0.05, 0.95)
-    angle, tint = rng.uniform(0, 2 * np.pi), rng.uniform(0, 0.03)
-    offsets = tint * np.cos(angle - np.array([0, 2 * np.pi / 3, 4 * np.pi / 3]))
-    return level[..., None] + offsets.astype(np.float32)
+    return level[..., None] + _tint(rng)
 
 
 def _alpha(shape: str, box: tuple[float, float, float, float]) -> tuple[int, int, np.ndarray]:
@@ -415,29 +433,36 @@ class SceneSampler:
     random access and :meth:`sample` continues the stream. A scene is related with probability
     ``relation_fraction`` (else counted); its composition is uniform over the split's keys of that kind,
     a related key is phrased either way round with equal odds, and its size is uniform over ``sizes``.
-    ``photos`` (uint8 ``[3, H, W]`` tensors, default :func:`~vispec.eval.bench.data.load_photos`) supply
-    the backgrounds.
+    ``background`` is ``"plain"`` or ``"photo"`` (see the module docstring); for ``"photo"``, ``photos``
+    (uint8 ``[3, H, W]`` tensors, default :func:`~vispec.eval.bench.data.load_photos`) supply the textures.
     """
 
     def __init__(self, split: str = "train", seed: int = 0, sizes: Sequence[Sequence[int]] = DEFAULT_SIZES,
-                 relation_fraction: float = 0.5, photos: Optional[list[Tensor]] = None):
+                 relation_fraction: float = 0.5, photos: Optional[list[Tensor]] = None, background: str = "plain"):
         _check_split(split)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         if not 0.0 <= relation_fraction <= 1.0:
             raise ValueError(f"relation_fraction must lie in [0, 1], got {relation_fraction!r}")
+        if background not in BACKGROUNDS:
+            raise ValueError(f"background must be one of {BACKGROUNDS}, got {background!r}")
+        if photos is not None and background != "photo":
+            raise ValueError(f"photos are only used with background='photo', got background={background!r}")
+        self.background = background
         self.split, self.seed, self.sizes = split, seed, _check_sizes(sizes)
         self.relation_fraction = float(relation_fraction)
         keys = compositions(split)
         self.counted = tuple(k for k in keys if parse_caption(k)["relation"] is None)
         self.related = tuple(k for k in keys if parse_caption(k)["relation"] is not None)
-        if photos is None:
+        self._grey: tuple[np.ndarray, ...] = ()
+        self._tiles: tuple[Tile, ...] = ()
+        if background == "photo" and photos is None:
             self._grey, tiles = _default_photos()
-        else:
+            self._tiles = tiles[split]
+        elif background == "photo":
             self._grey = tuple(_grey(p) for p in photos)
             split_tiles_ = split_tiles(photos, seed=0)
-            tiles = {"train": tuple(split_tiles_["train"]), "test": tuple(split_tiles_["eval"])}
-        self._tiles = tiles[split]
+            self._tiles = tuple(split_tiles_["eval" if split == "test" else "train"])
         self._next = 0
 
     def scene_at(self, index: int) -> tuple[Tensor, str, Scene]:
@@ -465,7 +490,11 @@ class SceneSampler:
     def _draw(self, rng: np.random.Generator, caption: str, height: int, width: int) -> tuple[Tensor, str, Scene]:
         parsed = parse_caption(caption)
         objects = _layout(rng, parsed, height, width)
-        pixels = render(rng, objects, _background(rng, self._grey, self._tiles, height, width))
+        if self.background == "plain":
+            background = _plain_background(rng, height, width)
+        else:
+            background = _photo_background(rng, self._grey, self._tiles, height, width)
+        pixels = render(rng, objects, background)
         image = to_model_range(torch.from_numpy(pixels).permute(2, 0, 1))
         key = composition_key(caption)
         return image, caption, Scene(height, width, objects, parsed["count"], parsed["relation"], caption, key,

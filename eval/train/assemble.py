@@ -213,7 +213,8 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
     card = [
         "# tiny-t2i: vispec's embedded text-to-image model (unified tokens)",
         "",
-        "Captioned scenes (vispec.eval.bench.scenes): one to three shapes in six colours on textured grey backgrounds,",
+        "Captioned scenes (vispec.eval.bench.scenes): one to three shapes in six colours on plain grey backgrounds",
+        "(a level and a gentle ramp that vary between scenes),"
         "captions such as 'two red circles' or 'a blue square left of a yellow triangle'; held-out compositions are",
         "never trained on. Sizes 64x64 and 64x96 (height x width).",
         "",
@@ -226,6 +227,10 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
         "- Reproduce with samples/train_tiny_t2i.sh (seeded).",
     ]
     extras = {}
+    for name, folder in (("vqvae", cfg.vq), ("transformer", cfg.t2i)):  # the loss logs
+        log = os.path.join(folder, "train_log.jsonl")
+        if os.path.isfile(log):
+            extras[f"logs/{name}.jsonl"] = lambda path, log=log: shutil.copy(log, path)
     if cfg.clip:
         extras["clip"] = lambda path: shutil.copytree(cfg.clip, path)
     return write_pipeline_folder(pipe, cfg.out, card, info, record_title="Training records", extras=extras)

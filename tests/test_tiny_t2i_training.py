@@ -1,0 +1,70 @@
+"""The tiny-t2i training chain, a few steps each: scene VQ, the unified-token decoder, the assembled pipeline (with
+its CLIP and logs) loading and generating at both trained sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("skimage", reason="the scene trainers need the train extra (scikit-image)")
+
+from vispec.eval.train.assemble import T2IAssembleConfig, assemble_t2i  # noqa: E402
+from vispec.eval.train.clip import CLIPTrainConfig, train_clip  # noqa: E402
+from vispec.eval.train.t2i import T2ITrainConfig, batch_sequences, caption_tokenizer, t2i_vocabulary, train_t2i  # noqa: E402
+from vispec.eval.train.vq import VQTrainConfig, train_vq  # noqa: E402
+from vispec.pipelines import UnifiedImagePipeline  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def assembled(tmp_path_factory):
+    root = tmp_path_factory.mktemp("t2i")
+    train_vq(VQTrainConfig(out=str(root / "vq"), data="scenes", steps=2, batch_size=2, codebook_size=32, eval_images=4,
+                           log_every=1, restart_every=2))
+    metrics = train_t2i(T2ITrainConfig(vq=str(root / "vq"), out=str(root / "t2i"), num_sequences=8, steps=2, batch_size=2,
+                                       hidden_size=32, layers=1, heads=2, log_every=1))
+    train_clip(CLIPTrainConfig(out=str(root / "clip"), steps=2, batch_size=4, hidden_size=32, vision_layers=1, text_layers=1,
+                               heads=2, projection_dim=16, eval_candidates=8, log_every=1))
+    assemble_t2i(T2IAssembleConfig(vq=str(root / "vq"), t2i=str(root / "t2i"), clip=str(root / "clip"), out=str(root / "pipe")))
+    return root, metrics
+
+
+def test_vocabulary_is_text_then_layout_then_codes():
+    tokenizer = caption_tokenizer()
+    vocab = t2i_vocabulary(tokenizer, num_codes=32)
+    assert vocab["image_start"] == len(tokenizer) and vocab["code_offset"] == vocab["resolution_base"] + 9
+    assert vocab["vocab_size"] == vocab["code_offset"] + 32
+
+
+def test_sequences_are_left_padded_captions_then_prefix_then_rows():
+    tokenizer = caption_tokenizer()
+    vocab = t2i_vocabulary(tokenizer, num_codes=32)
+    captions = [tokenizer("two red circles")["input_ids"], tokenizer("a red circle left of a blue square")["input_ids"]]
+    codes = torch.randint(32, (2, 16, 24))
+    batch = batch_sequences(captions, codes, (64, 96), vocab, tokenizer.pad_token_id, torch.tensor([False, True]))
+    first = int(batch["first"])
+    prefix = [vocab["image_start"], vocab["resolution_base"] + 4, vocab["resolution_base"] + 6]
+    for row in range(2):
+        assert batch["input_ids"][row, first - 2 : first + 1].tolist() == prefix
+    assert batch["attention_mask"][1, : first - 2].sum() == 0  # the dropped caption is all padding
+    assert batch["position_ids"][0, first - 2 - len(captions[0])] == 0  # a prompt starts at position 0
+    targets = batch["targets"].view(2, 16, 25)
+    assert (targets[:, :, -1] == 32).all() and torch.equal(targets[:, :, :-1], codes)  # end of row after each row
+
+
+def test_the_chain_assembles_a_pipeline_that_generates_both_sizes(assembled):
+    root, metrics = assembled
+    assert metrics["vocabulary"]["vocab_size"] == metrics["vocabulary"]["code_offset"] + 32
+    folder = root / "pipe"
+    assert {"clip", "logs", "README.md", "model_index.json"} <= set(os.listdir(folder))
+    assert sorted(os.listdir(folder / "logs")) == ["transformer.jsonl", "vqvae.jsonl"]
+    with open(folder / "logs" / "transformer.jsonl") as handle:
+        assert [json.loads(line)["step"] for line in handle][:2] == [0, 1]
+    pipe = UnifiedImagePipeline.from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    for height, width in ((64, 64), (64, 96)):
+        out = pipe("two red circles", height=height, width=width, decoding="mc-sjd", output_type="pt",
+                   generator=torch.Generator().manual_seed(0))
+        assert out.images.shape == (1, 3, height, width)
