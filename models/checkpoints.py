@@ -365,6 +365,17 @@ def _component_class(library: Any, class_name: Any) -> Optional[type]:
     return cls if isinstance(cls, type) and issubclass(cls, ModelMixin) else None
 
 
+def pipeline_kind(folder: str | os.PathLike) -> Optional[str]:
+    """The pipeline class name in ``folder/model_index.json`` (the class of a ``[module, class]`` pair); None when
+    it is unreadable (:func:`check_pipeline_folder` then says why)."""
+    try:
+        with open(os.path.join(os.fspath(folder), "model_index.json")) as handle:
+            name = json.load(handle).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name[-1] if isinstance(name, list) and name else name
+
+
 def check_pipeline_folder(path: str | os.PathLike, expected_class: Optional[str] = None,
                           hints: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     """Check a saved pipeline folder before loading it; return its ``model_index.json``.

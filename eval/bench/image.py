@@ -1,30 +1,41 @@
-"""``vispec bench image``: speed and quality of AR, SJD and MC-SJD on a LlamaGen pipeline (tiny-c2i by default).
+"""``vispec bench image``: speed and quality of AR, SJD and MC-SJD on an image pipeline: a class-to-image
+LlamaGen pipeline (tiny-c2i, the default) or a text-to-image ``UnifiedImagePipeline`` (tiny-t2i).
+
+What differs between the two lives in a task object (:mod:`vispec.eval.bench.image_tasks`: conditions,
+generation, quality metrics, the real-image reference); this module runs the one algorithm on either.
 
 Per method:
 
 * speed at batch 1 (``latency_images`` images, one at a time): NFE, step compression against AR,
   latency per image, speed-up;
 * speed and quality at ``batch_size``: images per second and mean per-image latency inside the
-  batch, evaluator top-1 accuracy on the generated images (class adherence), and FID against
-  held-out real crops, with the evaluator's penultimate features (torchmetrics
-  ``FrechetInceptionDistance(feature=...)``; only comparable within this benchmark);
+  batch, and the task's quality metrics. Class-to-image: evaluator top-1 accuracy on the generated
+  images (class adherence) and FID against held-out real crops, with the evaluator's penultimate
+  features. Text-to-image (held-out captions, 64x64 and 64x96): prompt-following ``accuracy`` of the
+  scene checks (and ``accuracy_by_attribute``), ``clip_score`` against the captions, and FID against
+  held-out real renders with the CLIP's image embeddings. FID is torchmetrics'
+  ``FrechetInceptionDistance(feature=...)``, only comparable within this benchmark;
 * peak memory (RSS on CPU, max allocated on CUDA).
 
 Sampling noise: SJD and MC-SJD are exact, so their quality must match AR up to sampling noise. AR is
 repeated ``noise_repeats`` more times with disjoint seeds (rows ``ar-reseed-k``); ``noise`` holds the
-mean and standard deviation of FID and accuracy over the ``1 + noise_repeats`` AR runs and the
+mean and standard deviation of each noise metric (the task's ``noise_metrics``: FID and accuracy, and
+the CLIP score for text-to-image) over the ``1 + noise_repeats`` AR runs and the
 half-width of the 95% prediction interval for one further run at the same settings,
 ``t_{0.975, R} * sd * sqrt(1 + 1 / (R + 1))`` with ``R + 1`` AR runs. Each method's row gets its
-distance from the AR mean in standard deviations (``fid_z``, ``accuracy_z``) and whether it lies
-inside that interval (``fid_within_noise``, ``accuracy_within_noise``): the yardstick for
-differences between methods. ``real`` reports the evaluator on held-out crops and the FID between
-two disjoint sets of held-out crops (the floor).
+distance from the AR mean in standard deviations (``fid_z``, ``accuracy_z``, ``clip_score_z``) and whether it
+lies inside that interval (``fid_within_noise``, ...): the yardstick for differences between methods.
+``real`` reports the quality metrics of held-out real images (class-to-image: the evaluator on crops;
+text-to-image: the scene checks, and the CLIP score with the true captions and with mismatched ones) and
+the FID between two disjoint sets of real images (the floor).
 
 Throughput sweep (``batch_sizes`` and/or ``compile``, as ``vispec bench decoders`` does it): per batch
 size ``B`` every method (with ``compile``: eager and ``torch.compile(fullgraph=True)`` decode steps side
 by side; ``sd`` runs its drafter eagerly and has no compiled rows) is decoded untimed first (warm-up and
 compilation, repeated while a run still compiled a graph), then ``rounds`` interleaved rounds each
-decode ``max(B, sweep_images)`` images (whole batches) through the pipeline and the VQ decoder. Rows
+decode ``max(B, sweep_images)`` images (whole batches; text-to-image batches hold one size, so a size's
+last batch may be short) through the pipeline and the VQ decoder. Unified-token (text-to-image) models
+decode eagerly: with ``compile`` they get eager rows only. Rows
 (``throughput``): median images per second and seconds per image, speed-up over AR with the same
 compile setting and over eager AR (medians of per-round ratios). Quality (accuracy, FID, NFE, TV) is
 measured once, at ``batch_size``, eager: every image has its own keyed noise, so the tokens a method
@@ -49,7 +60,7 @@ import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -79,7 +90,8 @@ class ImageBenchConfig:
     temperature: Optional[float] = None
     top_k: Optional[int] = None
     top_p: Optional[float] = None
-    evaluator: Optional[str] = None  # defaults to the model folder's "evaluator" subfolder
+    evaluator: Optional[str] = None  # class-to-image: defaults to the model folder's "evaluator" subfolder
+    clip: Optional[str] = None  # text-to-image: a CLIP folder, defaults to the model folder's "clip" subfolder
     device: str = "cpu"
     lantern_k: tuple[int, ...] = (1000,)
     lantern_delta: tuple[float, ...] = (0.1,)
@@ -124,7 +136,8 @@ def expand_methods(methods: tuple[str, ...], lantern_k: tuple[int, ...], lantern
 
 def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_size: int, cfg: ImageBenchConfig,
                    compile: bool = False, tick: Optional[Callable[[int], None]] = None):
-    """uint8 images, per-image stats, wall time; ``tick(n)`` after every batch of ``n`` images (the progress bar)."""
+    """Class-to-image: uint8 images, per-image stats, wall time; ``tick(n)`` after every batch of ``n`` images (the
+    progress bar). (Text-to-image: :func:`vispec.eval.bench.image_tasks.generate_text_uint8`.)"""
     from vispec.models.llamagen_vq import decode_tokens, to_uint8
 
     images, stats = [], []
@@ -145,6 +158,7 @@ def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], ba
 
 
 def fid_score(evaluator, real: torch.Tensor, fake: torch.Tensor) -> float:
+    """Class-to-image FID of uint8 images with the evaluator's penultimate features (float64, a copy of the evaluator)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     from vispec.eval.bench.evaluator import FIDFeatures
@@ -165,51 +179,32 @@ def _progress_bar(total: int, enabled: Optional[bool]):
     return tqdm(total=total, unit="img", desc="bench image", disable=None if enabled is None else not enabled, dynamic_ncols=True)
 
 
-def _compilable(method: str) -> bool:
-    """Whether ``compile=True`` applies: ``sd`` runs its drafter rounds eagerly (:func:`vispec.decoding.decode`)."""
-    return DecodingConfig.parse(method).config.strategy in ("ar", "sjd", "mc-sjd")
+METRIC_LABELS = {"accuracy": "accuracy", "clip_score": "CLIP", "fid": "FID"}
 
 
 def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = print,
                     partial: Optional[Callable[[dict], None]] = None, progress_bar: Optional[bool] = None) -> dict:
-    """Run the benchmark (module docstring). ``progress(message)`` for phase lines, ``partial(result)`` after
-    every measured row (the result so far, for an incremental JSON), ``progress_bar``: ``None`` = a bar when
-    stderr is a terminal."""
-    import os
-
-    from vispec.eval.bench.data import CropSampler
-    from vispec.eval.bench.evaluator import CropClassifier, classify_accuracy
-    from vispec.models.checkpoints import check_pipeline_folder, diffusers_load_kwargs
-    from vispec.pipelines import LlamaGenPipeline
-    from vispec.pipelines.llamagen import resolve_model_path
+    """Run the benchmark (module docstring) on the task of ``cfg.model`` (class- or text-to-image, from its
+    ``model_index.json``). ``progress(message)`` for phase lines, ``partial(result)`` after every measured row
+    (the result so far, for an incremental JSON), ``progress_bar``: ``None`` = a bar when stderr is a terminal."""
+    from vispec.eval.bench.image_tasks import load_task
 
     cfg.validate()
-    folder = resolve_model_path(cfg.model)
-    check_pipeline_folder(folder, "LlamaGenPipeline", {"MaskedDiffusionLMPipeline": "a text model: use `vispec bench text`"})
-    evaluator_path = cfg.evaluator or os.path.join(folder, "evaluator")
-    if not os.path.isdir(evaluator_path):
-        raise ValueError(f"no evaluator at {evaluator_path}: pass --evaluator (a CropClassifier folder)")
-    pipe = LlamaGenPipeline.from_pretrained(folder).to(cfg.device)
-    pipe.set_progress_bar_config(disable=True)
-    evaluator = CropClassifier.from_pretrained(evaluator_path, **diffusers_load_kwargs()).eval()
-    num_classes = pipe.transformer.config.num_classes
+    task = load_task(cfg)  # checks the folder and the options before loading
+    pipe = task.pipe
     methods = expand_methods(("ar",) + tuple(cfg.methods), cfg.lantern_k, cfg.lantern_delta)
     for method in methods:  # validate names (and build LANTERN tables) before hours of work
-        config = DecodingConfig.parse(method, base=pipe.decoding_config)
-        if config.config.strategy == "sd" and pipe.drafter is None:
-            raise ValueError(f"method {method!r} needs a drafter, but the pipeline {cfg.model!r} has none")
-        pipe.acceptance_rule(config.rule)
+        task.check_method(method)
     batch_sizes = tuple(dict.fromkeys(cfg.batch_sizes or (cfg.batch_size,))) if cfg.sweep else ()
     settings = (False, True) if cfg.compile else (False,)
-    skipped = [m for m in methods if cfg.compile and not _compilable(m)]
+    skipped = [m for m in methods if cfg.compile and not task.compilable(m)]
     if skipped:
-        progress(f"--compile: {', '.join(skipped)} run(s) their drafter eagerly: eager throughput rows only")
+        progress(f"--compile: {', '.join(skipped)} {task.compile_note}: eager throughput rows only")
 
     sampling = pipe.decoding_config.sampling(guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     run_config = {k: v for k, v in asdict(cfg).items() if k != "extra"}
     run_config.update(methods=methods, sampling=sampling.to_dict(), window=pipe.decoding_config.config.window,
-                      fid_features="tiny-c2i evaluator penultimate layer (torchmetrics FrechetInceptionDistance)",
-                      **environment(cfg.device))
+                      **task.run_config(), **environment(cfg.device))
     if cfg.sweep:
         run_config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings],
                           compile_skipped=skipped)
@@ -235,21 +230,15 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
             with bar.external_write_mode():  # clear the bar, print, redraw
                 progress(message)
 
-        # real held-out crops: evaluator accuracy and the FID floor (two disjoint sets)
-        held_out = CropSampler("eval")
-        real_labels = torch.arange(2 * cfg.real_images) % num_classes
-        real, _ = held_out.sample(2 * cfg.real_images, torch.Generator().manual_seed(cfg.seed + 7), labels=real_labels)
-        real_a, real_b = real[: cfg.real_images], real[cfg.real_images :]
-        real_stats.update(accuracy=classify_accuracy(evaluator, real_a, real_labels[: cfg.real_images]),
-                          fid_real_vs_real=fid_score(evaluator, real_a, real_b), images=cfg.real_images)
-        say(f"real held-out crops: accuracy {real_stats['accuracy']:.3f}, FID real vs real {real_stats['fid_real_vs_real']:.3f}")
+        # real held-out images: their quality metrics and the FID floor (two disjoint sets)
+        real_stats.update(task.real_stats(cfg.real_images))
+        say(task.describe_real(real_stats))
         if partial:
             partial(snapshot())
 
-        labels = torch.arange(cfg.num_images) % num_classes
+        conditions = task.conditions(cfg.num_images)
         seeds = [cfg.seed * SEED_STRIDE + i for i in range(cfg.num_images)]
-        warm = pipe(class_labels=[0], decoding="sjd", output_type="latent")  # warm-up, not timed
-        del warm
+        task.warm_up()  # not timed
         for method in methods + reseeds:
             reseed = int(method.rsplit("-", 1)[1]) if method in reseeds else 0
             decoding = "ar" if reseed else method
@@ -257,20 +246,20 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
             with PeakMemory(cfg.device) as memory:
                 if not reseed:
                     say(f"{method}: batch-1 latency on {cfg.latency_images} images ...")
-                    _, stats1, _ = generate_uint8(pipe, decoding, labels[: cfg.latency_images], seeds[: cfg.latency_images], 1, cfg,
-                                                  tick=bar.update)
+                    _, stats1, _ = task.generate(decoding, conditions[: cfg.latency_images], seeds[: cfg.latency_images], 1,
+                                                 tick=bar.update)
                     row["nfe"] = sum(s["nfe"] for s in stats1) / len(stats1)
                     row["latency_s"] = sum(s["latency_s"] for s in stats1) / len(stats1)
                     row["images_per_s_batch1"] = 1.0 / row["latency_s"]
                 run_seeds = [s + reseed * RESEED_OFFSET for s in seeds]
                 say(f"{method}: {cfg.num_images} images at batch {cfg.batch_size} ...")
-                images, stats, wall = generate_uint8(pipe, decoding, labels, run_seeds, cfg.batch_size, cfg, tick=bar.update)
+                images, stats, wall = task.generate(decoding, conditions, run_seeds, cfg.batch_size, tick=bar.update)
+            quality = task.quality(images, conditions)
             row.update(
                 nfe_batched=sum(s["nfe"] for s in stats) / len(stats),
                 latency_s_batched=sum(s["latency_s"] for s in stats) / len(stats),
                 images_per_s=cfg.num_images / wall,
-                accuracy=classify_accuracy(evaluator, images, labels),
-                fid=fid_score(evaluator, real_a, images),
+                **quality,
                 peak_mem_mb=memory.peak_mb,
             )
             if "tv_mean" in stats[0]:  # images decoded without a measured verification carry NaN
@@ -279,28 +268,28 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
                 row["tv_max"] = max(s["tv_max"] for s in measured) if measured else float("nan")
             if "drafter_nfe" in stats[0]:
                 row["drafter_nfe_batched"] = sum(s["drafter_nfe"] for s in stats) / len(stats)
+            noise_metrics = [m for m in quality if m in task.noise_metrics]  # in the task's row order
             if reseed:
-                row = {k: row[k] for k in ("accuracy", "fid", "nfe_batched", "images_per_s", "peak_mem_mb")}
+                row = {k: row[k] for k in (*noise_metrics, "nfe_batched", "images_per_s", "peak_mem_mb")}
             results[method] = row
-            say(f"{method}: accuracy {row['accuracy']:.3f}, FID {row['fid']:.3f}")
+            say(f"{method}: " + ", ".join(f"{METRIC_LABELS.get(m, m)} {row[m]:.3f}" for m in noise_metrics))
             if partial:
                 partial(snapshot())
 
         for batch in batch_sizes:
-            throughput += _throughput_rows(pipe, cfg, methods, settings, skipped, batch, sweep_images[batch], num_classes,
-                                           say, bar)
+            throughput += _throughput_rows(task, cfg, methods, settings, skipped, batch, sweep_images[batch], say, bar)
             if partial:
                 partial(snapshot())
 
     ar = results["ar"]
-    noise = sampling_noise([results[m] for m in ["ar"] + reseeds])
+    noise = sampling_noise([results[m] for m in ["ar"] + reseeds], task.noise_metrics)
     for method in methods:
         row = results[method]
         row["step_compression"] = ar["nfe"] / row["nfe"]
         row["speedup"] = ar["latency_s"] / row["latency_s"]
         row["speedup_batched"] = row["images_per_s"] / ar["images_per_s"]
         row["speedup_vs_compression"] = row["speedup"] / row["step_compression"]
-        for metric in ("fid", "accuracy"):
+        for metric in task.noise_metrics:
             deviation = row[metric] - noise[f"{metric}_mean"]
             sd = noise[f"{metric}_sd"]
             row[f"{metric}_z"] = deviation / sd if sd > 0 else 0.0
@@ -311,21 +300,21 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     return result
 
 
-def _throughput_rows(pipe, cfg: ImageBenchConfig, methods: list[str], settings: tuple[bool, ...], skipped: list[str],
-                     batch: int, images: int, num_classes: int, say: Callable[[str], None], bar) -> list[dict]:
+def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: tuple[bool, ...], skipped: list[str],
+                     batch: int, images: int, say: Callable[[str], None], bar) -> list[dict]:
     """One batch size of the throughput sweep (module docstring): warm-up, interleaved timed rounds, one row
-    per method and compile setting."""
+    per method and compile setting (``task``: :class:`vispec.eval.bench.image_tasks.ImageTask`)."""
     import statistics
 
     from vispec.eval.bench.decoders import WARMUP_RUNS, _graphs
 
-    labels = torch.arange(images) % num_classes
+    conditions = task.conditions(images)
     seeds = [cfg.seed * SEED_STRIDE + i for i in range(images)]
     contenders = [(m, c) for c in settings for m in methods if not (c and m in skipped)]
     name = lambda m, c: f"{m}{' (compiled)' if c else ''}"  # noqa: E731
 
     def run(method: str, compiled: bool) -> float:
-        return generate_uint8(pipe, method, labels, seeds, batch, cfg, compile=compiled, tick=bar.update)[2]
+        return task.generate(method, conditions, seeds, batch, compile=compiled, tick=bar.update)[2]
 
     warmup: dict = {}
     for con in contenders:  # warm-up and compilation, untimed: again while a run still compiled a graph
@@ -364,12 +353,13 @@ def _throughput_rows(pipe, cfg: ImageBenchConfig, methods: list[str], settings: 
     return rows
 
 
-def sampling_noise(ar_rows: list[dict]) -> dict:
-    """Mean, sd and 95% prediction half-width of FID and accuracy over repeated AR runs (module docstring)."""
+def sampling_noise(ar_rows: list[dict], metrics: Sequence[str] = ("fid", "accuracy")) -> dict:
+    """Mean, sd and 95% prediction half-width of each of ``metrics`` (default FID and accuracy) over repeated AR
+    runs (module docstring)."""
     runs = len(ar_rows)
     t = _T975[runs - 2] if runs - 1 <= len(_T975) else 1.96
     noise: dict = {"ar_runs": runs}
-    for metric in ("fid", "accuracy"):
+    for metric in metrics:
         values = torch.tensor([r[metric] for r in ar_rows], dtype=torch.float64)
         sd = float(values.std(unbiased=True))
         noise[f"{metric}_values"] = values.tolist()
@@ -379,25 +369,40 @@ def sampling_noise(ar_rows: list[dict]) -> dict:
     return noise
 
 
+def _task_class(result: dict) -> type:
+    """The task class of a result (its ``config["task"]``; results from before tasks are class-to-image)."""
+    from vispec.eval.bench.image_tasks import TASKS, ClassImageTask
+
+    return TASKS.get(result["config"].get("task", ClassImageTask.kind), ClassImageTask)
+
+
 def format_image_table(result: dict) -> str:
+    """One line per method (a CLIP column for text-to-image), the AR sampling noise and the real images."""
+    clip = "clip_score" in _task_class(result).noise_metrics
     width = max([18] + [len(name) for name in result["methods"]])
+    clip_head = f" {'CLIP':>6}" if clip else ""
     header = (f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'lat s':>7} {'speedup':>8} {'sp/step':>7} {'img/s@B':>8} {'x@B':>6} "
-              f"{'acc':>6} {'FID':>8} {'FID z':>6} {'TV mean':>8} {'TV max':>7} {'MB':>6}")
+              f"{'acc':>6}{clip_head} {'FID':>8} {'FID z':>6} {'TV mean':>8} {'TV max':>7} {'MB':>6}")
     lines = [header, "-" * len(header)]
     for name, r in result["methods"].items():
+        score = f" {r['clip_score']:>6.2f}" if clip else ""
         if name.startswith("ar-reseed"):
             lines.append(f"{name:<{width}} {'':>7} {'':>7} {'':>7} {'':>8} {'':>7} {r['images_per_s']:>8.2f} {'':>6} "
-                         f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {'':>6} {'':>8} {'':>7} {r['peak_mem_mb']:>6.0f}")
+                         f"{r['accuracy']:>6.3f}{score} {r['fid']:>8.3f} {'':>6} {'':>8} {'':>7} {r['peak_mem_mb']:>6.0f}")
             continue
         tv = f"{r['tv_mean']:>8.4f} {r['tv_max']:>7.3f}" if "tv_mean" in r else f"{'0':>8} {'0':>7}"
         lines.append(f"{name:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>7.3f} {r['speedup']:>8.2f} "
                      f"{r['speedup_vs_compression']:>7.2f} {r['images_per_s']:>8.2f} {r['speedup_batched']:>6.2f} "
-                     f"{r['accuracy']:>6.3f} {r['fid']:>8.3f} {r['fid_z']:>6.2f} {tv} {r['peak_mem_mb']:>6.0f}")
+                     f"{r['accuracy']:>6.3f}{score} {r['fid']:>8.3f} {r['fid_z']:>6.2f} {tv} {r['peak_mem_mb']:>6.0f}")
     noise, real = result["noise"], result["real"]
-    lines.append(f"AR sampling noise over {noise['ar_runs']} runs: FID {noise['fid_mean']:.3f} +- {noise['fid_sd']:.3f} "
-                 f"(95% interval +-{noise['fid_interval']:.3f}), accuracy {noise['accuracy_mean']:.3f} +- {noise['accuracy_sd']:.3f} "
-                 f"(+-{noise['accuracy_interval']:.3f})")
-    lines.append(f"real held-out crops: accuracy {real['accuracy']:.3f}, FID real vs real {real['fid_real_vs_real']:.3f}")
+    line = (f"AR sampling noise over {noise['ar_runs']} runs: FID {noise['fid_mean']:.3f} +- {noise['fid_sd']:.3f} "
+            f"(95% interval +-{noise['fid_interval']:.3f}), accuracy {noise['accuracy_mean']:.3f} +- {noise['accuracy_sd']:.3f} "
+            f"(+-{noise['accuracy_interval']:.3f})")
+    if "clip_score_mean" in noise:
+        line += (f", CLIP {noise['clip_score_mean']:.2f} +- {noise['clip_score_sd']:.2f} "
+                 f"(+-{noise['clip_score_interval']:.2f})")
+    lines.append(line)
+    lines.append(_task_class(result).describe_real(real))
     if result.get("throughput"):
         lines += ["", format_throughput_table(result)]
     return "\n".join(lines)
@@ -422,13 +427,14 @@ def format_throughput_table(result: dict) -> str:
             line += f"  [compiled {row['compiles_in_timed']} graph(s) in timed runs]"
         lines.append(line)
     if config.get("compile_skipped"):
-        lines.append(f"no compiled rows for {', '.join(config['compile_skipped'])} (draft-model decoding runs its drafter eagerly)")
+        lines.append(f"no compiled rows for {', '.join(config['compile_skipped'])} ({_task_class(result).compile_reason})")
     return "\n".join(lines)
 
 
 def speed_fid_plot(result: dict, path: str, size: tuple[int, int] = (900, 600)) -> str:
     """A PNG of step compression (x) against FID (y), one labelled point per method, with the AR
-    sampling-noise band and the FID = 1.1 x AR line. Drawn with PIL (no plotting dependency)."""
+    sampling-noise band and the FID = 1.1 x AR line; the y label names the FID features (``config["fid_features"]``).
+    Drawn with PIL (no plotting dependency)."""
     from PIL import Image, ImageDraw
 
     rows = {name: r for name, r in result["methods"].items() if not name.startswith("ar-reseed")}
@@ -460,7 +466,8 @@ def speed_fid_plot(result: dict, path: str, size: tuple[int, int] = (900, 600)) 
         draw.text((px - 10, h - bottom + 5), f"{x:.2f}", fill="black")
         draw.text((5, py - 6), f"{y:.2f}", fill="black")
     draw.text((w // 2 - 120, h - 25), "step compression vs AR (forwards per image)", fill="black")
-    draw.text((5, 5), "FID (tiny-c2i evaluator features)", fill="black")
+    features = result["config"].get("fid_features", "tiny-c2i evaluator features").split(" (")[0]
+    draw.text((5, 5), f"FID ({features})", fill="black")
     for name, r in rows.items():
         px, py = at(r["step_compression"], r["fid"])
         colour = (200, 80, 0) if "+" in name else (0, 110, 0)

@@ -26,23 +26,29 @@ DECODER_HELP = {
     "threads": "torch threads (0: leave as is)",
 }
 IMAGE_HELP = {
-    "model": "embedded model or pipeline folder",
-    "methods": "decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4,mc-sjd+lantern,gsd,sd,sd+lantern",
-    "num_images": "images per method for accuracy and FID",
+    "model": "embedded model or pipeline folder: a class-to-image LlamaGen pipeline (tiny-c2i) or a text-to-image "
+             "UnifiedImagePipeline (tiny-t2i, or its folder models/pretrained/tiny-t2i)",
+    "methods": "decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4,mc-sjd+lantern,gsd,sd,sd+lantern (sd needs a drafter: "
+               "class-to-image only)",
+    "num_images": "images per method for the quality metrics (accuracy and FID; text-to-image also CLIP score, on "
+                  "held-out captions of both sizes, 64x64 and 64x96)",
     "latency_images": "images decoded one at a time for batch-1 latency",
-    "noise_repeats": "extra AR runs with other seeds for the FID/accuracy noise",
-    "real_images": "held-out real crops for FID",
+    "noise_repeats": "extra AR runs with other seeds for the noise of FID and accuracy (text-to-image: and CLIP score)",
+    "real_images": "held-out real images for FID (class-to-image: crops; text-to-image: scene renders)",
     "guidance_scale": "default: the pipeline's",
     "temperature": "default: the pipeline's",
     "top_k": "default: the pipeline's",
     "top_p": "default: the pipeline's",
-    "evaluator": "CropClassifier folder (default: <model>/evaluator)",
+    "evaluator": "CropClassifier folder, class-to-image models only (default: <model>/evaluator)",
+    "clip": "CLIP folder (CLIPModel and CLIPProcessor) for CLIP score and FID features, text-to-image models only "
+            "(default: <model>/clip)",
     "lantern_k": "comma-separated k values swept for every '+lantern' method",
     "lantern_delta": "comma-separated delta values swept for every '+lantern' method",
     "batch_sizes": "comma-separated batch sizes of a throughput sweep (images/s per batch size, interleaved rounds; "
                    "quality is measured once, at --batch-size: images do not depend on the batch) (default: none)",
     "compile": "also time the throughput sweep with torch.compile(fullgraph=True) decode steps, eager and compiled "
-               "side by side (ar, sjd, mc-sjd; sd has no compiled rows)",
+               "side by side (ar, sjd, mc-sjd; sd has no compiled rows; text-to-image models decode eagerly: eager "
+               "rows only)",
     "rounds": "interleaved timing rounds of the throughput sweep (medians are reported)",
     "sweep_images": "images per measurement of the throughput sweep (rounded up to whole batches, at least one)",
 }
@@ -142,7 +148,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_config_args(decoders, DecoderBenchConfig, help=DECODER_HELP, splitters=specs)
     decoders.set_defaults(func=_cmd_bench)
 
-    image = bench.add_parser("image", help="speed, accuracy and FID of the decoders on a LlamaGen pipeline")
+    image = bench.add_parser("image", help="speed, accuracy and FID (text-to-image: and CLIP score) of the decoders on "
+                                           "an image pipeline: class-to-image LlamaGen or text-to-image unified-token")
     add_config_args(image, ImageBenchConfig, help=IMAGE_HELP, splitters=specs)
     image.add_argument("--plot", default=None, help="speed-versus-FID PNG (default: next to --json)")
     image.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")

@@ -28,27 +28,15 @@ def _load(pipeline_cls, name: str):
     the command for the kind it is, instead of diffusers' "expected [...] but only set() were passed"), every
     component folder present, weights that fit their configs (nothing allocated before that). ``pipeline_cls``
     may be a tuple of accepted classes: the folder's own kind is loaded."""
-    from vispec.models.checkpoints import check_pipeline_folder
+    from vispec.models.checkpoints import check_pipeline_folder, pipeline_kind
     from vispec.pipelines.embedded import resolve_model_path
 
     folder = resolve_model_path(name)
     classes = pipeline_cls if isinstance(pipeline_cls, tuple) else (pipeline_cls,)
-    found = _pipeline_kind(folder)
+    found = pipeline_kind(folder)
     chosen = next((c for c in classes if c.__name__ == found), classes[0])
     check_pipeline_folder(folder, chosen.__name__, {kind: f"use `{command}`" for kind, command in COMMANDS.items()})
     return chosen.from_pretrained(folder)
-
-
-def _pipeline_kind(folder: str):
-    """The pipeline class name in ``folder/model_index.json`` (None if unreadable: the folder check reports it)."""
-    import json
-
-    try:
-        with open(os.path.join(folder, "model_index.json")) as handle:
-            name = json.load(handle).get("_class_name")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return name[-1] if isinstance(name, list) and name else name
 
 
 def image_paths(out: str, num_images: int) -> list[str]:
@@ -70,9 +58,10 @@ def _cmd_image(args: argparse.Namespace) -> int:
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     check_output_file(args.out, "--out", image=True)
+    from vispec.models.checkpoints import pipeline_kind
     from vispec.pipelines.embedded import resolve_model_path
 
-    text = _pipeline_kind(resolve_model_path(args.model)) == UnifiedImagePipeline.__name__
+    text = pipeline_kind(resolve_model_path(args.model)) == UnifiedImagePipeline.__name__
     _check_condition_flags(args, text)
     _quiet(args)
     pipe = _load((LlamaGenPipeline, UnifiedImagePipeline), args.model)

@@ -1,0 +1,448 @@
+"""What ``vispec bench image`` does differently for each kind of image model: one *task* object per kind.
+
+:func:`vispec.eval.bench.image.run_image_bench` runs one algorithm (latency, batched quality, AR seed noise,
+throughput sweep) on a task; the task knows the conditions, how to generate and how to judge:
+
+* :class:`ClassImageTask` (``"class-to-image"``, a ``LlamaGenPipeline`` such as tiny-c2i): conditions are class
+  labels ``i % num_classes``; quality is the evaluator's top-1 accuracy (class adherence) and FID against
+  held-out real crops with the evaluator's penultimate features; the reference is the evaluator on held-out
+  crops and the FID between two disjoint sets of them (the floor);
+* :class:`TextImageTask` (``"text-to-image"``, a ``UnifiedImagePipeline`` such as tiny-t2i): conditions are
+  held-out captions with their sizes (:class:`~vispec.eval.bench.scenes.SceneSampler` ``("test", seed)``, scenes
+  of 64x64 and 64x96); quality is prompt-following accuracy from the programmatic scene checks
+  (:func:`~vispec.eval.bench.scene_checks.check_images`: ``accuracy`` = every asked attribute right, and the
+  per-attribute fractions), CLIP score against the captions (:func:`~vispec.eval.bench.clip_score.clip_score`,
+  the model folder's ``clip`` CLIP by default) and FID against held-out real renders with the CLIP's projected
+  image embeddings as features (the processor squeezes every image to the CLIP's input, so both sizes share
+  one feature space); the reference is the scene checks and the CLIP score of real renders with their true
+  captions and with mismatched ones (captions rolled by one), and the FID between two disjoint sets of real
+  renders (the floor). Unified-token models decode eagerly (``UnifiedTokenModel.compilable`` is False).
+
+Every image has its own seeded generator, and text-to-image batches are formed per size in the order of the
+conditions, so a method's images do not depend on the batch size or on which images share a batch.
+
+:func:`load_task` picks the task from the folder's ``model_index.json`` and checks the options (``--evaluator``
+is for class-to-image models, ``--clip`` for text-to-image ones) before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from abc import ABC, abstractmethod
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from vispec.eval.bench import image as bench_image
+from vispec.eval.bench.image import ImageBenchConfig
+
+REAL_SEED_OFFSET = 7  # the reference images use seed cfg.seed + 7: other images than the conditions' stream
+TEXT_MODEL_HINT = {"MaskedDiffusionLMPipeline": "a text model: use `vispec bench text`"}
+Tick = Optional[Callable[[int], None]]
+Images = Union[Tensor, list[Tensor]]  # uint8 [N, 3, H, W] (one size) or a list of uint8 [3, H, W] (sizes may differ)
+
+
+class Prompt(NamedTuple):
+    """One text-to-image condition: a caption and the image size (pixels) it is generated at."""
+
+    caption: str
+    height: int
+    width: int
+
+
+def held_out_prompts(n: int, seed: int) -> list[Prompt]:
+    """The first ``n`` held-out captions of ``SceneSampler("test", seed)`` with their scenes' sizes (64x64 or 64x96)."""
+    from vispec.eval.bench.scenes import SceneSampler
+
+    batch = SceneSampler("test", seed=seed).sample(n)
+    return [Prompt(caption, scene.height, scene.width) for caption, scene in zip(batch.captions, batch.scenes)]
+
+
+class ImageTask(ABC):
+    """The interface :func:`~vispec.eval.bench.image.run_image_bench` runs on (module docstring).
+
+    ``kind`` names the task; ``noise_metrics`` are the quality metrics that get AR seed noise, z-scores and
+    within-noise flags; ``fid_features`` says where the FID features come from; ``compile_note`` (progress) and
+    ``compile_reason`` (table) why a method has no compiled throughput rows. ``pipe`` is the loaded pipeline (its
+    ``decoding_config`` gives the defaults).
+    """
+
+    kind: ClassVar[str]
+    noise_metrics: ClassVar[tuple[str, ...]]
+    fid_features: ClassVar[str]
+    compile_note: ClassVar[str]
+    compile_reason: ClassVar[str]
+
+    def __init__(self, cfg: ImageBenchConfig, folder: str, pipe: Any):
+        self.cfg, self.folder, self.pipe = cfg, folder, pipe
+        self.reference: Optional[Images] = None  # real images FID compares with (set by real_stats)
+
+    @classmethod
+    @abstractmethod
+    def check(cls, cfg: ImageBenchConfig, folder: str) -> None:
+        """ValueError for a folder of another kind or options that do not fit this task; loads nothing."""
+
+    @classmethod
+    @abstractmethod
+    def load(cls, cfg: ImageBenchConfig, folder: str) -> "ImageTask":
+        """The pipeline (on ``cfg.device``, progress bar off) and the quality model."""
+
+    @abstractmethod
+    def check_method(self, method: str) -> None:
+        """ValueError for a decoding method this pipeline cannot run (acceptance tables are built here)."""
+
+    @abstractmethod
+    def compilable(self, method: str) -> bool:
+        """Whether ``compile=True`` applies to ``method`` (else: eager throughput rows only)."""
+
+    @abstractmethod
+    def conditions(self, n: int) -> Sequence:
+        """The conditions of images ``0 .. n-1`` (deterministic in ``cfg.seed``; a prefix of a longer list)."""
+
+    @abstractmethod
+    def warm_up(self) -> None:
+        """One untimed generation (allocations, first-call costs)."""
+
+    @abstractmethod
+    def generate(self, method: str, conditions: Sequence, seeds: list[int], batch_size: int, compile: bool = False,
+                 tick: Tick = None) -> tuple[Images, list[dict], float]:
+        """``(uint8 images in the order of conditions, per-image stats, wall seconds)``: image ``i`` from
+        ``conditions[i]`` with a generator seeded ``seeds[i]``; ``tick(n)`` after every batch of ``n`` images."""
+
+    @abstractmethod
+    def real_stats(self, n: int) -> dict:
+        """The quality metrics of real held-out images and the FID floor; keeps ``n`` of them as the FID reference."""
+
+    @abstractmethod
+    def quality(self, images: Images, conditions: Sequence) -> dict:
+        """The quality metrics of generated images against their conditions (``noise_metrics`` among them)."""
+
+    @staticmethod
+    @abstractmethod
+    def describe_real(real: dict) -> str:
+        """One line on the real images (:meth:`real_stats`), for the progress and the table."""
+
+    def run_config(self) -> dict:
+        """What the result's ``config`` records about the task."""
+        return {"task": self.kind, "fid_features": self.fid_features}
+
+    def _reference(self) -> Images:
+        if self.reference is None:
+            raise RuntimeError("real_stats() must run before quality(): it sets the FID reference")
+        return self.reference
+
+
+# ------------------------------------------------------------------------------------------- class-to-image
+class ClassImageTask(ImageTask):
+    """A ``LlamaGenPipeline`` (tiny-c2i): class labels, the evaluator's accuracy and FID (module docstring).
+
+    Generation and FID go through :func:`vispec.eval.bench.image.generate_uint8` and
+    :func:`~vispec.eval.bench.image.fid_score` (looked up at call time)."""
+
+    kind = "class-to-image"
+    noise_metrics = ("fid", "accuracy")
+    fid_features = "tiny-c2i evaluator penultimate layer (torchmetrics FrechetInceptionDistance)"
+    compile_note = "run(s) their drafter eagerly"
+    compile_reason = "draft-model decoding runs its drafter eagerly"
+
+    def __init__(self, cfg: ImageBenchConfig, folder: str, pipe: Any, evaluator: nn.Module):
+        super().__init__(cfg, folder, pipe)
+        self.evaluator = evaluator
+        self.num_classes: int = pipe.transformer.config.num_classes
+
+    @staticmethod
+    def evaluator_path(cfg: ImageBenchConfig, folder: str) -> str:
+        return cfg.evaluator or os.path.join(folder, "evaluator")
+
+    @classmethod
+    def check(cls, cfg: ImageBenchConfig, folder: str) -> None:
+        from vispec.models.checkpoints import check_pipeline_folder
+
+        check_pipeline_folder(folder, "LlamaGenPipeline", TEXT_MODEL_HINT)
+        if cfg.clip is not None:
+            raise ValueError(f"--clip is for text-to-image models; {cfg.model} is a class-to-image LlamaGenPipeline, "
+                             f"judged by its evaluator (--evaluator)")
+        path = cls.evaluator_path(cfg, folder)
+        if not os.path.isdir(path):
+            raise ValueError(f"no evaluator at {path}: pass --evaluator (a CropClassifier folder)")
+
+    @classmethod
+    def load(cls, cfg: ImageBenchConfig, folder: str) -> "ClassImageTask":
+        from vispec.eval.bench.evaluator import CropClassifier
+        from vispec.models.checkpoints import diffusers_load_kwargs
+        from vispec.pipelines import LlamaGenPipeline
+
+        pipe = LlamaGenPipeline.from_pretrained(folder).to(cfg.device)
+        pipe.set_progress_bar_config(disable=True)
+        evaluator = CropClassifier.from_pretrained(cls.evaluator_path(cfg, folder), **diffusers_load_kwargs()).eval()
+        return cls(cfg, folder, pipe, evaluator)
+
+    def check_method(self, method: str) -> None:
+        from vispec.decoding import DecodingConfig
+
+        config = DecodingConfig.parse(method, base=self.pipe.decoding_config)
+        if config.config.strategy == "sd" and self.pipe.drafter is None:
+            raise ValueError(f"method {method!r} needs a drafter, but the pipeline {self.cfg.model!r} has none")
+        self.pipe.acceptance_rule(config.rule)
+
+    def compilable(self, method: str) -> bool:
+        """``sd`` runs its drafter rounds eagerly (:func:`vispec.decoding.decode`)."""
+        from vispec.decoding import DecodingConfig
+
+        return DecodingConfig.parse(method).config.strategy in ("ar", "sjd", "mc-sjd")
+
+    def conditions(self, n: int) -> Tensor:
+        return torch.arange(n) % self.num_classes
+
+    def warm_up(self) -> None:
+        self.pipe(class_labels=[0], decoding="sjd", output_type="latent")
+
+    def generate(self, method: str, conditions: Sequence, seeds: list[int], batch_size: int, compile: bool = False,
+                 tick: Tick = None) -> tuple[Tensor, list[dict], float]:
+        return bench_image.generate_uint8(self.pipe, method, conditions, seeds, batch_size, self.cfg, compile=compile,
+                                          tick=tick)
+
+    def real_stats(self, n: int) -> dict:
+        """Evaluator accuracy on ``n`` held-out crops (labels ``i % num_classes``), FID to ``n`` other ones."""
+        from vispec.eval.bench.data import CropSampler
+        from vispec.eval.bench.evaluator import classify_accuracy
+
+        labels = torch.arange(2 * n) % self.num_classes
+        real, _ = CropSampler("eval").sample(2 * n, torch.Generator().manual_seed(self.cfg.seed + REAL_SEED_OFFSET),
+                                             labels=labels)
+        self.reference = real[:n]
+        return {"accuracy": classify_accuracy(self.evaluator, real[:n], labels[:n]),
+                "fid_real_vs_real": bench_image.fid_score(self.evaluator, real[:n], real[n:]), "images": n}
+
+    def quality(self, images: Images, conditions: Sequence) -> dict:
+        from vispec.eval.bench.evaluator import classify_accuracy
+
+        return {"accuracy": classify_accuracy(self.evaluator, images, conditions),
+                "fid": bench_image.fid_score(self.evaluator, self._reference(), images)}
+
+    @staticmethod
+    def describe_real(real: dict) -> str:
+        return f"real held-out crops: accuracy {real['accuracy']:.3f}, FID real vs real {real['fid_real_vs_real']:.3f}"
+
+
+# -------------------------------------------------------------------------------------------- text-to-image
+class CLIPFIDFeatures(nn.Module):
+    """Adapter for ``torchmetrics FrechetInceptionDistance(feature=...)``: uint8 ``[N, 3, H, W]`` in, the CLIP's
+    projected image embeddings ``[N, projection_dim]`` out (the processor resizes to the CLIP's input size)."""
+
+    def __init__(self, model: nn.Module, processor: Any):
+        from vispec.eval.bench.clip_score import FeatureModel
+
+        super().__init__()
+        self.clip = FeatureModel(model)
+        self.processor = processor
+        self.num_features = int(model.config.projection_dim)
+
+    def forward(self, images: Tensor) -> Tensor:
+        weight = next(self.clip.parameters())  # the CLIP's device and dtype
+        pixels = self.processor(images=[image.cpu() for image in images], return_tensors="pt")["pixel_values"]
+        return self.clip.get_image_features(pixels.to(weight.device, weight.dtype))
+
+
+def by_size(images: Sequence[Tensor]) -> dict[tuple[int, int], Tensor]:
+    """``{(H, W): uint8 [B, 3, H, W]}`` of a list of ``[3, H, W]`` images (a batch tensor is one group)."""
+    if isinstance(images, Tensor):
+        return {(images.shape[2], images.shape[3]): images}
+    groups: dict[tuple[int, int], list[Tensor]] = {}
+    for image in images:
+        groups.setdefault((image.shape[1], image.shape[2]), []).append(image)
+    return {hw: torch.stack(group) for hw, group in groups.items()}
+
+
+@torch.no_grad()
+def clip_fid(model: nn.Module, processor: Any, real: Images, fake: Images) -> float:
+    """FID between uint8 image sets (sizes may differ) with a CLIP's projected image embeddings as features
+    (torchmetrics ``FrechetInceptionDistance``, a float64 copy of the CLIP); images go in per size group."""
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    # float64 features from a float64 copy of the CLIP (the metric's states are float64 already); not
+    # metric.set_dtype, which would also cast the CLIP's integer buffers (position ids)
+    metric = FrechetInceptionDistance(feature=CLIPFIDFeatures(copy.deepcopy(model).double().eval(), processor))
+    for images, is_real in ((real, True), (fake, False)):
+        for group in by_size(images).values():
+            for lo in range(0, group.shape[0], 256):
+                metric.update(group[lo : lo + 256], real=is_real)
+    return float(metric.compute())
+
+
+def to_uint8(images: Tensor) -> Tensor:
+    """The pipeline's ``output_type="pt"`` images (``[B, 3, H, W]`` in ``[0, 1]``) as uint8, rounded (as PIL output)."""
+    return (images.float().clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def generate_text_uint8(pipe: Any, method: str, prompts: Sequence[Prompt], seeds: list[int], batch_size: int,
+                        cfg: ImageBenchConfig, compile: bool = False,
+                        tick: Tick = None) -> tuple[list[Tensor], list[dict], float]:
+    """uint8 ``[3, H, W]`` images, per-image stats and wall time of a ``UnifiedImagePipeline``, in the order of
+    ``prompts``: one pipeline call per size and batch of up to ``batch_size`` images of that size (sizes in the
+    order they first occur), image ``i`` with a generator seeded ``seeds[i]``; ``tick(n)`` after every call.
+    ``compile`` is passed on only when True (the unified pipeline has no such argument today)."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"prompts and seeds must have the same length, got {len(prompts)} and {len(seeds)}")
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault((prompt.height, prompt.width), []).append(i)
+    images: list[Optional[Tensor]] = [None] * len(prompts)
+    stats: list[dict] = [{}] * len(prompts)
+    extra = {"compile": True} if compile else {}
+    start = time.perf_counter()
+    for (height, width), indices in groups.items():
+        for lo in range(0, len(indices), batch_size):
+            chunk = indices[lo : lo + batch_size]
+            out = pipe(prompt=[prompts[i].caption for i in chunk], height=height, width=width, decoding=method,
+                       generator=[torch.Generator().manual_seed(seeds[i]) for i in chunk],
+                       guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                       output_type="pt", **extra)
+            for i, image, stat in zip(chunk, to_uint8(out.images).cpu(), out.stats):
+                images[i], stats[i] = image, stat
+            if tick is not None:
+                tick(len(chunk))
+    if torch.device(pipe.device).type == "cuda":
+        torch.cuda.synchronize(pipe.device)
+    return images, stats, time.perf_counter() - start  # type: ignore[return-value]
+
+
+class TextImageTask(ImageTask):
+    """A ``UnifiedImagePipeline`` (tiny-t2i): held-out captions, scene checks, CLIP score, CLIP-feature FID."""
+
+    kind = "text-to-image"
+    noise_metrics = ("fid", "accuracy", "clip_score")
+    fid_features = "CLIP projected image embeddings (torchmetrics FrechetInceptionDistance)"
+    compile_note = "decode eagerly (a unified-token text-to-image model: UnifiedTokenModel refuses compile=True)"
+    compile_reason = "unified-token models decode eagerly"
+
+    def __init__(self, cfg: ImageBenchConfig, folder: str, pipe: Any, clip: tuple[nn.Module, Any], clip_path: str):
+        super().__init__(cfg, folder, pipe)
+        self.clip_model, self.clip_processor = clip
+        self.clip_path = clip_path
+        self._compiles = self.compile_supported(pipe)
+
+    @staticmethod
+    def compile_supported(pipe: Any) -> bool:
+        """Whether the unified adapter can compile and the pipeline takes ``compile`` (neither today)."""
+        import inspect
+
+        from vispec.models.unified import UnifiedTokenModel
+
+        return bool(UnifiedTokenModel.compilable) and "compile" in inspect.signature(type(pipe).__call__).parameters
+
+    @staticmethod
+    def clip_folder(cfg: ImageBenchConfig, folder: str) -> str:
+        return cfg.clip or os.path.join(folder, "clip")
+
+    @classmethod
+    def check(cls, cfg: ImageBenchConfig, folder: str) -> None:
+        from vispec.models.checkpoints import check_pipeline_folder
+
+        check_pipeline_folder(folder, "UnifiedImagePipeline")
+        if cfg.evaluator is not None:
+            raise ValueError(f"--evaluator is for class-to-image models; {cfg.model} is a text-to-image "
+                             f"UnifiedImagePipeline, judged by scene checks and a CLIP (--clip)")
+        path = cls.clip_folder(cfg, folder)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"no CLIP at {path}: pass --clip (a folder with a saved CLIPModel and CLIPProcessor)")
+
+    @classmethod
+    def load(cls, cfg: ImageBenchConfig, folder: str) -> "TextImageTask":
+        from vispec.eval.bench.clip_score import load_clip
+        from vispec.pipelines import UnifiedImagePipeline
+
+        pipe = UnifiedImagePipeline.from_pretrained(folder).to(cfg.device)
+        pipe.set_progress_bar_config(disable=True)
+        path = cls.clip_folder(cfg, folder)
+        return cls(cfg, folder, pipe, load_clip(path), path)
+
+    def run_config(self) -> dict:
+        from vispec.eval.bench.scenes import DEFAULT_SIZES
+
+        return {**super().run_config(), "clip": self.clip_path, "sizes": [list(hw) for hw in DEFAULT_SIZES],
+                "conditions": f"held-out captions: SceneSampler('test', seed={self.cfg.seed})",
+                "reference": f"held-out renders: SceneSampler('test', seed={self.cfg.seed + REAL_SEED_OFFSET})"}
+
+    def check_method(self, method: str) -> None:
+        from vispec.decoding import DecodingConfig
+
+        config = DecodingConfig.parse(method, base=self.pipe.decoding_config)
+        if config.config.strategy == "sd":
+            raise ValueError(f"method {method!r} needs a drafter model; the text-to-image pipeline {self.cfg.model!r} "
+                             f"has none: use ar, sjd or mc-sjd (with any acceptance rule)")
+        height, width = self.pipe.config.default_height, self.pipe.config.default_width
+        self.pipe.acceptance_rule(config.rule, self.pipe.unified_model(self.pipe.layout(height, width)))
+
+    def compilable(self, method: str) -> bool:
+        return self._compiles
+
+    def conditions(self, n: int) -> list[Prompt]:
+        return held_out_prompts(n, self.cfg.seed)
+
+    def warm_up(self) -> None:
+        prompt = self.conditions(1)[0]
+        self.pipe(prompt=[prompt.caption], height=prompt.height, width=prompt.width, decoding="sjd", output_type="latent")
+
+    def generate(self, method: str, conditions: Sequence, seeds: list[int], batch_size: int, compile: bool = False,
+                 tick: Tick = None) -> tuple[list[Tensor], list[dict], float]:
+        if compile and not self._compiles:
+            raise ValueError("compile=True: unified-token (text-to-image) models decode eagerly")
+        return generate_text_uint8(self.pipe, method, conditions, seeds, batch_size, self.cfg, compile=compile, tick=tick)
+
+    def _judge(self, images: list[Tensor], captions: list[str]) -> dict:
+        from vispec.eval.bench.clip_score import clip_score
+        from vispec.eval.bench.scene_checks import check_images
+
+        by_attribute = check_images(images, captions)["accuracy"]
+        return {"accuracy": by_attribute["overall"], "accuracy_by_attribute": by_attribute,
+                "clip_score": clip_score(images, captions, self.clip_model, self.clip_processor)}
+
+    def real_stats(self, n: int) -> dict:
+        """Scene checks and CLIP score of ``n`` held-out renders (true and rolled captions), FID to ``n`` other ones."""
+        from vispec.eval.bench.clip_score import clip_score, to_uint8 as float_to_uint8
+        from vispec.eval.bench.scenes import SceneSampler
+
+        batch = SceneSampler("test", seed=self.cfg.seed + REAL_SEED_OFFSET).sample(2 * n)
+        real = float_to_uint8(batch.images)  # the renders are uint8 levels in [-1, 1]: exact
+        self.reference, captions = real[:n], batch.captions[:n]
+        out = self._judge(real[:n], captions)
+        out["clip_score_mismatched"] = clip_score(real[:n], captions[1:] + captions[:1], self.clip_model,
+                                                  self.clip_processor)
+        out["fid_real_vs_real"] = clip_fid(self.clip_model, self.clip_processor, real[:n], real[n:])
+        out["images"] = n
+        return out
+
+    def quality(self, images: Images, conditions: Sequence) -> dict:
+        out = self._judge(list(images), [p.caption for p in conditions])
+        out["fid"] = clip_fid(self.clip_model, self.clip_processor, self._reference(), images)
+        return out
+
+    @staticmethod
+    def describe_real(real: dict) -> str:
+        return (f"real held-out renders: accuracy {real['accuracy']:.3f}, CLIP {real['clip_score']:.2f} with their captions "
+                f"vs {real['clip_score_mismatched']:.2f} with mismatched ones, FID real vs real {real['fid_real_vs_real']:.3f}")
+
+
+TASKS: dict[str, type[ImageTask]] = {ClassImageTask.kind: ClassImageTask, TextImageTask.kind: TextImageTask}
+
+
+def task_class(folder: str) -> type[ImageTask]:
+    """The task of a pipeline folder: text-to-image for a ``UnifiedImagePipeline``, else class-to-image (whose check
+    names any other kind)."""
+    from vispec.models.checkpoints import pipeline_kind
+
+    return TextImageTask if pipeline_kind(folder) == "UnifiedImagePipeline" else ClassImageTask
+
+
+def load_task(cfg: ImageBenchConfig) -> ImageTask:
+    """Resolve ``cfg.model``, pick its task, check the folder and the options (before loading anything), load it."""
+    from vispec.pipelines.embedded import resolve_model_path
+
+    folder = resolve_model_path(cfg.model)
+    cls = task_class(folder)
+    cls.check(cfg, folder)
+    return cls.load(cfg, folder)
