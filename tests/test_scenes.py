@@ -183,6 +183,30 @@ def test_detections_match_ground_truth(batches):
             assert abs(near.centre[0] - obj.centre[0]) <= 1.5 and abs(near.centre[1] - obj.centre[1]) <= 1.5
 
 
+def test_corners_tell_squares_from_circles_and_ignore_a_gaussian_blur(batches):
+    """``corners`` (diagonal over axis fourth cumulants) is 1/2 for a square and 1 for a circle, and a Gaussian
+    blur (zero fourth cumulant) moves it little."""
+    from scipy import ndimage
+
+    images, _, scenes = _all(batches)
+    seen: dict[str, list[tuple[float, float]]] = {"square": [], "circle": []}
+    for image, scene in list(zip(images, scenes))[:60]:
+        blurred = torch.from_numpy(ndimage.gaussian_filter(image.numpy(), (0, 1.5, 1.5), mode="nearest"))
+        for obj in scene.objects:
+            if obj.shape not in seen:
+                continue
+            pair = []
+            for x in (image, blurred):
+                d = min(detect_objects(x), key=lambda d: abs(d.centre[0] - obj.centre[0]) + abs(d.centre[1] - obj.centre[1]))
+                pair.append(d.corners)
+            seen[obj.shape].append(tuple(pair))
+    for shape, clean in (("square", 0.5), ("circle", 1.0)):
+        values = np.array(seen[shape])
+        assert len(values) >= 10
+        assert np.abs(values[:, 0] - clean).max() < 0.05  # clean renders
+        assert np.abs(values[:, 1] - values[:, 0]).mean() < 0.05  # blurred: corners stays
+
+
 def test_checks_pass_ground_truth_renders(batches):
     for batch in batches.values():
         result = check_images(batch.images, batch.captions)

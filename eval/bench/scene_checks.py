@@ -16,8 +16,16 @@ Detection (:func:`detect_objects`), per image:
 * shape: ``squareness = mass / (max row sum * max column sum)`` is 1 for a square, pi/4 for a circle,
   1/2 for a triangle (somewhat higher when blurred), and the vertical skew (third central moment over
   ``mass ** 1.5``) is -0.021 for an apex-up triangle (the only kind rendered) and 0 for the others:
-  triangle if squareness < :data:`TRIANGLE_SQUARENESS` or skew < :data:`TRIANGLE_SKEW`, else square if
-  squareness >= :data:`SQUARE_SQUARENESS`, else circle;
+  triangle if squareness < :data:`TRIANGLE_SQUARENESS` or skew < :data:`TRIANGLE_SKEW`. Squares and
+  circles are told apart by ``corners``, the fourth cumulant of the coverage's projection on the two
+  diagonals over that on the two axes (coverage below :data:`ALPHA_FLOOR` dropped, so background
+  residue does not weigh in the tails): a square's axis projection is uniform and its diagonal one
+  triangular, ``kappa_4`` -d^4/120 and -d^4/240, so ``corners`` = 1/2; a circle is isotropic, 1.
+  Cumulants of a sum of independent variables add and a Gaussian's fourth is 0, so a Gaussian blur
+  leaves ``corners`` unchanged. On VQ-decoded scenes, whose squares come back with rounded corners and
+  whose circles come back lumpy, it separates the two better than ``squareness`` (which then decides
+  triangles only): shape accuracy of 96 held-out scenes through tiny-t2i's VQ and back, 0.77 against
+  0.64. Square if ``corners`` < :data:`SQUARE_CORNERS` (halfway), else circle;
 * size: the side of the shape's box implied by its mass (``sqrt(mass / NOMINAL_FILL[shape])``) over the
   shorter image side, against :data:`~vispec.eval.bench.scenes.SIZE_THRESHOLD` (small below, large above);
 * position: box centres. ``A left of B`` holds when B's centre is right of A's by more than their
@@ -57,7 +65,8 @@ MIN_AREA_FRACTION = 0.006
 WINDOW_PAD = 0.06  # coverage is summed over the component's box grown by this fraction of the shorter side
 TRIANGLE_SQUARENESS = 0.70  # below: triangle (clean renders 0.52-0.59)
 TRIANGLE_SKEW = -0.008  # vertical skew below: triangle (apex up: -0.021; circles and squares: 0)
-SQUARE_SQUARENESS = 0.885  # at or above (and not a triangle): square (1.0), else circle (0.785)
+SQUARE_CORNERS = 0.75  # below (and not a triangle): square (0.5), else circle (1.0); halfway between the two
+ALPHA_FLOOR = 0.1  # coverage below this is left out of the corners statistic
 NOMINAL_FILL = {"circle": np.pi / 4, "square": 1.0, "triangle": 0.5}  # area / box area of each drawn shape
 ATTRIBUTES = ("colour", "shape", "count", "position", "size")
 
@@ -80,7 +89,7 @@ PALETTE_HUES: dict[str, float] = {
 @dataclass(frozen=True)
 class Detection:
     """One detected object: its colour, shape and size judgements, mask ``area`` (pixels), the shape and size
-    features (``squareness``, ``skew``, ``extent``: implied box side over the shorter image side) and
+    features (``squareness``, ``skew``, ``corners``, ``extent``: implied box side over the shorter image side) and
     ``box`` ``(top, left, bottom, right)`` of its mask in continuous pixel coordinates."""
 
     colour: str
@@ -89,6 +98,7 @@ class Detection:
     area: int
     squareness: float
     skew: float
+    corners: float
     extent: float
     box: tuple[float, float, float, float]
 
@@ -140,10 +150,29 @@ def _coverage(vectors: np.ndarray, chroma: np.ndarray, background: np.ndarray, o
     return alpha
 
 
-def _classify(squareness: float, skew: float) -> str:
+def _corners(alpha: np.ndarray) -> float:
+    """Fourth cumulant of the coverage projected on the diagonals over that on the axes (module docstring); 1 (no
+    corners) when the axis projections are not flatter than a Gaussian (``kappa_4 >= 0``: not a solid shape)."""
+    weights = np.where(alpha >= ALPHA_FLOOR, alpha, 0.0)
+    mass = float(weights.sum())
+    if mass <= 0:
+        return 1.0
+    ys, xs = np.mgrid[: alpha.shape[0], : alpha.shape[1]].astype(np.float64)
+
+    def kappa4(u: np.ndarray) -> float:
+        centred = u - float((weights * u).sum()) / mass
+        m2 = float((weights * centred**2).sum()) / mass
+        return float((weights * centred**4).sum()) / mass - 3.0 * m2**2
+
+    axes = kappa4(ys) + kappa4(xs)
+    diagonals = kappa4((ys + xs) / np.sqrt(2)) + kappa4((ys - xs) / np.sqrt(2))
+    return diagonals / axes if axes < 0 else 1.0
+
+
+def _classify(squareness: float, skew: float, corners: float) -> str:
     if squareness < TRIANGLE_SQUARENESS or skew < TRIANGLE_SKEW:
         return "triangle"
-    return "square" if squareness >= SQUARE_SQUARENESS else "circle"
+    return "square" if corners < SQUARE_CORNERS else "circle"
 
 
 def detect_objects(image: Tensor, *, zero_one: bool = False) -> list[Detection]:
@@ -175,11 +204,12 @@ def detect_objects(image: Tensor, *, zero_one: bool = False) -> list[Detection]:
             own = labels[window] == label
             alpha = _coverage(vectors[window], chroma[window], background, own, coloured[window] & ~own)
             mass, squareness, skew = _soft_features(alpha)
-            shape = _classify(squareness, skew)
+            corners = _corners(alpha)
+            shape = _classify(squareness, skew, corners)
             extent = (max(mass, 0.0) / NOMINAL_FILL[shape]) ** 0.5 / side
             detections.append(Detection(
                 colour, shape, "large" if extent >= SIZE_THRESHOLD else "small", area, round(squareness, 4),
-                round(skew, 4), round(extent, 4), (float(top), float(left), float(bottom), float(right)),
+                round(skew, 4), round(corners, 4), round(extent, 4), (float(top), float(left), float(bottom), float(right)),
             ))
     return detections
 
