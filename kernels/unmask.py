@@ -8,7 +8,9 @@ vocabulary gives:
   as ``argmax_v ℓ_rv - T log(-log u_rv)`` (the same arg-max, no overflow), i.e. a sample from
   ``softmax(ℓ_r / T)``;
 * its confidence ``c_r = softmax(ℓ_r)[x̂_r]`` **without** temperature, as LLaDA and Fast-dLLM
-  compute it (float64);
+  define it, here in float64. (LLaDA's ``generate()`` computes it in the logits' own precision, where
+  near-certain positions round to exactly 1.0 and tie; :class:`vispec.dllm.LLaDAScheduler` re-ranks
+  in that precision, the other policies use these float64 values);
 * the top-2 margin ``p_(1) - p_(2)`` and the entropy ``H_r = -Σ_v p_v log p_v`` of
   ``p = softmax(ℓ_r)`` (EB-Sampler's error proxy, arXiv 2505.24857).
 

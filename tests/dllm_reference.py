@@ -33,6 +33,7 @@ def llada_reference(model, prompt: torch.Tensor, *, steps: int, gen_length: int,
                 logits = both[1:] + (cfg_scale + 1) * (both[:1] - both[1:])
             else:
                 logits = model(x).logits
+            native = logits.dtype  # LLaDA ranks confidences in the logits' precision
             logits = logits.double()
             if logits_eos_inf:
                 logits[:, :, eos_id] = float("-inf")
@@ -44,7 +45,7 @@ def llada_reference(model, prompt: torch.Tensor, *, steps: int, gen_length: int,
             if confidence_eos_eot_inf:
                 conf_logits[:, :, eos_id] = float("-inf")
                 conf_logits[:, :, eot_id] = float("-inf")
-            probs = torch.softmax(conf_logits, dim=-1)
+            probs = torch.softmax(conf_logits.to(native), dim=-1)
             confidence = probs.gather(-1, candidates[..., None]).squeeze(-1)
             for j in range(x.shape[1]):
                 if j < lo or j >= hi or x[0, j] != mask_id:

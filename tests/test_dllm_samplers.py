@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from dllm_reference import llada_reference
@@ -44,6 +46,34 @@ def test_temperature_zero_equals_the_reference_pseudo_code(model, gen_length, bl
                                    mask_id=MASK, cfg_scale=cfg_scale)
         out = decode(model, prompt[None], scheduler=LLaDAScheduler(), steps=steps, gen_length=gen_length,
                      block_length=block_length, guidance_scale=cfg_scale + 1)
+        assert torch.equal(out.tokens[0], expected)
+
+
+def test_llada_ranks_in_the_logits_precision_with_ties_to_the_lowest_position():
+    """LLaDA's generate() takes softmax in the logits' dtype: in float32 both near-certain positions below round to
+    exactly 1.0 and topk takes the lower one; in float64 position 1 (margin 25 > 20) would win."""
+    logits = torch.full((1, 3, 5), 0.0)
+    logits[0, 0, 0], logits[0, 1, 1], logits[0, 2, 2] = 20.0, 25.0, 5.0
+    sample = torch.full((1, 3), 4)
+    scheduler = LLaDAScheduler()
+    scheduler.set_timesteps(3, gen_length=3, block_length=3)
+    step = dict(mask_token_id=4, num_masked_at_block_start=torch.tensor([3]))
+    out32 = scheduler.step(logits, 0, sample, **step)
+    assert out32.transfer_index.tolist() == [[True, False, False]] and out32.prev_sample.tolist() == [[0, 4, 4]]
+    assert out32.confidence[0, 0] == out32.confidence[0, 1] == 1.0
+    out64 = scheduler.step(logits.double(), 0, sample, **step)  # float64 logits: the float64 ranking
+    assert out64.transfer_index.tolist() == [[False, True, False]]
+    assert ThresholdScheduler(threshold=0.5).step(logits, 0, sample, mask_token_id=4).confidence[0, 1] < 1.0  # float64
+
+
+@pytest.mark.parametrize("cfg_scale", [0.0, 1.5])
+def test_float32_model_equals_the_reference_ranking_in_float32(model, cfg_scale):
+    model32 = copy.deepcopy(model).float()
+    for prompt in prompts():
+        expected = llada_reference(model32, prompt, steps=8, gen_length=16, block_length=8, mask_id=MASK,
+                                   cfg_scale=cfg_scale)
+        out = decode(model32, prompt[None], scheduler=LLaDAScheduler(), steps=8, gen_length=16, block_length=8,
+                     guidance_scale=cfg_scale + 1)
         assert torch.equal(out.tokens[0], expected)
 
 

@@ -11,7 +11,8 @@ commit set, no Python loop over rows):
   ML-GSAI/LLaDA ``generate.py``). ``steps`` is the total over all blocks, ``s = steps / K`` per
   block; step ``i`` of a block with ``M`` masked positions at its start commits exactly
   ``n_i = ⌊M / s⌋ + 1[i < M mod s]`` positions (the remainder first): the top-``n_i`` by confidence
-  (``remasking="low_confidence"``) or by a uniform draw (``"random"``).
+  (``remasking="low_confidence"``; the confidence in the logits' own precision and ties to the lowest
+  position, as their ``generate()`` ranks) or by a uniform draw (``"random"``).
 * :class:`ThresholdScheduler`: Fast-dLLM's confidence-aware parallel decoding (Wu et al. 2025,
   arXiv 2505.22618, §3.2): commit every masked position with ``c ≥ τ``, and always the most
   confident one.
@@ -150,7 +151,8 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
         tokens = torch.full_like(sample, -1)
         tokens[b, j] = cand.tokens
         confidence = torch.full(sample.shape, float("-inf"), dtype=torch.float64, device=sample.device)
-        confidence[b, j] = cand.confidence
+        confidence[b, j] = self.ranking_confidence(model_output.reshape(-1, model_output.shape[-1]), rows, cand,
+                                                   confidence_mask)
         entropy = torch.full(sample.shape, float("inf"), dtype=torch.float64, device=sample.device)
         entropy[b, j] = cand.entropy
         transfer = self.transfer_index(confidence, entropy, masked, timestep, num_masked_at_block_start, noise) & masked
@@ -158,6 +160,11 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
         if not return_dict:
             return prev, transfer, tokens, confidence
         return UnmaskSchedulerOutput(prev_sample=prev, transfer_index=transfer, sampled_tokens=tokens, confidence=confidence)
+
+    def ranking_confidence(self, logits: Tensor, rows: Tensor, cand, confidence_mask: Optional[Tensor]) -> Tensor:
+        """``[R]`` float64 confidences the policy ranks by, for the masked ``rows`` of ``logits [B * Lb, V]``:
+        the kernel's float64 ``softmax(ℓ)[x̂]`` (subclasses may compute it as their reference code does)."""
+        return cand.confidence
 
     def transfer_index(self, confidence: Tensor, entropy: Tensor, masked: Tensor, timestep: int,
                        num_masked_at_block_start: Optional[Tensor], noise: Optional[UnmaskNoise]) -> Tensor:
@@ -202,6 +209,17 @@ class LLaDAScheduler(UnmaskingScheduler):
             raise ValueError("call set_timesteps(steps, gen_length, block_length) before step")
         s = self.steps_per_block
         return num_masked // s + (timestep < num_masked % s).long()
+
+    def ranking_confidence(self, logits: Tensor, rows: Tensor, cand, confidence_mask: Optional[Tensor]) -> Tensor:
+        """LLaDA's ranking: ``softmax(ℓ)[x̂]`` computed in the logits' own precision (float32, or bfloat16 for
+        the 8B model), where near-certain positions round to exactly 1.0 and tie; the tie goes to the lowest
+        position, as ``torch.topk`` in their ``generate()`` takes it (:func:`top_n_by` sorts stably)."""
+        if logits.dtype == torch.float64:
+            return cand.confidence
+        picked = logits[rows]
+        if confidence_mask is not None:
+            picked = picked.masked_fill(confidence_mask, float("-inf"))
+        return torch.softmax(picked, dim=-1).gather(-1, cand.tokens[:, None]).squeeze(-1).to(torch.float64)
 
     def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         if num_masked_at_block_start is None:
