@@ -66,6 +66,22 @@ def test_bench_text_writes_table_and_json(pipeline_folder, tmp_path, capsys):
     assert result["config"]["gen_length"] == 32 and result["config"]["block_length"] == 8
 
 
+def test_bench_text_reference_is_llada_without_early_stop(pipeline_folder, tmp_path, capsys):
+    """With early stop on (the default), LLaDA's baseline (no cache, no early stop) is still the reference row and
+    llada + none with early stop is a row of its own; speed-ups are against the reference."""
+    path = tmp_path / "bench-text.json"
+    assert main(["bench", "text", "--model", str(pipeline_folder), "--strategies", "llada,threshold", "--cache", "none",
+                 "--tasks", "arithmetic", "--num-problems", "2", "--batch-size", "1", "--json", str(path)]) == 0
+    assert "reference: llada, no cache, no early stop" in capsys.readouterr().out
+    runs = json.loads(path.read_text())["runs"]
+    assert [(r["strategy"], r["early_stop_eos"], r["reference"]) for r in runs] == [
+        ("llada", False, True), ("llada", True, False), ("threshold", True, False)]
+    reference = runs[0]
+    assert reference["nfe"] == 32 and reference["nfe_reduction"] == 1.0
+    for r in runs[1:]:
+        assert r["nfe_reduction"] == pytest.approx(32 / r["nfe"])
+
+
 @pytest.mark.parametrize("argv,words", [
     (["generate", "text", "--model", "tiny-nothing", "--prompt", "x"], "unknown model"),
     (["bench", "text", "--model", "PIPE", "--strategies", "llada,warp"], "unknown strategy 'warp'"),

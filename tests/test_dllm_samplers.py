@@ -217,6 +217,17 @@ def test_factor_rule_per_rank_threshold():
     assert FactorScheduler(factor=1.0).transfer_index(low, None, torch.isfinite(low), 0, None, None).tolist() == [[False, True]]
 
 
+def test_factor_rule_commit_last_rank_follows_the_official_boundary():
+    conf = torch.tensor([[0.99, 0.98, 0.2], [0.99, 0.2, 0.1], [0.99, 0.2, float("-inf")]], dtype=torch.float64)
+    masked = torch.isfinite(conf)
+    paper = FactorScheduler(factor=1.0).transfer_index(conf, None, masked, 0, None, None)
+    code = FactorScheduler(factor=1.0, commit_last_rank=True).transfer_index(conf, None, masked, 0, None, None)
+    assert paper.sum(-1).tolist() == [2, 1, 1]
+    assert code.sum(-1).tolist() == [3, 1, 2]  # the last masked rank was the first to fail: committed too
+    with pytest.raises(ValueError, match="commit_last_rank"):
+        FactorScheduler(commit_last_rank="yes")
+
+
 def test_entropy_bound_prefix():
     entropy = torch.tensor([[0.5, 0.1, 0.3, float("inf")]], dtype=torch.float64)
     masked = torch.isfinite(entropy)

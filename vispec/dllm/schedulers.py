@@ -17,7 +17,9 @@ commit set, no Python loop over rows):
   arXiv 2505.22618, §3.2): commit every masked position with ``c ≥ τ``, and always the most
   confident one.
 * :class:`FactorScheduler`: Fast-dLLM's factor rule: with confidences sorted ``c_(1) ≥ c_(2) ≥ …``
-  commit the longest prefix whose ranks all pass ``c_(n) ≥ 1 - f / (n + 1)`` (rank 1 always passes).
+  commit the longest prefix whose ranks all pass ``c_(n) ≥ 1 - f / (n + 1)`` (rank 1 always passes);
+  ``commit_last_rank=True`` adds their code's boundary case (the last rank is committed when it is the
+  first to fail).
 * :class:`EntropyBoundScheduler`: EB-Sampler (Ben-Hamu et al. 2025, arXiv 2505.24857): sort by
   entropy (or confidence) and commit the largest prefix with ``Σ_{i≤k} H_i - max_{i≤k} H_i ≤ γ``,
   at least one.
@@ -246,14 +248,23 @@ class ThresholdScheduler(UnmaskingScheduler):
 
 
 class FactorScheduler(UnmaskingScheduler):
-    """Fast-dLLM factor rule: the longest confidence-sorted prefix with ``(n + 1)(1 - c_(n)) ≤ factor``."""
+    """Fast-dLLM factor rule: the longest confidence-sorted prefix with ``(n + 1)(1 - c_(n)) ≤ factor``.
+
+    Args:
+        factor: ``f`` (> 0).
+        commit_last_rank: Fast-dLLM's code (``get_transfer_index_dynamic``) also commits the last masked
+            rank when it is the first to fail, so a block whose every other rank passes is committed whole.
+            ``False`` (default) is the rule as the paper states it; ``True`` follows their code.
+    """
 
     strategy = "factor"
 
     @register_to_config
-    def __init__(self, factor: float = 1.0):
+    def __init__(self, factor: float = 1.0, commit_last_rank: bool = False):
         super().__init__()
         check_number("factor", factor, minimum=0, exclusive_minimum=True)
+        if not isinstance(commit_last_rank, bool):
+            raise ValueError(f"commit_last_rank must be a bool, got {commit_last_rank!r}")
 
     def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         sorted_conf, order = confidence.sort(dim=-1, descending=True, stable=True)
@@ -262,6 +273,9 @@ class FactorScheduler(UnmaskingScheduler):
         passes[:, 0] = True  # rank 1 always passes
         passes &= torch.isfinite(sorted_conf)
         count = passes.long().cumprod(dim=-1).sum(dim=-1)
+        if self.config.commit_last_rank:
+            num_masked = torch.isfinite(confidence).sum(dim=-1)
+            count = torch.where(count == num_masked - 1, num_masked, count)
         return top_n_by(confidence, count)
 
 
