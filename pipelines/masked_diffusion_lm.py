@@ -341,7 +341,7 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
             guidance_scale: unsupervised CFG scale ``s >= 1`` (``ℓ = ℓ_u + s (ℓ_c - ℓ_u)``, the prompt masked in
                 the unconditional branch); 1 (default) = off. LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``.
-            strategy: ``"llada"``, ``"threshold"``, ``"factor"``, ``"entropy"`` or a scheduler object (default:
+            strategy: ``"llada"``, ``"threshold"``, ``"factor"``, ``"entropy"``, ``"contiguous"`` or a scheduler object (default:
                 the pipeline's ``scheduler``); ``threshold`` overrides τ of the threshold rule.
             cache: ``"none"``, ``"prefix"`` or ``"dual"`` (Fast-dLLM block KV caches).
             early_stop_eos (LLaDA2: ``eos_early_stop``): once EOS is committed, the rest of the canvas becomes EOS

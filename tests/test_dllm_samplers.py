@@ -10,6 +10,7 @@ from dllm_reference import llada_reference
 from helpers import left_padded
 
 from vispec.dllm import (
+    ContiguousScheduler,
     EntropyBoundScheduler,
     FactorScheduler,
     LLaDAScheduler,
@@ -164,7 +165,8 @@ def test_steps_beyond_the_masks_cost_no_forward(model):
 
 def _all_settings():
     return [("llada", dict(), 16), ("llada", dict(remasking="random"), 16), ("threshold", dict(threshold=0.5), None),
-            ("factor", dict(factor=2.0), None), ("entropy", dict(gamma=2.0), None)]
+            ("factor", dict(factor=2.0), None), ("entropy", dict(gamma=2.0), None),
+            ("contiguous", dict(threshold=0.5), None)]
 
 
 @pytest.mark.parametrize("strategy,settings,steps", _all_settings())
@@ -228,6 +230,18 @@ def test_factor_rule_commit_last_rank_follows_the_official_boundary():
         FactorScheduler(commit_last_rank="yes")
 
 
+def test_contiguous_rule_commits_the_confident_run_from_the_leftmost_mask():
+    inf = float("-inf")
+    conf = torch.tensor([[inf, 0.95, inf, 0.93, 0.5, 0.99],    # run 1, 3 (a decoded position inside); 4 blocks 5
+                         [0.4, 0.99, 0.98, inf, inf, inf],     # leftmost mask unconfident: the most confident only
+                         [0.91, 0.92, 0.97, 0.96, inf, 0.95]], dtype=torch.float64)
+    masked = torch.isfinite(conf)
+    got = ContiguousScheduler(threshold=0.9).transfer_index(conf, None, masked, 0, None, None)
+    assert got.tolist() == [[False, True, False, True, False, False], [False, True, False, False, False, False],
+                            [True, True, True, True, False, True]]
+    assert make_scheduler("contiguous", threshold=0.8).config.threshold == 0.8
+
+
 def test_entropy_bound_prefix():
     entropy = torch.tensor([[0.5, 0.1, 0.3, float("inf")]], dtype=torch.float64)
     masked = torch.isfinite(entropy)
@@ -286,8 +300,9 @@ def test_bad_input(model):
         with pytest.raises(ValueError, match=words):
             decode(model, p, scheduler=LLaDAScheduler(), **kwargs)
     for bad in (0.0, 1.5, -0.1, float("nan"), True):
-        with pytest.raises(ValueError, match="threshold must be a finite number in \\(0, 1\\]"):
-            ThresholdScheduler(threshold=bad)
+        for rule in (ThresholdScheduler, ContiguousScheduler):
+            with pytest.raises(ValueError, match="threshold must be a finite number in \\(0, 1\\]"):
+                rule(threshold=bad)
     with pytest.raises(ValueError, match="strategy must be one of"):
         make_scheduler("greedy")
     with pytest.raises(ValueError, match="remasking must be"):

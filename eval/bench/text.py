@@ -1,7 +1,7 @@
 """``vispec bench text``: accuracy and speed of unmasking strategies and caches on a masked diffusion LM.
 
 For every task (test split of :mod:`vispec.eval.bench.text_tasks`), strategy (``llada`` = one token per step,
-the baseline; ``threshold``; ``factor``; ``entropy``) and cache (``none``, ``prefix``, ``dual``), two runs:
+the baseline; ``threshold``; ``factor``; ``entropy``; ``contiguous``) and cache (``none``, ``prefix``, ``dual``), two runs:
 
 * batch 1: problems one at a time; accuracy (strict-match and flexible-extract for arithmetic, as
   lm-eval scores GSM8K; exact match otherwise), NFE, tokens per forward, latency per problem and
@@ -30,7 +30,7 @@ from typing import Callable, Optional
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
 
-STRATEGIES = ("llada", "threshold", "factor", "entropy")
+STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous")
 
 
 @dataclass
@@ -70,7 +70,7 @@ def _scheduler(cfg: TextBenchConfig, strategy: str):
     from vispec.dllm import make_scheduler
 
     settings = {"threshold": {"threshold": cfg.threshold}, "factor": {"factor": cfg.factor},
-                "entropy": {"gamma": cfg.entropy_bound}}.get(strategy, {})
+                "entropy": {"gamma": cfg.entropy_bound}, "contiguous": {"threshold": cfg.threshold}}.get(strategy, {})
     return make_scheduler(strategy, **settings)
 
 

@@ -54,12 +54,12 @@ IMAGE_HELP = {
 }
 TEXT_HELP = {
     "model": "embedded model name or a pipeline folder",
-    "strategies": "comma-separated: llada, threshold, factor, entropy",
+    "strategies": "comma-separated: llada, threshold, factor, entropy, contiguous",
     "caches": "comma-separated caches: none, prefix, dual",
     "tasks": "comma-separated: arithmetic, sort, reverse",
     "num_problems": "test problems per task",
     "batch_size": "the batched run's batch size (batch 1 always runs)",
-    "threshold": "confidence threshold τ of the threshold rule",
+    "threshold": "confidence threshold τ of the threshold and contiguous rules",
     "factor": "f of the factor rule",
     "entropy_bound": "entropy budget γ of the EB rule (nats)",
     "gen_length": "tokens to generate (default: the model's)",

@@ -108,7 +108,8 @@ def _cmd_text(args: argparse.Namespace) -> int:
 
     _quiet(args)
     settings = {"threshold": {"threshold": args.threshold}, "factor": {"factor": args.factor},
-                "entropy": {"gamma": args.entropy_bound}, "llada": {"remasking": args.remasking}}
+                "entropy": {"gamma": args.entropy_bound}, "llada": {"remasking": args.remasking},
+                "contiguous": {"threshold": args.threshold}}
     if args.strategy not in settings:
         raise ValueError(f"--strategy must be one of {tuple(settings)}, got {args.strategy!r}")
     if args.steps is not None and args.steps < 1:
@@ -163,7 +164,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     text = generate.add_parser("text", help="text from a masked diffusion LM pipeline")
     text.add_argument("--model", default="tiny-mdlm", help="embedded model name or a pipeline folder (default: %(default)s)")
     text.add_argument("--prompt", required=True)
-    text.add_argument("--strategy", default="threshold", help="llada, threshold, factor or entropy (default: %(default)s)")
+    text.add_argument("--strategy", default="threshold", help="llada, threshold, factor, entropy or contiguous (default: %(default)s)")
     text.add_argument("--remasking", default="low_confidence", help="llada: low_confidence or random")
     text.add_argument("--cache", default="none", help="none, prefix or dual (default: %(default)s)")
     text.add_argument("--steps", type=int, default=None, help="llada: total steps (default: gen length)")

@@ -8,6 +8,7 @@ and takes ``guidance_scale`` (1 = off; LLaDA's ``cfg_scale = w`` is ``guidance_s
 from vispec.dllm.decode import CACHES, StopDecoding, check_decode_args, count_tokens, decode
 from vispec.dllm.schedulers import (
     SCHEDULERS,
+    ContiguousScheduler,
     EntropyBoundScheduler,
     FactorScheduler,
     LLaDAScheduler,
@@ -19,7 +20,7 @@ from vispec.dllm.schedulers import (
 )
 
 __all__ = [
-    "CACHES", "SCHEDULERS", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "StopDecoding", "ThresholdScheduler",
+    "CACHES", "SCHEDULERS", "ContiguousScheduler", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "StopDecoding", "ThresholdScheduler",
     "UnmaskNoise", "UnmaskSchedulerOutput", "UnmaskingScheduler", "check_decode_args", "count_tokens", "decode",
     "make_scheduler",
 ]

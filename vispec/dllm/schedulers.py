@@ -20,6 +20,8 @@ commit set, no Python loop over rows):
   commit the longest prefix whose ranks all pass ``c_(n) ≥ 1 - f / (n + 1)`` (rank 1 always passes);
   ``commit_last_rank=True`` adds their code's boundary case (the last rank is committed when it is the
   first to fail).
+* :class:`ContiguousScheduler`: the longest run of confident masked positions from the leftmost mask
+  (a Lexical-Unit-Decoding analogue), at least the most confident one.
 * :class:`EntropyBoundScheduler`: EB-Sampler (Ben-Hamu et al. 2025, arXiv 2505.24857): sort by
   entropy (or confidence) and commit the largest prefix with ``Σ_{i≤k} H_i - max_{i≤k} H_i ≤ γ``,
   at least one.
@@ -305,16 +307,43 @@ class EntropyBoundScheduler(UnmaskingScheduler):
         return top_n_by(score.masked_fill(~masked, float("-inf")), count)
 
 
+class ContiguousScheduler(UnmaskingScheduler):
+    """Contiguous-run rule, the block-decoding analogue of Lexical Unit Decoding (Sun et al. 2024, arXiv
+    2405.15208): commit the longest run of masked positions with ``c ≥ threshold`` that starts at the leftmost
+    masked position (decoded positions inside the run do not break it; the first masked position below the
+    threshold does). When the leftmost masked position is not confident, commit the most confident one, so
+    every step makes progress (as the threshold rule does).
+
+    Args:
+        threshold: ``τ`` in (0, 1].
+    """
+
+    strategy = "contiguous"
+
+    @register_to_config
+    def __init__(self, threshold: float = 0.9):
+        super().__init__()
+        check_number("threshold", threshold, minimum=0, maximum=1, exclusive_minimum=True)
+
+    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+        confident = masked & (confidence >= self.config.threshold)
+        blocked = (masked & ~confident).long().cumsum(dim=-1) > 0  # at or after the first unconfident mask
+        run = confident & ~blocked
+        return torch.where(run.any(dim=-1, keepdim=True), run, most_confident(confidence))
+
+
 SCHEDULERS = {
     "llada": LLaDAScheduler,
     "threshold": ThresholdScheduler,
     "factor": FactorScheduler,
     "entropy": EntropyBoundScheduler,
+    "contiguous": ContiguousScheduler,
 }
 
 
 def make_scheduler(strategy: str, **settings) -> UnmaskingScheduler:
-    """A scheduler by strategy name (``llada``, ``threshold``, ``factor``, ``entropy``) with its settings."""
+    """A scheduler by strategy name (``llada``, ``threshold``, ``factor``, ``entropy``, ``contiguous``) with its
+    settings."""
     if strategy not in SCHEDULERS:
         raise ValueError(f"strategy must be one of {tuple(SCHEDULERS)}, got {strategy!r}")
     return SCHEDULERS[strategy](**settings)
