@@ -43,6 +43,13 @@ from the current sequence the span logits equal the full forward's; with a stale
 positions' contributions are stale: the approximation Fast-dLLM makes on purpose. Refresh the cache (one
 full forward, counted as an NFE) at block boundaries.
 
+**Delayed cache** (dKV-Cache, Ma et al., arXiv 2505.15781; spec ``dllm.md`` §11): ``forward_positions``
+computes an arbitrary per-row set of positions (ragged sets padded, the padding writing nothing) against
+the cached K/V of all the others, writing the queried positions' fresh K/V into the cache first (with
+``logits_shift`` the logits at ``p`` need ``p - 1`` queried too)::
+
+    logits = model.forward_positions(ids.gather(1, index), index, cache, query_mask=real).logits  # [B, Q, V]
+
 **Static, compilable forwards.** Each entry point (``forward``, ``compute_kv_cache``, ``forward_span``) checks
 its arguments on the host (shapes, dtypes, ``start``; nothing read back from a tensor) and then runs a core,
 ``_full_core`` or ``_span_core``, that reads no tensor value on the host and branches only on shapes and
@@ -105,13 +112,13 @@ def key_mask(attention_mask: Optional[Tensor]) -> Optional[Tensor]:
 class LLaDABlock(nn.Module):
     """One pre-norm encoder block with the official parameter names (module docstring)."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, hidden: int, eps: float):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, hidden: int, eps: float, qkv_bias: bool = False):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.attn_norm = RMSNorm(d_model, eps)
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.q_proj = nn.Linear(d_model, d_model, bias=qkv_bias)  # biases: Qwen2 / Dream (include_qkv_bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
         self.attn_out = nn.Linear(d_model, d_model, bias=False)
         self.ff_norm = RMSNorm(d_model, eps)
         self.ff_proj = nn.Linear(d_model, hidden, bias=False)  # gate
@@ -145,12 +152,12 @@ class LLaDABlock(nn.Module):
 class LLaDABackbone(nn.Module):
     """Holds ``transformer = {wte, blocks, ln_f, ff_out}`` so that names read ``model.transformer.*``."""
 
-    def __init__(self, d_model, n_heads, n_kv_heads, n_layers, hidden, embedding_size, eps):
+    def __init__(self, d_model, n_heads, n_kv_heads, n_layers, hidden, embedding_size, eps, qkv_bias=False):
         super().__init__()
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(embedding_size, d_model),
-                blocks=nn.ModuleList(LLaDABlock(d_model, n_heads, n_kv_heads, hidden, eps) for _ in range(n_layers)),
+                blocks=nn.ModuleList(LLaDABlock(d_model, n_heads, n_kv_heads, hidden, eps, qkv_bias) for _ in range(n_layers)),
                 ln_f=RMSNorm(d_model, eps),
                 ff_out=nn.Linear(d_model, embedding_size, bias=False),
             )
@@ -208,6 +215,8 @@ class LLaDAModelLM(CheckedFromPretrained, ModelMixin, ConfigMixin):
     """LLaDA mask predictor (module docstring). Config fields use the official ``config.json`` names.
 
     Defaults are the LLaDA-8B configuration; token ids that are not None must lie below ``embedding_size``.
+    ``include_qkv_bias=True`` adds biases to ``q_proj``/``k_proj``/``v_proj`` (Qwen2-derived models such as
+    Dream, :mod:`vispec.models.dream_checkpoint`); LLaDA has none.
     """
 
     _no_split_modules = ["LLaDABlock"]
@@ -233,6 +242,7 @@ class LLaDAModelLM(CheckedFromPretrained, ModelMixin, ConfigMixin):
         bos_token_id: Optional[int] = 126080,
         logits_shift: bool = False,
         init_std: float = 0.02,
+        include_qkv_bias: bool = False,
     ):
         super().__init__()
         n_kv_heads = n_kv_heads or n_heads
@@ -251,7 +261,8 @@ class LLaDAModelLM(CheckedFromPretrained, ModelMixin, ConfigMixin):
                 )
         if pad_token_id is not None and pad_token_id == mask_token_id:
             raise ValueError(f"pad_token_id must differ from mask_token_id (both {mask_token_id})")
-        self.model = LLaDABackbone(d_model, n_heads, n_kv_heads, n_layers, mlp_hidden_size, width, rms_norm_eps)
+        self.model = LLaDABackbone(d_model, n_heads, n_kv_heads, n_layers, mlp_hidden_size, width, rms_norm_eps,
+                                   bool(include_qkv_bias))
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -424,6 +435,101 @@ class LLaDAModelLM(CheckedFromPretrained, ModelMixin, ConfigMixin):
         if self.config.logits_shift:
             logits = logits[:, :-1] if offset else torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits
+
+    # ------------------------------------------------------------------ delayed (dKV) cached forward
+    @apply_forward_hook  # cached decoding calls this, not forward: offload hooks must fire here too
+    @torch.no_grad()
+    def forward_positions(self, query_ids: Tensor, query_index: Tensor, cache: LLaDAKVCache, *,
+                          query_mask: Optional[Tensor] = None) -> LLaDAOutput:
+        """Logits ``[B, Q, embedding_size]`` at the per-row positions ``query_index [B, Q]``, which hold ``query_ids``.
+
+        The partial forward of dKV-Cache (Ma et al., "dKV-Cache: The Cache for Diffusion Language Models",
+        arXiv 2505.15781; spec ``dllm.md`` §11). Row ``b`` computes only the positions
+        ``P_b = {query_index[b, j] : query_mask[b, j]}``. In every layer ``l`` their fresh keys and values
+        (RoPE at ``cache.positions[b, p]``) are first written into ``cache`` at ``P_b``, in place, and then
+        the queries attend over all ``N`` cached positions, padding hidden by ``cache.key_mask``::
+
+            K_l[b, :, p] <- k_l(h_l(p)),  V_l[b, :, p] <- v_l(h_l(p))          for p in P_b
+            h_{l+1}(p) = block_l(h_l(p); softmax(q_l(p) K_l[b]^T / sqrt(d) + log m_b) V_l[b])
+
+        so a queried position sees its own and the other queried positions' fresh K/V and the cached K/V
+        of every other position; ``cache.input_ids`` at ``P_b`` become ``query_ids``. When the cached
+        entries of the unqueried positions are current (computed from the present sequence), the logits equal
+        the full forward's at ``P_b`` up to float rounding; stale entries make only their own contributions
+        stale (dKV-Cache's approximation: decoded tokens' K/V barely change after the step that follows
+        their decoding).
+
+        Ragged query sets share one batch through ``query_mask [B, Q]`` (None: every entry is real):
+        an entry with False is a padding query. Its logits are garbage and it writes nothing (the
+        cache keeps its old K/V and id there), so no row's padding changes any row's cache or logits. Every
+        entry, padding included, needs an index in ``[0, N)``, distinct within its row (give padding queries
+        unqueried positions); this is checked with one host read-back. Shapes follow ``Q``, which changes
+        from call to call: this entry point is eager only.
+
+        With ``logits_shift`` (Dream-style) the logits at ``p >= 1`` come from the hidden state at ``p - 1``, as
+        in :meth:`forward`: they are NaN for a query whose ``p - 1`` is not among the row's real queries (query
+        ``p - 1`` too wherever the logits at ``p`` are wanted); position 0 keeps its own.
+        """
+        if not isinstance(cache, LLaDAKVCache):
+            raise ValueError(f"cache must be a LLaDAKVCache from compute_kv_cache, got {type(cache).__name__}")
+        self._check_ids(query_ids, "query_ids", cache.batch_size)
+        shape, total = query_ids.shape, cache.seq_len
+        if (not isinstance(query_index, Tensor) or query_index.shape != shape
+                or query_index.dtype not in (torch.int64, torch.int32)):
+            got = (f"{tuple(query_index.shape)} {query_index.dtype}" if isinstance(query_index, Tensor)
+                   else type(query_index).__name__)
+            raise ValueError(f"query_index must be an integer tensor of shape {tuple(shape)} like query_ids, got {got}")
+        if shape[1] > total:
+            raise ValueError(f"query_ids must hold at most the cache's {total} positions per row, got {shape[1]}")
+        if query_mask is not None and (not isinstance(query_mask, Tensor) or query_mask.shape != shape):
+            got = tuple(query_mask.shape) if isinstance(query_mask, Tensor) else type(query_mask).__name__
+            raise ValueError(f"query_mask must be None or a tensor of shape {tuple(shape)} like query_ids, got {got}")
+        index = query_index.to(self.device, torch.long)
+        valid = None if query_mask is None else query_mask.to(self.device).bool()
+        ordered = index.sort(dim=1).values
+        bad = (ordered[:, 0] < 0) | (ordered[:, -1] >= total) | (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+        source = None
+        if self.config.logits_shift:  # the column holding position p - 1 (p for p = 0), per query
+            column = torch.full((index.shape[0], total + 1), -1, dtype=torch.long, device=index.device)
+            real = torch.ones_like(index, dtype=torch.bool) if valid is None else valid
+            columns = torch.arange(index.shape[1], device=index.device).expand_as(index)
+            column.scatter_(1, torch.where(real, index, total).clamp(0, total), torch.where(real, columns, -1))
+            source = column.gather(1, (index - 1).clamp(0, total))
+            source = torch.where(index == 0, columns, source)
+        if bool(bad.any()):
+            raise ValueError(f"query_index must hold distinct positions in [0, {total}) within each row (rows "
+                             f"{bad.nonzero().squeeze(1).tolist()} do not)")
+        ids = query_ids.to(self.device, cache.input_ids.dtype)
+        logits = self._positions_core(ids, index, valid, source, cache.input_ids, cache.positions, cache.key_mask,
+                                      cache.keys, cache.values)
+        return LLaDAOutput(logits=logits)
+
+    def _positions_core(self, ids: Tensor, index: Tensor, valid: Optional[Tensor], source: Optional[Tensor],
+                        cache_ids: Tensor, positions: Tensor, mask: Optional[Tensor], keys: list[Tensor],
+                        values: list[Tensor]) -> Tensor:
+        """:meth:`forward_positions` on checked inputs: gather the queries' RoPE positions, and per layer
+        scatter their fresh K/V into the cache (old values where ``valid`` is False) before attending.
+        ``source [B, Q]`` (``logits_shift`` only): the query column whose hidden state gives each query's logits
+        (-1: none, NaN logits)."""
+        written = ids if valid is None else torch.where(valid, ids, cache_ids.gather(1, index))
+        cache_ids.scatter_(1, index, written)
+        cos, sin = self._rope(positions.gather(1, index))
+        attn_mask = None if mask is None else mask[:, None, None, :]
+        keep = None if valid is None else valid[:, None, :, None]
+        h = self.model.transformer.wte(ids)
+        for block, k_cache, v_cache in zip(self.model.transformer.blocks, keys, values):
+            q, k, v = block.project(h, cos, sin)
+            where = index[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            if keep is not None:
+                k = torch.where(keep, k, k_cache.gather(2, where))
+                v = torch.where(keep, v, v_cache.gather(2, where))
+            k_cache.scatter_(2, where, k.to(k_cache.dtype))
+            v_cache.scatter_(2, where, v.to(v_cache.dtype))
+            h = block.finish(h, q, k_cache, v_cache, attn_mask)
+        if source is None:
+            return self._head(h)
+        logits = self._head(h.gather(1, source.clamp(min=0)[..., None].expand(-1, -1, h.shape[-1])))
+        return logits.masked_fill((source < 0)[..., None], float("nan"))
 
     # ------------------------------------------------------------------ torch.compile
     def compiled_core(self, name: str, dynamic: bool = False) -> Callable:

@@ -6,7 +6,9 @@ A diffusers ``DiffusionPipeline`` following diffusers' ``LLaDA2Pipeline`` conven
   ``model(input_ids, attention_mask).logits`` and a config holding ``mask_token_id``);
 * ``tokenizer``: a transformers tokenizer with a mask token (``<|mdm_mask|>`` for LLaDA);
 * ``scheduler``: an unmasking policy from :mod:`vispec.dllm.schedulers` (LLaDA quota, confidence
-  threshold, factor, entropy bound), swappable like diffusers schedulers.
+  threshold, factor, entropy bound, contiguous run, Learn2PD), swappable like diffusers schedulers;
+* ``filter`` (optional): a trained Learn2PD filter (:class:`vispec.dllm.learned.ParallelDecodeFilter`), used by
+  ``strategy="learn2pd"``.
 
 ``__call__`` tokenises the prompts (through the chat template when the tokenizer has one), left-pads
 them, decodes with :func:`vispec.dllm.decode` (semi-AR blocks, optional Prefix/Dual KV cache,
@@ -37,7 +39,8 @@ from diffusers.utils import BaseOutput
 
 import vispec.models.llada  # noqa: F401 (diffusers resolves the saved model class through this module)
 from vispec.checks import check_int
-from vispec.dllm import CACHES, UnmaskingScheduler, check_decode_args, decode, make_scheduler
+from vispec.dllm import CACHES, AdaptiveBlocks, ProphetRule, UnmaskingScheduler, check_decode_args, decode, make_scheduler
+from vispec.dllm.learned import LearnedFilterScheduler, ParallelDecodeFilter
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.outputs import UNDECIDED, DecodeProgress
 from vispec.pipelines.common import PipelineMixin, check_generator
@@ -73,15 +76,17 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
     """
 
     model_cpu_offload_seq = "model"
-    _optional_components = ["tokenizer"]
+    _optional_components = ["tokenizer", "filter"]
     _callback_tensor_inputs = ["sequences", "transfer_index"]
     _applied_callback_inputs = ("sequences",)
 
     def __init__(self, model: Any, tokenizer: Any, scheduler: UnmaskingScheduler, default_gen_length: int = 128,
-                 default_block_length: int = 32):
+                 default_block_length: int = 32, filter: Optional[ParallelDecodeFilter] = None):
         super().__init__()
         _refuse_block_refinement(scheduler)
-        self.register_modules(model=model, tokenizer=tokenizer, scheduler=scheduler)
+        if filter is not None and not isinstance(filter, ParallelDecodeFilter):
+            raise ValueError(f"filter must be a ParallelDecodeFilter (Learn2PD), got {type(filter).__name__}")
+        self.register_modules(model=model, tokenizer=tokenizer, scheduler=scheduler, filter=filter)
         self.register_to_config(default_gen_length=default_gen_length, default_block_length=default_block_length)
 
     @classmethod
@@ -229,16 +234,30 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         scheduler = self.scheduler if strategy is None else strategy
         _refuse_block_refinement(scheduler)
         if isinstance(scheduler, str):
-            if threshold is not None and scheduler != "threshold":
-                raise ValueError(f"threshold applies to the threshold strategy, not {scheduler!r}")
-            return make_scheduler(scheduler, **({} if threshold is None else {"threshold": threshold}))
+            scheduler = make_scheduler(scheduler)
         if not isinstance(scheduler, UnmaskingScheduler):
             raise ValueError(f"strategy must be a strategy name or an UnmaskingScheduler, got {type(scheduler).__name__}")
         if threshold is not None:
             if "threshold" not in scheduler.config:
-                raise ValueError(f"threshold applies to the threshold strategy, not {type(scheduler).__name__}")
-            scheduler = type(scheduler).from_config({**scheduler.config, "threshold": threshold})
-        return scheduler
+                raise ValueError(f"threshold applies to the threshold, contiguous and learn2pd strategies, not "
+                                 f"{scheduler.strategy or type(scheduler).__name__!r}")
+            own_filter = getattr(scheduler, "filter", None)
+            # diffusers' from_config drops keys listed in `_use_default_values`: pass the settings alone
+            settings = {k: v for k, v in scheduler.config.items() if not k.startswith("_")}
+            scheduler = type(scheduler).from_config({**settings, "threshold": threshold})
+            if own_filter is not None:
+                scheduler.filter = own_filter
+        return self._with_filter(scheduler)
+
+    def _with_filter(self, scheduler: UnmaskingScheduler) -> UnmaskingScheduler:
+        """A Learn2PD scheduler without a filter of its own gets the pipeline's ``filter`` component (a copy of the
+        scheduler: the pipeline's own scheduler object is not changed)."""
+        if not isinstance(scheduler, LearnedFilterScheduler) or scheduler.filter is not None:
+            return scheduler
+        if self.filter is None:
+            raise ValueError("strategy 'learn2pd' needs a trained filter: this pipeline has no filter component (train "
+                             "one with `vispec train filter`, or pass LearnedFilterScheduler(filter=...))")
+        return LearnedFilterScheduler(threshold=scheduler.config.threshold, filter=self.filter)
 
     def decode_texts(self, sequences: torch.Tensor, eos_token_id: Optional[int] = None) -> list[str]:
         """Text of each generated row up to its first EOS or end-of-turn token, special tokens skipped."""
@@ -319,6 +338,10 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         callback_on_step_end: Optional[Callable[["MaskedDiffusionLMPipeline", int, int, dict], Optional[dict]]] = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("sequences",),
         compile: bool = False,
+        eotp: bool = False,
+        early_commit: Optional[ProphetRule] = None,
+        adaptive_block: Optional[AdaptiveBlocks] = None,
+        cache_reload_steps: int = 8,
         steps: Optional[int] = None,
         eos_early_stop: Optional[bool] = None,
         mask_token_id: Optional[int] = None,
@@ -341,9 +364,10 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
             guidance_scale: unsupervised CFG scale ``s >= 1`` (``ℓ = ℓ_u + s (ℓ_c - ℓ_u)``, the prompt masked in
                 the unconditional branch); 1 (default) = off. LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``.
-            strategy: ``"llada"``, ``"threshold"``, ``"factor"``, ``"entropy"``, ``"contiguous"`` or a scheduler object (default:
-                the pipeline's ``scheduler``); ``threshold`` overrides τ of the threshold rule.
-            cache: ``"none"``, ``"prefix"`` or ``"dual"`` (Fast-dLLM block KV caches).
+            strategy: ``"llada"``, ``"threshold"``, ``"factor"``, ``"entropy"``, ``"contiguous"``, ``"learn2pd"`` (needs the ``filter`` component) or a scheduler object (default:
+                the pipeline's ``scheduler``); ``threshold`` overrides τ of the threshold, contiguous and learn2pd rules.
+            cache: ``"none"``, ``"prefix"`` or ``"dual"`` (Fast-dLLM block KV caches), or ``"dkv"`` (dKV-Cache's
+                delayed caching, a full refresh every ``cache_reload_steps`` forwards of a block).
             early_stop_eos (LLaDA2: ``eos_early_stop``): once EOS is committed, the rest of the canvas becomes EOS
                 without more forwards (default True).
             logits_eos_inf, confidence_eos_eot_inf: LLaDA's EOS options (spec: intended semantics).
@@ -363,6 +387,12 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                 (:func:`vispec.dllm.decode`: the whole batch in every forward, ``"prefix"`` spans compiled with
                 ``dynamic=True``); the graphs are cached on ``self.model``, so only the first call with a new
                 shape compiles. Same tokens as eager (the default, False) up to float rounding of fused kernels.
+            eotp: Learn2PD's end-of-text prediction: cut each row's canvas after an accepted (or committed) EOS, else
+                after the masked position predicting EOS most confidently; the cut tail is EOS and never computed again.
+            early_commit: a :class:`vispec.dllm.ProphetRule` (Prophet: commit every remaining mask by arg-max once the
+                mean top-2 logit gap clears a threshold that falls with progress).
+            adaptive_block: a :class:`vispec.dllm.AdaptiveBlocks` (AdaBlock: each block ends at the most confident
+                predicted delimiter in a look-ahead window; delimiter ids from the tokenizer).
             mask_token_id, eos_token_id: override the tokenizer's (or, without a tokenizer, the model config's).
             top_k, top_p, minimal_topk: ``LLaDA2Pipeline``'s names; only ``minimal_topk=1`` has an equivalent here
                 (every adaptive strategy commits at least one token per step); the others raise, saying what to use.
@@ -404,7 +434,7 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         ids = ids.repeat_interleave(num_sequences_per_prompt, 0).to(device)
         mask = mask.repeat_interleave(num_sequences_per_prompt, 0).to(device)
         check_decode_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, mask_id,
-                          compile)
+                          compile, cache_reload_steps)
         scheduler.set_timesteps(steps, gen_length, block_length)  # validates steps against the blocks
         self.start_call(float(guidance_scale), steps if scheduler.fixed_steps else gen_length)
         self._mask_id = mask_id
@@ -426,7 +456,8 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                          temperature=temperature, guidance_scale=guidance_scale, cache=cache, mask_token_id=mask_id,
                          eos_token_id=eos_id, logits_eos_inf=logits_eos_inf,
                          confidence_eos_eot_inf=confidence_eos_eot_inf, early_stop_eos=early_stop_eos, generator=generator,
-                         callback=on_step, compile=compile)
+                         callback=on_step, compile=compile, eotp=eotp, early_commit=early_commit,
+                         adaptive_block=adaptive_block, cache_reload_steps=cache_reload_steps)
             block_bar.update(num_blocks - blocks_done[0])
 
         # 3. post-process

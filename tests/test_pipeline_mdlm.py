@@ -109,6 +109,8 @@ def test_scheduler_swap_and_threshold(pipe):
     out = pipe(prompt="sort the list", strategy=ThresholdScheduler(threshold=1e-9), output_type="seq")
     assert out.stats[0]["nfe"] == 2  # two blocks, each committed in one step
     assert pipe(prompt="sort the list", strategy="threshold", threshold=1e-9, output_type="seq").stats[0]["nfe"] == 2
+    # a scheduler built with its default threshold takes the override too (diffusers' from_config would drop it)
+    assert pipe(prompt="sort the list", strategy=ThresholdScheduler(), threshold=1e-9, output_type="seq").stats[0]["nfe"] == 2
 
 
 def test_save_load_round_trip(pipe, tmp_path):
@@ -131,7 +133,7 @@ def test_save_load_round_trip(pipe, tmp_path):
     (dict(prompt="sort", strategy="threshold", threshold=0.0), "threshold must be a finite number in \\(0, 1\\]"),
     (dict(prompt="sort", guidance_scale=0.0), "guidance_scale must be a finite number >= 1 \\(1 disables guidance; LLaDA's cfg_scale w"),
     (dict(prompt="sort", num_sequences_per_prompt=0), "num_sequences_per_prompt must be an integer >= 1"),
-    (dict(prompt="sort", strategy="llada", threshold=0.5), "threshold applies to the threshold strategy"),
+    (dict(prompt="sort", strategy="llada", threshold=0.5), "threshold applies to the threshold, contiguous and learn2pd strategies, not .llada."),
     (dict(prompt="sort", strategy="fastest"), "strategy must be one of"),
     (dict(), "pass prompt, messages or input_ids"),
     (dict(prompt=3), "prompt must be a string"),

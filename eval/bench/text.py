@@ -1,7 +1,9 @@
 """``vispec bench text``: accuracy and speed of unmasking strategies and caches on a masked diffusion LM.
 
 For every task (test split of :mod:`vispec.eval.bench.text_tasks`), strategy (``llada`` = one token per step,
-the baseline; ``threshold``; ``factor``; ``entropy``; ``contiguous``) and cache (``none``, ``prefix``, ``dual``), two runs:
+the baseline; ``threshold``; ``factor``; ``entropy``; ``contiguous``; ``learn2pd``, for models with a Learn2PD filter)
+and cache (``none``, ``prefix``, ``dual``, ``dkv``), or for every explicit setting ``strategy[+rule...][@cache]`` (rules
+``eotp``, ``prophet``, ``adablock``: :data:`RULES`), two runs:
 
 * batch 1: problems one at a time; accuracy (strict-match and flexible-extract for arithmetic, as
   lm-eval scores GSM8K; exact match otherwise), NFE, tokens per forward, latency per problem and
@@ -19,6 +21,7 @@ filling the rest with EOS); early stop changes answers on some prompts (an EOS c
 masks changes their context), so ``llada`` + ``none`` *with* early stop is a row of its own. Speed-ups are
 against the reference of the same task and batch size: ``speedup`` is the ratio of tokens/s (Fast-dLLM's
 definition), ``latency_speedup`` the ratio of latency per problem, ``nfe_reduction`` the ratio of NFE.
+:func:`accuracy_nfe_plot` draws accuracy against NFE, a panel per task.
 """
 
 from __future__ import annotations
@@ -30,7 +33,30 @@ from typing import Callable, Optional
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
 
-STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous")
+STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous", "learn2pd")
+# rules a setting may add to its strategy (``strategy+rule@cache``): Learn2PD's end-of-text prediction, Prophet's
+# early commit, AdaBlock's adaptive blocks
+RULES = ("eotp", "prophet", "adablock")
+
+
+def parse_setting(text: str) -> tuple[str, tuple[str, ...], str]:
+    """``"learn2pd+eotp@dual"`` -> ``("learn2pd", ("eotp",), "dual")``: a strategy, optional ``+rule``s and an
+    optional ``@cache`` (default ``none``)."""
+    from vispec.dllm import CACHES
+
+    head, _, cache = text.partition("@")
+    strategy, *rules = head.split("+")
+    cache = cache or "none"
+    if strategy not in STRATEGIES:
+        raise ValueError(f"settings: unknown strategy {strategy!r} in {text!r}; expected one of {STRATEGIES}")
+    for rule in rules:
+        if rule not in RULES:
+            raise ValueError(f"settings: unknown rule {rule!r} in {text!r}; expected some of {RULES}")
+    if len(set(rules)) != len(rules):
+        raise ValueError(f"settings: a rule is repeated in {text!r}")
+    if cache not in CACHES:
+        raise ValueError(f"settings: unknown cache {cache!r} in {text!r}; expected one of {CACHES}")
+    return strategy, tuple(rules), cache
 
 
 @dataclass
@@ -47,6 +73,11 @@ class TextBenchConfig:
     factor: float = 1.0
     entropy_bound: float = 0.1
     early_stop_eos: bool = True
+    settings: tuple[str, ...] = ()  # "strategy[+rule...][@cache]"; when given, replaces the strategies x caches grid
+    filter_threshold: float = 0.96  # Learn2PD's acceptance τ
+    prophet_thresholds: tuple[float, ...] = (7.5, 5.0, 2.5)
+    delimiters: tuple[str, ...] = (".",)  # AdaBlock's delimiter tokens (tiny-mdlm's step separator)
+    delimiter_threshold: float = 0.3
     seed: int = 0
     device: str = "cpu"
 
@@ -63,18 +94,48 @@ class TextBenchConfig:
         for cache in self.caches:
             if cache not in CACHES:
                 raise ValueError(f"unknown cache {cache!r}; expected some of {CACHES}")
+        for setting in self.settings:
+            parse_setting(setting)
+        self.rule_options({"eotp", "prophet", "adablock"}, None)  # validates their settings
+        for strategy in set(self.strategies) | {parse_setting(t)[0] for t in self.settings}:
+            _scheduler(self, strategy)  # validates the strategies' settings (threshold, factor, ...)
         check_device(self.device)
+
+    def rule_options(self, rules: set, tokenizer) -> dict:
+        """``pipe(...)`` keywords of a setting's rules (AdaBlock's delimiter ids come from ``tokenizer``)."""
+        from vispec.dllm import AdaptiveBlocks, ProphetRule
+
+        options = {}
+        if "eotp" in rules:
+            options["eotp"] = True
+        if "prophet" in rules:
+            options["early_commit"] = ProphetRule(thresholds=tuple(self.prophet_thresholds))
+        if "adablock" in rules:
+            if not self.delimiters:
+                raise ValueError("delimiters must name at least one token for the adablock rule")
+            ids = (0,) if tokenizer is None else tuple(_token_id(tokenizer, d) for d in self.delimiters)
+            options["adaptive_block"] = AdaptiveBlocks(delimiter_ids=ids, threshold=self.delimiter_threshold)
+        return options
+
+
+def _token_id(tokenizer, token: str) -> int:
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1 or ids[0] == tokenizer.unk_token_id:
+        raise ValueError(f"delimiters: {token!r} is not one token of this model's tokenizer")
+    return ids[0]
 
 
 def _scheduler(cfg: TextBenchConfig, strategy: str):
     from vispec.dllm import make_scheduler
 
     settings = {"threshold": {"threshold": cfg.threshold}, "factor": {"factor": cfg.factor},
-                "entropy": {"gamma": cfg.entropy_bound}, "contiguous": {"threshold": cfg.threshold}}.get(strategy, {})
+                "entropy": {"gamma": cfg.entropy_bound}, "contiguous": {"threshold": cfg.threshold},
+                "learn2pd": {"threshold": cfg.filter_threshold}}.get(strategy, {})
     return make_scheduler(strategy, **settings)
 
 
-def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBenchConfig, early_stop_eos: bool) -> dict:
+def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBenchConfig, early_stop_eos: bool,
+         options: dict) -> dict:
     """Decode ``items`` in batches of ``batch_size``; accuracy and speed."""
     scores: dict[str, float] = {}
     nfe, tokens, latency = [], [], []
@@ -83,7 +144,7 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
         for lo in range(0, len(items), batch_size):
             chunk = items[lo : lo + batch_size]
             out = pipe(prompt=[item.prompt for item in chunk], strategy=scheduler, cache=cache, gen_length=cfg.gen_length,
-                       block_length=cfg.block_length, early_stop_eos=early_stop_eos)
+                       block_length=cfg.block_length, early_stop_eos=early_stop_eos, **options)
             for item, text, stats in zip(chunk, out.texts, out.stats):
                 for name, value in task.score(text, item).items():
                     scores[name] = scores.get(name, 0.0) + value
@@ -115,21 +176,28 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     pipe.set_progress_bar_config(disable=True)
     cfg.gen_length = cfg.gen_length or pipe.config.default_gen_length
     cfg.block_length = cfg.block_length or min(pipe.config.default_block_length, cfg.gen_length)
-    reference = ("llada", "none", False)  # LLaDA's baseline: one token per step, no cache, no early stop
-    settings = list(dict.fromkeys([reference] + [(s, c, cfg.early_stop_eos) for s in cfg.strategies for c in cfg.caches]))
+    reference = ("llada", (), "none", False)  # LLaDA's baseline: one token per step, no cache, no early stop
+    grid = ([parse_setting(t) for t in cfg.settings] if cfg.settings
+            else [(s, (), c) for s in cfg.strategies for c in cfg.caches])
+    settings = list(dict.fromkeys([reference] + [(s, r, c, cfg.early_stop_eos) for s, r, c in grid]))
+    if any(s == "learn2pd" for s, *_ in settings) and pipe.filter is None:
+        raise ValueError(f"the learn2pd strategy needs a Learn2PD filter, and {cfg.model} has none (train one with "
+                         "`vispec train filter`)")
     pipe(prompt=split_items(tasks[0], "test", 1, cfg.seed)[0].prompt, strategy="threshold", gen_length=cfg.gen_length,
          block_length=cfg.block_length)  # warm-up, not timed
     runs = []
     for task in tasks:
         items = split_items(task, "test", cfg.num_problems, cfg.seed)
-        for strategy, cache, early_stop in settings:
+        for strategy, rules, cache, early_stop in settings:
+            options = cfg.rule_options(set(rules), pipe.tokenizer)
             for batch_size in dict.fromkeys((1, cfg.batch_size)):
-                row = {"strategy": strategy, "cache": cache, "early_stop_eos": early_stop, "task": task.name,
-                       "batch_size": batch_size, "reference": (strategy, cache, early_stop) == reference}
-                row.update(_run(pipe, items, task, _scheduler(cfg, strategy), cache, batch_size, cfg, early_stop))
+                row = {"strategy": strategy, "rules": list(rules), "cache": cache, "early_stop_eos": early_stop,
+                       "task": task.name, "batch_size": batch_size,
+                       "reference": (strategy, rules, cache, early_stop) == reference}
+                row.update(_run(pipe, items, task, _scheduler(cfg, strategy), cache, batch_size, cfg, early_stop, options))
                 runs.append(row)
                 acc = " ".join(f"{k} {row[k]:.3f}" for k in task.metrics)
-                progress(f"{task.name} {strategy}+{cache}{' +stop' if early_stop else ''} B={batch_size}: {acc}, "
+                progress(f"{task.name} {setting_name(row)} B={batch_size}: {acc}, "
                          f"NFE {row['nfe']:.1f}, {row['tokens_per_s']:.1f} tok/s")
                 if partial:
                     partial({"config": {**asdict(cfg), **environment(cfg.device)}, "runs": list(runs)})
@@ -145,15 +213,78 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
 
 
 def format_text_table(result: dict) -> str:
-    header = (f"{'task':<11} {'strategy':<10} {'cache':<7} {'stop':<4} {'B':>3} {'strict':>7} {'flex':>6} {'exact':>6} {'nfe':>7} "
-              f"{'NFE x':>6} {'tok/fwd':>7} {'tok/s':>8} {'speedup':>7} {'lat s':>7} {'MB':>6}")
+    header = (f"{'task':<11} {'strategy':<10} {'rules':<17} {'cache':<6} {'stop':<4} {'B':>3} {'strict':>7} {'flex':>6} "
+              f"{'exact':>6} {'nfe':>7} {'NFE x':>6} {'tok/fwd':>7} {'tok/s':>8} {'speedup':>7} {'lat s':>7} {'MB':>6}")
     lines = [header, "-" * len(header)]
     for r in result["runs"]:
         cell = lambda k: f"{r[k]:.3f}" if k in r else "-"
         stop = "EOS" if r.get("early_stop_eos") else "-"
-        lines.append(f"{r['task']:<11} {r['strategy']:<10} {r['cache']:<7} {stop:<4} {r['batch_size']:>3} {cell('strict_match'):>7} "
-                     f"{cell('flexible_extract'):>6} {cell('exact_match'):>6} {r['nfe']:>7.1f} {r['nfe_reduction']:>6.2f} "
-                     f"{r['tokens_per_forward']:>7.2f} {r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f} {r['latency_s']:>7.3f} "
-                     f"{r['peak_mem_mb']:>6.0f}")
-    lines.append("reference: llada, no cache, no early stop (LLaDA's baseline); stop EOS: early stop at EOS")
+        rules = "+".join(r.get("rules", ())) or "-"
+        lines.append(f"{r['task']:<11} {r['strategy']:<10} {rules:<17} {r['cache']:<6} {stop:<4} {r['batch_size']:>3} "
+                     f"{cell('strict_match'):>7} {cell('flexible_extract'):>6} {cell('exact_match'):>6} {r['nfe']:>7.1f} "
+                     f"{r['nfe_reduction']:>6.2f} {r['tokens_per_forward']:>7.2f} {r['tokens_per_s']:>8.1f} "
+                     f"{r['speedup']:>7.2f} {r['latency_s']:>7.3f} {r['peak_mem_mb']:>6.0f}")
+    lines.append("reference: llada, no cache, no early stop (LLaDA's baseline); stop EOS: early stop at EOS; "
+                 "rules: eotp (end-of-text prediction), prophet (early commit), adablock (adaptive blocks)")
     return "\n".join(lines)
+
+
+def setting_name(row: dict) -> str:
+    """A run's setting as one label: ``strategy[+rule...]@cache`` with ``+stop`` for early stop at EOS."""
+    rules = "".join(f"+{m}" for m in row.get("rules", ()))
+    return f"{row['strategy']}{rules}{'+stop' if row.get('early_stop_eos') else ''}@{row['cache']}"
+
+
+def accuracy_nfe_plot(result: dict, path: str, panel: tuple[int, int] = (560, 480)) -> str:
+    """A PNG with one panel per task: mean NFE per problem (x, log scale) against the task's first metric (y:
+    strict-match for arithmetic, exact match otherwise), one labelled point per setting at batch 1; the reference
+    (LLaDA's baseline) in red. Drawn with PIL (no plotting dependency)."""
+    import math
+
+    from PIL import Image, ImageDraw
+
+    from vispec.eval.bench.text_tasks import get_task
+
+    runs = [r for r in result["runs"] if r["batch_size"] == 1]
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    if not tasks:
+        raise ValueError("the result has no batch-1 runs to plot")
+    w, h = panel
+    left, right, top, bottom = 55, 15, 30, 45
+    image = Image.new("RGB", (w * len(tasks), h), "white")
+    draw = ImageDraw.Draw(image)
+    nfes = [r["nfe"] for r in runs]
+    x_lo, x_hi = math.log10(min(nfes) / 1.3), math.log10(max(nfes) * 1.3)
+    for i, task in enumerate(tasks):
+        metric = get_task(task).metrics[0]
+        ox = i * w
+
+        def at(nfe: float, acc: float) -> tuple[float, float]:
+            x = ox + left + (math.log10(nfe) - x_lo) / (x_hi - x_lo) * (w - left - right)
+            return x, top + (1.0 - acc) * (h - top - bottom)
+
+        draw.line([(ox + left, h - bottom), (ox + w - right, h - bottom)], fill="black")
+        draw.line([(ox + left, top), (ox + left, h - bottom)], fill="black")
+        for k in range(6):
+            _, py = at(10 ** x_lo, k / 5)
+            draw.text((ox + 10, py - 6), f"{k / 5:.1f}", fill="black")
+        for k in range(math.floor(x_lo), math.ceil(x_hi) + 1):
+            for m in (1, 2, 5):
+                v = m * 10 ** k
+                if x_lo <= math.log10(v) <= x_hi:
+                    px, _ = at(v, 0)
+                    draw.line([(px, h - bottom), (px, h - bottom + 4)], fill="black")
+                    draw.text((px - 6, h - bottom + 6), f"{v:g}", fill="black")
+        draw.text((ox + left, 8), f"{task}: {metric} vs NFE (batch 1, log x)", fill="black")
+        draw.text((ox + w // 2 - 50, h - 18), "NFE per problem", fill="black")
+        n_points = sum(r["task"] == task for r in runs)
+        # points are numbered (labels of close points would overlap); the legend lists the numbers
+        for k, r in enumerate(r for r in runs if r["task"] == task):
+            px, py = at(r["nfe"], r.get(metric, 0.0))
+            colour = (200, 30, 30) if r.get("reference") else (0, 90, 170)
+            draw.ellipse([px - 3, py - 3, px + 3, py + 3], fill=colour)
+            draw.text((px + 4, py - 14 - 10 * (k % 3)), str(k + 1), fill=colour)
+            draw.text((ox + left + 8, h - bottom - 12 - 11 * (n_points - 1 - k)),
+                      f"{k + 1} {setting_name(r)} ({r.get(metric, 0.0):.2f}, {r['nfe']:.1f})", fill=colour)
+    image.save(path)
+    return path

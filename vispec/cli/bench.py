@@ -54,8 +54,14 @@ IMAGE_HELP = {
 }
 TEXT_HELP = {
     "model": "embedded model name or a pipeline folder",
-    "strategies": "comma-separated: llada, threshold, factor, entropy, contiguous",
-    "caches": "comma-separated caches: none, prefix, dual",
+    "strategies": "comma-separated: llada, threshold, factor, entropy, contiguous, learn2pd (needs the model's filter)",
+    "settings": "comma-separated strategy[+rule...][@cache] (rules eotp, prophet, adablock; e.g. learn2pd+eotp@dual); "
+                "replaces the --strategies x --cache grid",
+    "filter_threshold": "Learn2PD's acceptance threshold τ",
+    "prophet_thresholds": "Prophet's top-2 logit-gap thresholds by progress thirds",
+    "delimiters": "AdaBlock's delimiter tokens",
+    "delimiter_threshold": "AdaBlock's delimiter confidence δ",
+    "caches": "comma-separated caches: none, prefix, dual, dkv",
     "tasks": "comma-separated: arithmetic, sort, reverse",
     "num_problems": "test problems per task",
     "batch_size": "the batched run's batch size (batch 1 always runs)",
@@ -68,7 +74,8 @@ TEXT_HELP = {
 }
 TEXT_FLAGS = {"caches": "--cache", "early_stop_eos": "--no-early-stop"}
 # the unmasking knobs `generate text` shares with `bench text`
-STRATEGY_KNOBS = ("threshold", "factor", "entropy_bound", "gen_length", "block_length", "early_stop_eos")
+STRATEGY_KNOBS = ("threshold", "factor", "entropy_bound", "gen_length", "block_length", "early_stop_eos", "filter_threshold",
+                  "prophet_thresholds", "delimiters", "delimiter_threshold")
 KERNEL_HELP = {
     "rows": "rows per call",
     "vocab": "vocabulary sizes",
@@ -97,6 +104,9 @@ BENCHES = {
     "kernels": ("vispec.eval.bench.kernels", "KernelBenchConfig", "run_kernel_bench", "format_kernel_table"),
 }
 
+# bench name -> its plot function (the PNG goes next to --json unless --plot names it)
+PLOTS = {"image": "speed_fid_plot", "text": "accuracy_nfe_plot"}
+
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark named by the subcommand, print its table and write its JSON (and the image bench's plot).
@@ -107,7 +117,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     check_output_file(args.json_path, "--json")
     plot = None
-    if args.subcommand == "image":
+    if args.subcommand in PLOTS:
         plot = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else None)
         check_output_file(plot, "--plot" if args.plot else "--plot (from --json)", image=True)
     module_name, config_name, run_name, table_name = BENCHES[args.subcommand]
@@ -130,7 +140,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise
     emit(getattr(module, table_name)(result), result, args.json_path)
     if plot:
-        print(f"wrote {module.speed_fid_plot(result, plot)}")
+        print(f"wrote {getattr(module, PLOTS[args.subcommand])(result, plot)}")
     return 0
 
 
@@ -157,6 +167,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
     text = bench.add_parser("text", help="accuracy and speed of unmasking strategies and caches on a masked diffusion LM")
     add_config_args(text, TextBenchConfig, help=TEXT_HELP, flags=TEXT_FLAGS)
+    text.add_argument("--plot", default=None, help="accuracy-versus-NFE PNG, a panel per task (default: next to --json)")
     text.set_defaults(func=_cmd_bench)
 
     kernels = bench.add_parser("kernels", help="Triton verification/unmasking kernels against the PyTorch reference")

@@ -104,26 +104,37 @@ def _cmd_text(args: argparse.Namespace) -> int:
     import torch
 
     from vispec.dllm import make_scheduler
+    from vispec.eval.bench.text import RULES, TextBenchConfig
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     _quiet(args)
     settings = {"threshold": {"threshold": args.threshold}, "factor": {"factor": args.factor},
                 "entropy": {"gamma": args.entropy_bound}, "llada": {"remasking": args.remasking},
-                "contiguous": {"threshold": args.threshold}}
+                "contiguous": {"threshold": args.threshold}, "learn2pd": {"threshold": args.filter_threshold},
+                "dream": {"alg": args.dream_alg}}
     if args.strategy not in settings:
         raise ValueError(f"--strategy must be one of {tuple(settings)}, got {args.strategy!r}")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be >= 1 (or left out: one step per token), got {args.steps}")
+    rules = [r for r in args.rules.split(",") if r] if args.rules else []
+    unknown = [r for r in rules if r not in RULES]
+    if unknown:
+        raise ValueError(f"--rules must be comma-separated names from {RULES}, got {args.rules!r}")
+    knobs = TextBenchConfig(filter_threshold=args.filter_threshold, prophet_thresholds=tuple(args.prophet_thresholds),
+                            delimiters=tuple(args.delimiters), delimiter_threshold=args.delimiter_threshold)
+    knobs.rule_options(set(rules), None)  # validates the rules' settings before the model loads
     scheduler = make_scheduler(args.strategy, **settings[args.strategy])
     pipe = _load(MaskedDiffusionLMPipeline, args.model)
     pipe.set_progress_bar_config(disable=args.quiet)
     out = pipe(prompt=args.prompt, strategy=scheduler, cache=args.cache, gen_length=args.gen_length,
                block_length=args.block_length, steps=args.steps, temperature=args.temperature,
                guidance_scale=args.guidance_scale, early_stop_eos=args.early_stop_eos,
-               generator=torch.Generator().manual_seed(args.seed), compile=args.compile)
+               generator=torch.Generator().manual_seed(args.seed), compile=args.compile,
+               cache_reload_steps=args.cache_reload_steps, **knobs.rule_options(set(rules), pipe.tokenizer))
     stats = out.stats[0]
     print(out.texts[0])
-    print(f"[{args.strategy} + {args.cache} cache: NFE {stats['nfe']} for {stats['tokens']} tokens "
+    name = "+".join([args.strategy] + rules)
+    print(f"[{name} + {args.cache} cache: NFE {stats['nfe']} for {stats['tokens']} tokens "
           f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.3f} s]", file=sys.stderr)
     return 0
 
@@ -164,9 +175,15 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     text = generate.add_parser("text", help="text from a masked diffusion LM pipeline")
     text.add_argument("--model", default="tiny-mdlm", help="embedded model name or a pipeline folder (default: %(default)s)")
     text.add_argument("--prompt", required=True)
-    text.add_argument("--strategy", default="threshold", help="llada, threshold, factor, entropy or contiguous (default: %(default)s)")
+    text.add_argument("--strategy", default="threshold",
+                      help="llada, threshold, factor, entropy, contiguous, learn2pd (needs the model's filter) or dream "
+                           "(default: %(default)s)")
     text.add_argument("--remasking", default="low_confidence", help="llada: low_confidence or random")
-    text.add_argument("--cache", default="none", help="none, prefix or dual (default: %(default)s)")
+    text.add_argument("--dream-alg", default="entropy", help="dream: origin, maskgit_plus, topk_margin or entropy")
+    text.add_argument("--rules", default="", help="comma-separated: eotp (end-of-text prediction), prophet (early "
+                                                   "commit), adablock (adaptive blocks)")
+    text.add_argument("--cache", default="none", help="none, prefix, dual or dkv (default: %(default)s)")
+    text.add_argument("--cache-reload-steps", type=int, default=8, help="dkv: full refresh every N forwards of a block")
     text.add_argument("--steps", type=int, default=None, help="llada: total steps (default: gen length)")
     text.add_argument("--temperature", type=float, default=0.0)
     text.add_argument("--guidance-scale", type=float, default=1.0, help="1 = off (LLaDA's cfg_scale w is w + 1)")

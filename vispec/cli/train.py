@@ -20,8 +20,9 @@ TRAINERS = {
     "t2i": ("vispec.eval.train.t2i", "T2ITrainConfig", "train_t2i", "the tiny-t2i unified-token text-to-image decoder (needs a scene VQ)"),
     "clip": ("vispec.eval.train.clip", "CLIPTrainConfig", "train_clip", "the tiny-t2i CLIP (contrastive, attribute-swap hard negatives) for CLIPScore and retrieval"),
     "assemble-t2i": ("vispec.eval.train.assemble", "T2IAssembleConfig", "assemble_t2i", "write the trained parts as the embedded tiny-t2i pipeline"),
-    "mdlm": ("vispec.eval.train.mdlm", "MDLMTrainConfig", "train_mdlm", "the tiny-mdlm masked diffusion LM (task suite, tokenizer, SFT)"),
-    "assemble-mdlm": ("vispec.eval.train.assemble", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as the embedded tiny-mdlm pipeline"),
+    "mdlm": ("vispec.eval.train.mdlm", "MDLMTrainConfig", "train_mdlm", "a masked diffusion LM: tiny-mdlm (task suite, tokenizer, SFT), or tiny-mdlm-long fine-tuned from it (--init-from)"),
+    "assemble-mdlm": ("vispec.eval.train.assemble", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as an embedded pipeline (tiny-mdlm, tiny-mdlm-long)"),
+    "filter": ("vispec.eval.train.filter", "FilterTrainConfig", "train_filter", "a Learn2PD filter for a masked diffusion LM (its own decodes as data), saved in a copy of its pipeline folder"),
 }
 
 

@@ -5,7 +5,11 @@
 and takes ``guidance_scale`` (1 = off; LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``).
 """
 
+from vispec.dllm.blocks import AdaptiveBlocks
 from vispec.dllm.decode import CACHES, StopDecoding, check_decode_args, count_tokens, decode
+from vispec.dllm.dream import DreamScheduler
+from vispec.dllm.early_commit import ProphetRule
+from vispec.dllm.learned import LearnedFilterScheduler, ParallelDecodeFilter
 from vispec.dllm.schedulers import (
     SCHEDULERS,
     ContiguousScheduler,
@@ -20,7 +24,7 @@ from vispec.dllm.schedulers import (
 )
 
 __all__ = [
-    "CACHES", "SCHEDULERS", "ContiguousScheduler", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "StopDecoding", "ThresholdScheduler",
+    "CACHES", "SCHEDULERS", "AdaptiveBlocks", "ProphetRule", "ContiguousScheduler", "DreamScheduler", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "LearnedFilterScheduler", "ParallelDecodeFilter", "StopDecoding", "ThresholdScheduler",
     "UnmaskNoise", "UnmaskSchedulerOutput", "UnmaskingScheduler", "check_decode_args", "count_tokens", "decode",
     "make_scheduler",
 ]

@@ -55,12 +55,16 @@ class UnmaskSchedulerOutput(BaseOutput):
         transfer_index: ``[B, Lb]`` bool, positions committed in this step.
         sampled_tokens: ``[B, Lb]`` candidates (``-1`` where the position was not masked).
         confidence: ``[B, Lb]`` float64 confidences (``-inf`` where not masked).
+        accepted: ``[B, Lb]`` bool, the committed positions a learned filter accepted (Learn2PD), as opposed to
+            those committed only to meet the per-step floor; None for policies without a filter. End-of-text
+            prediction truncates after an accepted EOS.
     """
 
     prev_sample: Tensor
     transfer_index: Tensor
     sampled_tokens: Tensor
     confidence: Tensor
+    accepted: Optional[Tensor] = None
 
 
 @dataclass
