@@ -179,44 +179,57 @@ def _t2i_report_md(t2i: dict) -> str:
 
 
 DEMO_TEXT_PROBLEMS = 6
+DEMO_LONG_PROBLEMS = 2  # per task: LLaDA's baseline spends 256 forwards on each
 
 
-def run_text_demo() -> dict:
-    """A few test-split arithmetic problems solved by LLaDA's baseline (1 token per step, no cache, no early stop)
-    and by the threshold rule with DualCache (Fast-dLLM) and early stop at EOS, with NFE, latency and the speed-up."""
+def _text_settings(long: bool) -> dict:
+    """Demo settings: name -> (strategy or scheduler, cache, early stop at EOS, extra pipeline options). The first is
+    LLaDA's baseline (one token per step, no cache, no early stop), the reference of the speed-ups."""
     from vispec.dllm import LLaDAScheduler, ThresholdScheduler
+
+    settings = {"llada, 1 token/step (LLaDA's baseline)": (LLaDAScheduler(), "none", False, {})}
+    if long:
+        settings["learn2pd + EoTP + DualCache"] = ("learn2pd", "dual", False, {"eotp": True})
+    else:
+        settings["threshold 0.9 + DualCache + EOS stop"] = (ThresholdScheduler(threshold=0.9), "dual", True, {})
+    return settings
+
+
+def run_text_demo(model: str = "vispec/tiny-mdlm", tasks: tuple[str, ...] = ("arithmetic",),
+                  problems: int = DEMO_TEXT_PROBLEMS) -> dict:
+    """A few test-split problems per task solved by LLaDA's baseline (1 token per step, no cache, no early stop) and
+    by a fast setting: tiny-mdlm, the threshold rule with DualCache (Fast-dLLM) and early stop at EOS; tiny-mdlm-long
+    (gen length 256), Learn2PD with end-of-text prediction and DualCache. NFE, latency, accuracy, speed-ups."""
     from vispec.eval.bench.text_tasks import get_task, split_items
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
-    pipe = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
+    pipe = MaskedDiffusionLMPipeline.from_pretrained(model)
     pipe.set_progress_bar_config(disable=True)
-    task = get_task("arithmetic")
-    items = split_items(task, "test", DEMO_TEXT_PROBLEMS, seed=0)
-    settings = {"llada, 1 token/step (LLaDA's baseline)": (LLaDAScheduler(), "none", False),
-                "threshold 0.9 + DualCache + EOS stop": (ThresholdScheduler(threshold=0.9), "dual", True)}
-    pipe(prompt=items[0].prompt, strategy="threshold")  # warm-up, not timed
+    work = [(get_task(name), item) for name in tasks for item in split_items(name, "test", problems, seed=0)]
+    settings = _text_settings(long=pipe.filter is not None)
+    pipe(prompt=work[0][1].prompt, strategy="threshold")  # warm-up, not timed
     rows, examples = {}, []
-    for name, (scheduler, cache, early_stop) in settings.items():
-        print(f"  {name}: {len(items)} problems, one at a time ...", flush=True)
+    for name, (scheduler, cache, early_stop, options) in settings.items():
+        print(f"  {name}: {len(work)} problems, one at a time ...", flush=True)
         nfe = correct = 0
         start = time.perf_counter()
-        for item in items:
-            out = pipe(prompt=item.prompt, strategy=scheduler, cache=cache, early_stop_eos=early_stop)
+        for task, item in work:
+            out = pipe(prompt=item.prompt, strategy=scheduler, cache=cache, early_stop_eos=early_stop, **options)
             nfe += out.stats[0]["nfe"]
-            correct += task.score(out.texts[0], item)["strict_match"]
+            correct += task.score(out.texts[0], item)[task.metrics[0]]
             if cache == "dual":
                 examples.append({"prompt": item.prompt, "answer": out.texts[0], "reference": item.answer})
         wall = time.perf_counter() - start
-        rows[name] = {"nfe": nfe / len(items), "latency_s": wall / len(items), "strict_match": correct / len(items)}
+        rows[name] = {"nfe": nfe / len(work), "latency_s": wall / len(work), "accuracy": correct / len(work)}
     base = rows[next(iter(rows))]
     for row in rows.values():
         row["nfe_reduction"] = base["nfe"] / row["nfe"]
         row["speedup"] = base["latency_s"] / row["latency_s"]
-    table = [f"{'setting':<40} {'strict':>7} {'nfe':>7} {'NFE x':>6} {'latency s':>10} {'speedup':>8}"]
+    table = [f"{'setting':<40} {'accuracy':>8} {'nfe':>7} {'NFE x':>6} {'latency s':>10} {'speedup':>8}"]
     for name, r in rows.items():
-        table.append(f"{name:<40} {r['strict_match']:>7.3f} {r['nfe']:>7.1f} {r['nfe_reduction']:>6.2f} {r['latency_s']:>10.3f} {r['speedup']:>8.2f}")
+        table.append(f"{name:<40} {r['accuracy']:>8.3f} {r['nfe']:>7.1f} {r['nfe_reduction']:>6.2f} {r['latency_s']:>10.3f} {r['speedup']:>8.2f}")
     print("\n".join(table))
-    return {"model": "vispec/tiny-mdlm", "task": "arithmetic", "gen_length": pipe.config.default_gen_length,
+    return {"model": model, "tasks": list(tasks), "gen_length": pipe.config.default_gen_length,
             "block_length": pipe.config.default_block_length, "settings": rows, "examples": examples, "table": table}
 
 
@@ -229,9 +242,10 @@ def run_random_model_demo() -> dict:
 
 
 def _text_report_md(text: dict) -> str:
-    lines = ["\n## Masked diffusion LM: tiny-mdlm on arithmetic word problems\n",
-             f"Test-split problems, batch 1, CPU, temperature 0, gen length {text['gen_length']}, block {text['block_length']}.\n",
-             "```", *text["table"], "```", "", "Threshold + DualCache answers:", ""]
+    lines = [f"\n## Masked diffusion LM: {text['model']} on {', '.join(text['tasks'])}\n",
+             f"Test-split problems, batch 1, CPU, temperature 0, gen length {text['gen_length']}, block {text['block_length']}; "
+             "accuracy is strict-match for arithmetic, exact match otherwise.\n",
+             "```", *text["table"], "```", "", "Answers of the fast setting:", ""]
     for ex in text["examples"]:
         lines.append(f"- `{ex['prompt']}` -> `{ex['answer']}` (reference `{ex['reference']}`)")
     return "\n".join(lines) + "\n"
@@ -265,6 +279,12 @@ def run_demo(out_dir: str = "out/demo") -> dict:
         report["text"] = run_text_demo()
         with open(os.path.join(out_dir, "report.md"), "a") as handle:
             handle.write(_text_report_md(report["text"]))
+    if installed("vispec/tiny-mdlm-long"):
+        print("vispec demo: masked diffusion LM at gen length 256 on tiny-mdlm-long, LLaDA baseline vs Learn2PD + EoTP",
+              flush=True)
+        report["text_long"] = run_text_demo("vispec/tiny-mdlm-long", ("arithmetic", "sort", "reverse"), DEMO_LONG_PROBLEMS)
+        with open(os.path.join(out_dir, "report.md"), "a") as handle:
+            handle.write(_text_report_md(report["text_long"]))
     report["wall_s"] = time.perf_counter() - start
     with open(os.path.join(out_dir, "report.json"), "w") as handle:
         json.dump(report, handle, indent=2)

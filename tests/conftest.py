@@ -1,5 +1,6 @@
 """Test configuration: run Triton kernels in the interpreter (must be set before kernel imports)."""
 
+import copy
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -14,3 +15,20 @@ def _restore_thread_count():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_mdlm():
+    """The embedded tiny-mdlm pipeline, progress bars off. Module scope, not session: ``compile=True`` caches
+    its graphs on the model (``_compiled_cores``), which later ``copy.deepcopy(pipe.model)`` calls would copy."""
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    pipeline = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+@pytest.fixture(scope="module")
+def tiny_mdlm64(tiny_mdlm):
+    """tiny-mdlm's model in float64: padded and unpadded rows agree to ~1e-15, so arg-max ties cannot flip."""
+    return copy.deepcopy(tiny_mdlm.model).double().eval()

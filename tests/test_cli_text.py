@@ -94,3 +94,69 @@ def test_user_errors_are_one_line(pipeline_folder, capsys, argv, words):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vispec: error:") and words in err[0]
+
+
+def test_bench_text_settings_rules_and_plot(pipeline_folder, tmp_path, capsys):
+    """``--settings strategy+rule@cache`` replaces the grid; each rule reaches the decoder; the plot is written."""
+    path = tmp_path / "bench-rules.json"
+    assert main(["bench", "text", "--model", str(pipeline_folder), "--settings",
+                 "llada+eotp,threshold+prophet+eotp@dual,threshold+adablock@prefix,threshold@dkv",
+                 "--delimiters", "=", "--tasks", "arithmetic", "--num-problems", "2", "--batch-size", "2",
+                 "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'bench-rules.png'}" in out and (tmp_path / "bench-rules.png").stat().st_size > 0
+    runs = json.loads(path.read_text())["runs"]
+    names = [(r["strategy"], tuple(r["rules"]), r["cache"]) for r in runs if r["batch_size"] == 1]
+    assert names == [("llada", (), "none"), ("llada", ("eotp",), "none"), ("threshold", ("prophet", "eotp"), "dual"),
+                     ("threshold", ("adablock",), "prefix"), ("threshold", (), "dkv")]
+    assert all(1 <= r["nfe"] <= 32 for r in runs)
+
+
+def test_bench_text_learn2pd_needs_a_filter(pipeline_folder, capsys):
+    assert main(["bench", "text", "--model", str(pipeline_folder), "--settings", "learn2pd", "--tasks", "arithmetic",
+                 "--num-problems", "1", "--batch-size", "1"]) == 2
+    assert "needs a Learn2PD filter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting, match", [
+    ("warp@dual", "unknown strategy 'warp'"), ("threshold+fast", "unknown rule 'fast'"),
+    ("threshold@ram", "unknown cache 'ram'"), ("threshold+eotp+eotp", "repeated"),
+])
+def test_bench_text_bad_settings(setting, match):
+    from vispec.eval.bench.text import TextBenchConfig
+
+    with pytest.raises(ValueError, match=match):
+        TextBenchConfig(settings=(setting,)).validate()
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("filter_threshold", 0.0, "threshold"), ("prophet_thresholds", (1.0,), "thresholds"),
+    ("delimiter_threshold", 2.0, "threshold"), ("delimiters", (), "delimiters"),
+])
+def test_bench_text_bad_rule_settings(field, value, match):
+    from vispec.eval.bench.text import TextBenchConfig
+
+    with pytest.raises(ValueError, match=match):
+        TextBenchConfig(**{field: value}).validate()
+
+
+def test_generate_text_rules_and_dkv(pipeline_folder, capsys):
+    assert main(["generate", "text", "--model", str(pipeline_folder), "--prompt", "sort the numbers : 3 1 2",
+                 "--strategy", "threshold", "--rules", "eotp,prophet,adablock", "--delimiters", "=", "--cache", "dkv",
+                 "--cache-reload-steps", "2", "--quiet"]) == 0
+    assert "threshold+eotp+prophet+adablock + dkv cache: NFE" in capsys.readouterr().err
+    assert main(["generate", "text", "--model", str(pipeline_folder), "--prompt", "sort the numbers : 3 1 2",
+                 "--strategy", "dream", "--dream-alg", "maskgit_plus", "--steps", "8", "--quiet"]) == 0
+    assert "dream + none cache: NFE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--rules", "eotp,warp"], "--rules must be comma-separated names"),
+    (["--cache", "dkv", "--cache-reload-steps", "0"], "cache_reload_steps"),
+    (["--strategy", "learn2pd"], "no filter component"),
+])
+def test_generate_text_bad_rules(pipeline_folder, capsys, args, match):
+    assert main(["generate", "text", "--model", str(pipeline_folder), "--prompt", "sort the numbers : 3 1 2", "--quiet",
+                 *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]

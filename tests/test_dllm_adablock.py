@@ -8,15 +8,12 @@ boundaries, and each row's tokens and NFE must be those it gets alone, under eve
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from vispec.dllm import ThresholdScheduler, decode, make_scheduler
 from vispec.dllm.blocks import AdaptiveBlocks, to_canvas, window_index, window_logits, window_tokens
 from vispec.dllm.early_commit import ProphetRule
-from vispec.pipelines import MaskedDiffusionLMPipeline
 
 PROMPTS = ["sort the numbers : 5 3 9 3 1", "reverse the letters : k d m a", "how many marbles does she have ?",
            "sort the numbers : 4 1"]
@@ -24,16 +21,8 @@ DELIMITERS = (4, 10, 12)  # tiny-mdlm: <|eot_id|>, "5", "3"
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    pipeline = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
-
-
-@pytest.fixture(scope="module")
-def model64(pipe):
-    """tiny-mdlm in float64: padded and unpadded rows agree to ~1e-15, so arg-max ties cannot flip."""
-    return copy.deepcopy(pipe.model).double().eval()
+def pipe(tiny_mdlm):
+    return tiny_mdlm  # conftest.py
 
 
 def test_block_end_on_constructed_predictions():
@@ -187,19 +176,19 @@ def _gens(n, base=40):
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual", "dkv"])
 @pytest.mark.parametrize("strategy,steps,temperature", [("llada", 32, 0.0), ("threshold", None, 0.8)])
-def test_batch_with_padding_equals_one_by_one(pipe, model64, cache, strategy, steps, temperature):
+def test_batch_with_padding_equals_one_by_one(pipe, tiny_mdlm64, cache, strategy, steps, temperature):
     """Rows get different block boundaries; under the prefix / dual cache each block group forwards its own
     span against its own copy of the cache."""
     ids, mask = pipe.prepare_input_ids(prompt=PROMPTS)
     kw = dict(gen_length=32, block_length=8, steps=steps, cache=cache, temperature=temperature,
               adaptive_block=AdaptiveBlocks(delimiter_ids=DELIMITERS))
     bounds = []
-    batched = decode(model64, ids, mask, scheduler=make_scheduler(strategy), generator=_gens(4),
+    batched = decode(tiny_mdlm64, ids, mask, scheduler=make_scheduler(strategy), generator=_gens(4),
                      callback=lambda p: bounds.append(p.details["block_end"].tolist()), **kw)
     assert any(len(set(b)) > 1 for b in bounds)  # rows in one forward with different blocks
     for i, text in enumerate(PROMPTS):
         alone_ids, _ = pipe.prepare_input_ids(prompt=[text])
-        alone = decode(model64, alone_ids, scheduler=make_scheduler(strategy), generator=[_gens(4)[i]], **kw)
+        alone = decode(tiny_mdlm64, alone_ids, scheduler=make_scheduler(strategy), generator=[_gens(4)[i]], **kw)
         assert torch.equal(batched.tokens[i], alone.tokens[0]), (cache, strategy, i)
         assert batched.stats.nfe[i] == alone.stats.nfe[0]
         assert batched.stats.extra["blocks"][i] == alone.stats.extra["blocks"][0]
@@ -225,7 +214,7 @@ SETTINGS = [("llada", dict(), 32, 0.0, 1.0), ("threshold", dict(threshold=0.7), 
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual", "dkv"])
 @pytest.mark.parametrize("strategy,settings,steps,temperature,guidance", SETTINGS)
-def test_all_rules_together_batch_equals_one_by_one(pipe, model64, cache, strategy, settings, steps, temperature,
+def test_all_rules_together_batch_equals_one_by_one(pipe, tiny_mdlm64, cache, strategy, settings, steps, temperature,
                                                     guidance):
     """End-of-text prediction, Prophet and AdaBlock at once, with every policy and cache (guided too): each row
     of a left-padded batch gets its tokens and NFE alone."""
@@ -234,12 +223,12 @@ def test_all_rules_together_batch_equals_one_by_one(pipe, model64, cache, strate
               guidance_scale=guidance,
               early_commit=ProphetRule(thresholds=(20.0, 15.0, 10.0)),
               adaptive_block=AdaptiveBlocks(delimiter_ids=DELIMITERS))
-    batched = decode(model64, ids, mask, scheduler=make_scheduler(strategy, **settings), generator=_gens(4), **kw)
+    batched = decode(tiny_mdlm64, ids, mask, scheduler=make_scheduler(strategy, **settings), generator=_gens(4), **kw)
     assert set(batched.labels) == {"scheduler", "cache", "eotp", "early_commit", "adaptive_block"}
     assert not (batched.tokens == pipe.model.config.mask_token_id).any()
     for i, text in enumerate(PROMPTS):
         alone_ids, _ = pipe.prepare_input_ids(prompt=[text])
-        alone = decode(model64, alone_ids, scheduler=make_scheduler(strategy, **settings), generator=[_gens(4)[i]],
+        alone = decode(tiny_mdlm64, alone_ids, scheduler=make_scheduler(strategy, **settings), generator=[_gens(4)[i]],
                        **kw)
         assert torch.equal(batched.tokens[i], alone.tokens[0]), (cache, strategy, i)
         assert batched.stats.nfe[i] == alone.stats.nfe[0]

@@ -13,7 +13,6 @@ import torch
 
 from vispec.dllm import decode, make_scheduler
 from vispec.models.llada import LLaDAModelLM
-from vispec.pipelines import MaskedDiffusionLMPipeline
 from vispec.profiling import HostSyncCounter
 
 PROMPTS = ["sort the numbers : 5 3 9 3 1", "reverse the letters : k d m a", "what is 12 + 7 ?"]  # padded: 17, 16, 14 ids
@@ -21,10 +20,8 @@ GEN, BLOCK = 16, 8  # two blocks: the prefix span shrinks once
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    pipeline = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+def pipe(tiny_mdlm):
+    return tiny_mdlm  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from helpers import left_padded
 from vispec.dllm import LLaDAScheduler, decode, make_scheduler
 from vispec.eval.bench.text_tasks import get_task, split_items
 from vispec.models.llada import LLaDAModelLM
-from vispec.pipelines import MaskedDiffusionLMPipeline
 
 MASK, PAD, EOS, EOT = 60, 0, 1, 2
 ATOL = 1e-5
@@ -35,10 +34,8 @@ def model64():
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    pipeline = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+def pipe(tiny_mdlm):
+    return tiny_mdlm  # conftest.py
 
 
 @pytest.fixture(scope="module")

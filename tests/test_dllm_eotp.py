@@ -8,30 +8,19 @@ forward widths that follow from it.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from vispec.dllm import LLaDAScheduler, ThresholdScheduler, decode, make_scheduler
 from vispec.dllm.early_commit import end_of_text_cut, truncate
-from vispec.pipelines import MaskedDiffusionLMPipeline
 
 PROMPTS = ["sort the numbers : 5 3 9 3 1", "reverse the letters : k d m a", "how many marbles does she have ?",
            "sort the numbers : 4 1"]
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    pipeline = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
-
-
-@pytest.fixture(scope="module")
-def model64(pipe):
-    """tiny-mdlm in float64: padded and unpadded rows agree to ~1e-15, so arg-max ties cannot flip."""
-    return copy.deepcopy(pipe.model).double().eval()
+def pipe(tiny_mdlm):
+    return tiny_mdlm  # conftest.py
 
 
 @torch.no_grad()
@@ -114,15 +103,16 @@ def _gens(n, base=20):
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual", "dkv"])
 @pytest.mark.parametrize("strategy,steps,temperature", [("llada", 32, 0.0), ("threshold", None, 0.8)])
-def test_batch_with_padding_equals_one_by_one(pipe, model64, cache, strategy, steps, temperature):
+def test_batch_with_padding_equals_one_by_one(pipe, tiny_mdlm64, cache, strategy, steps, temperature):
     ids, mask = pipe.prepare_input_ids(prompt=PROMPTS)
     assert not mask.all()  # left padding in the batch
     kwargs = dict(gen_length=32, block_length=8, steps=steps, cache=cache, temperature=temperature, eotp=True)
-    batched = decode(model64, ids, mask, scheduler=make_scheduler(strategy), generator=_gens(len(PROMPTS)), **kwargs)
+    batched = decode(tiny_mdlm64, ids, mask, scheduler=make_scheduler(strategy), generator=_gens(len(PROMPTS)),
+                     **kwargs)
     assert (batched.stats.extra["canvas_length"] < 32).sum() >= 2
     for i, text in enumerate(PROMPTS):
         alone_ids, _ = pipe.prepare_input_ids(prompt=[text])
-        alone = decode(model64, alone_ids, scheduler=make_scheduler(strategy), generator=[_gens(len(PROMPTS))[i]],
+        alone = decode(tiny_mdlm64, alone_ids, scheduler=make_scheduler(strategy), generator=[_gens(len(PROMPTS))[i]],
                        **kwargs)
         assert torch.equal(batched.tokens[i], alone.tokens[0]), (cache, strategy, i)
         assert batched.stats.nfe[i] == alone.stats.nfe[0]

@@ -7,15 +7,12 @@ tiny-mdlm shows the NFE it saves and, in a left-padded batch, that every row's t
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from vispec.dllm import LLaDAScheduler, decode, make_scheduler
 from vispec.dllm.early_commit import ProphetRule, top2_gap
 from vispec.models.llada import LLaDAModelLM
-from vispec.pipelines import MaskedDiffusionLMPipeline
 
 MASK = 60
 PROMPTS = ["sort the numbers : 5 3 9 3 1", "reverse the letters : k d m a", "how many marbles does she have ?",
@@ -133,10 +130,8 @@ def test_judged_only_on_forwards_that_computed_every_masked_position(tiny, cache
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    pipeline = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+def pipe(tiny_mdlm):
+    return tiny_mdlm  # conftest.py
 
 
 @pytest.mark.parametrize("strategy,steps", [("llada", 32), ("threshold", None)])
@@ -154,8 +149,8 @@ def test_lowers_nfe_on_tiny_mdlm(pipe, strategy, steps):
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual", "dkv"])
 @pytest.mark.parametrize("strategy,steps,temperature", [("llada", 32, 0.0), ("threshold", None, 0.8)])
-def test_batch_with_padding_equals_one_by_one(pipe, cache, strategy, steps, temperature):
-    model = copy.deepcopy(pipe.model).double()
+def test_batch_with_padding_equals_one_by_one(pipe, tiny_mdlm64, cache, strategy, steps, temperature):
+    model = tiny_mdlm64
     ids, mask = pipe.prepare_input_ids(prompt=PROMPTS)
     gens = lambda: [torch.Generator().manual_seed(30 + i) for i in range(len(PROMPTS))]
     kw = dict(gen_length=32, block_length=8, steps=steps, cache=cache, temperature=temperature,

@@ -249,3 +249,12 @@ def test_train_config_bad_inputs(field, value):
     cfg = FilterTrainConfig(**{field: value})
     with pytest.raises(ValueError, match=field):
         cfg.validate()
+
+
+def test_text_demo_section_runs():
+    from vispec.eval import demo
+
+    report = demo.run_text_demo("vispec/tiny-mdlm", ("arithmetic", "sort"), problems=1)
+    assert list(report["settings"]) == list(demo._text_settings(long=False))
+    assert report["settings"]["llada, 1 token/step (LLaDA's baseline)"]["nfe"] == GEN
+    assert "tiny-mdlm on arithmetic, sort" in demo._text_report_md(report)

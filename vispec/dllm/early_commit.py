@@ -96,7 +96,7 @@ class ProphetRule:
             (``0 <= a < b <= gen_length``); None (default): all of the row's still-masked positions.
 
     The rule is only evaluated on forwards that computed every masked position of the row (module
-    docstring of :mod:`vispec.dllm.decode`): every step without a cache and with the prefix or dKV cache,
+    docstring of :mod:`vispec.dllm.loop`): every step without a cache and with the prefix or dKV cache,
     and with the dual cache the block's first (full, cache-refreshing) forward, plus any step whose row has
     no mask left outside the block. It adds no forward.
     """
