@@ -258,3 +258,14 @@ def test_text_demo_section_runs():
     assert list(report["settings"]) == list(demo._text_settings(long=False))
     assert report["settings"]["llada, 1 token/step (LLaDA's baseline)"]["nfe"] == GEN
     assert "tiny-mdlm on arithmetic, sort" in demo._text_report_md(report)
+
+
+def test_train_filter_adds_to_an_existing_folder(pipe, tmp_path, capsys):
+    folder = tmp_path / "model"
+    pipe.save_pretrained(folder)
+    (folder / "README.md").write_text("card")
+    assert main(["train", "filter", "--model", str(folder), "--out", str(folder), "--prompts-per-task", "2",
+                 "--tasks", "sort", "--epochs", "5", "--hidden-size", "4", "--threads", "1"]) == 0
+    assert (folder / "README.md").read_text() == "card"
+    loaded = MaskedDiffusionLMPipeline.from_pretrained(folder)
+    assert loaded.filter is not None and loaded.filter.config.hidden_size == 4

@@ -20,13 +20,16 @@ Learn2PD (arXiv 2509.25188; spec ``dllm.md`` §5.1-5.2) learns from the frozen b
 
 ``vispec train filter --model tiny-mdlm-long --out DIR`` runs all three and writes ``DIR`` as the
 model's pipeline folder with the trained ``filter`` component (and ``filter/training.json``), so
-``MaskedDiffusionLMPipeline.from_pretrained(DIR)(prompt, strategy="learn2pd")`` uses it.
+``MaskedDiffusionLMPipeline.from_pretrained(DIR)(prompt, strategy="learn2pd")`` uses it. ``DIR`` may be the model's
+own folder (the filter is added to it; other files there, such as a README, are kept).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -239,7 +242,9 @@ def train_filter(cfg: FilterTrainConfig) -> dict:
                   parameters=sum(p.numel() for p in filter_model.parameters()),
                   label_rate_masked=float(rows["labels"][rows["masked"]].float().mean()))
     pipe.register_modules(filter=filter_model)
-    pipe.save_pretrained(cfg.out)
-    with open(os.path.join(cfg.out, "filter", "training.json"), "w") as f:
-        json.dump({"config": asdict(cfg), "metrics": record}, f, indent=2)
+    with tempfile.TemporaryDirectory() as staging:  # written whole, then copied over: --out may be the model's folder
+        pipe.save_pretrained(staging)
+        with open(os.path.join(staging, "filter", "training.json"), "w") as f:
+            json.dump({"config": asdict(cfg), "metrics": record}, f, indent=2)
+        shutil.copytree(staging, cfg.out, dirs_exist_ok=True)
     return {"out": cfg.out, **{k: v for k, v in record.items() if k != "history"}}
