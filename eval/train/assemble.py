@@ -8,7 +8,7 @@
         drafter/, lantern neighbour table                          <- added by assemble_drafter
         README.md                                                  <- training settings and metrics
 
-``tiny-mdlm`` (:func:`assemble_mdlm`)::
+``tiny-mdlm`` and ``tiny-mdlm-long`` (:func:`assemble_mdlm`; the folder name is the card's title)::
 
     models/pretrained/tiny-mdlm/
         model_index.json, model/, tokenizer/, scheduler/   <- MaskedDiffusionLMPipeline.from_pretrained
@@ -134,6 +134,10 @@ class MDLMAssembleConfig:
     gen_length: int = 0  # 0: the training answer length
     block_length: int = 8
     threshold: float = 0.9  # the default scheduler: Fast-dLLM's threshold rule
+    script: str = "samples/train_tiny_mdlm.sh"  # the reproduction script named on the model card
+    # > 0: the context (prompt + canvas) the saved model config allows; RoPE has no table, so this is only the
+    # limit decoding checks. 0 keeps the trained model's (tiny-mdlm: 256)
+    max_sequence_length: int = 0
 
 
 def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
@@ -147,12 +151,19 @@ def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
     if gen_length % cfg.block_length:
         raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({cfg.block_length})")
     model = LLaDAModelLM.from_pretrained(os.path.join(cfg.trained, "transformer"), **diffusers_load_kwargs()).eval()
+    if cfg.max_sequence_length:
+        if cfg.max_sequence_length <= gen_length:
+            raise ValueError(f"max_sequence_length ({cfg.max_sequence_length}) must exceed gen_length ({gen_length}): "
+                             "the prompt goes in the context too")
+        model.register_to_config(max_sequence_length=cfg.max_sequence_length)
     tokenizer = load_text_tokenizer(os.path.join(cfg.trained, "tokenizer"))
     pipe = MaskedDiffusionLMPipeline(model=model, tokenizer=tokenizer, scheduler=ThresholdScheduler(threshold=cfg.threshold),
                                      default_gen_length=gen_length, default_block_length=cfg.block_length)
     c = model.config
+    config = record["config"]
+    name = os.path.basename(os.path.normpath(cfg.out))
     card = [
-        "# tiny-mdlm: vispec's embedded masked diffusion LM",
+        f"# {name}: vispec's embedded masked diffusion LM",
         "",
         "A LLaDA-architecture mask predictor (bidirectional Llama blocks, RMSNorm, SwiGLU, RoPE, untied head) trained",
         "with LLaDA's SFT objective on vispec's synthetic task suite (vispec.eval.bench.text_tasks): arithmetic word problems",
@@ -163,8 +174,21 @@ def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
         f"{c.n_heads} heads, MLP {c.mlp_hidden_size}, vocabulary {c.vocab_size} (word-level tokenizer, numbers as single tokens).",
         f"- Defaults: gen length {gen_length}, block length {cfg.block_length}, scheduler threshold {cfg.threshold} "
         "(pass strategy='llada' for the one-token-per-step baseline).",
-        "- Reproduce with samples/train_tiny_mdlm.sh (seeded).",
+        f"- Reproduce with {cfg.script} (seeded).",
     ]
+    if config.get("init_from"):
+        card.insert(-1, f"- Fine-tuned from {config['init_from']} (same tokenizer), task weights "
+                        f"{dict(zip(config['tasks'], config['task_weights']))}, answer canvas {config['answer_length']}"
+                        + (f" and {config['long_answer_length']} on one step in {config['long_every']}" if config.get("long_every") else "")
+                        + ".")
+    final = record.get("metrics", {}).get("eval", {})
+    if final:
+        scores = ", ".join(f"{task} {next(v for k, v in r.items() if k in ('strict_match', 'exact_match')):.3f}"
+                           for task, r in final.items())
+        first = next(iter(final.values()))
+        card.insert(-1, f"- Greedy one-token-per-step decoding, gen length {first.get('gen_length', config['answer_length'])}, "
+                        f"block {first.get('block_length', config['answer_length'])}, {first['n']} test items per task "
+                        f"(strict-match / exact-match): {scores}.")
     train_log = os.path.join(cfg.trained, "train_log.jsonl")
     return write_pipeline_folder(pipe, cfg.out, card, record, record_title="Training record",
                                  extras={"logs/model.jsonl": lambda path: shutil.copy(train_log, path)})

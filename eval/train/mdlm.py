@@ -10,9 +10,14 @@ each answer token independently with probability ``p``; the prompt is never mask
 an upper bound on the negative log-likelihood of the answer. ``stratified_t`` draws the batch's ``t`` one
 per stratum ``[k/B, (k+1)/B)`` (each still uniform on its own), which lowers the variance of the batch loss.
 
-:func:`evaluate_greedy` decodes the whole answer as one block, one token per step (``steps =
-answer_length``): each step commits the masked position whose argmax has the highest probability
-(LLaDA "low_confidence" remasking, temperature 0) and reports the task's metrics on its test split.
+:func:`evaluate_greedy` decodes the answer one token per step (``steps = answer_length``), as one block or in
+LLaDA's semi-autoregressive blocks: each step commits the masked position of the current block whose argmax has
+the highest probability (LLaDA "low_confidence" remasking, temperature 0) and reports the task's metrics on its
+test split.
+
+Fine-tuning (``init_from``) starts from a trained model and its tokenizer (tiny-mdlm-long starts from tiny-mdlm);
+a canvas length mix (``long_answer_length`` every ``long_every`` steps) teaches the EOS padding of a long
+generation canvas without paying for long sequences on every step.
 """
 
 from __future__ import annotations
@@ -68,6 +73,17 @@ class MDLMTrainConfig:
     tokenizer_corpus: int = 2000  # train items per task for the tokenizer
     max_minutes: float = 0.0  # > 0: stop early once this much training time has passed (pilots)
     threads: int = 2  # > 0: torch.set_num_threads(threads); 0 leaves it as is
+    # fine-tuning: a trained folder (transformer/, tokenizer/), a pipeline folder (model/, tokenizer/) or an embedded
+    # model name ("vispec/tiny-mdlm"); its model and tokenizer replace the fresh ones (d_model etc. are then ignored)
+    init_from: str = ""
+    # canvas length mix: every long_every-th step trains at long_answer_length instead of answer_length (0: never)
+    long_answer_length: int = 0
+    long_every: int = 0
+    long_batch_size: int = 0  # sequences in a long-canvas step (0: batch_size); fewer keeps those steps cheap
+    eval_all_tasks: bool = False  # progress evaluations (eval_every) on every task instead of tasks[0]
+    eval_answer_length: int = 0  # final evaluation canvas (0: answer_length)
+    eval_block_length: int = 0  # final evaluation semi-autoregressive block (0: the whole canvas as one block)
+    eval_batch_size: int = 64
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -117,26 +133,52 @@ def sft_loss(
 
 
 # ------------------------------------------------------------------------------------------ decoding
+def _answer_settled(answers: torch.Tensor, mask_id: int, stop_ids: tuple[int, ...]) -> torch.Tensor:
+    """``[B]`` bool: the row has a committed stop token (EOS / EoT) and every position before the first one is
+    committed, so the text :func:`decode_answer` reads from it can no longer change."""
+    is_stop = torch.zeros_like(answers, dtype=torch.bool)
+    for token in stop_ids:
+        is_stop |= answers == token
+    has_stop = is_stop.any(dim=1)
+    first = torch.where(has_stop, is_stop.int().argmax(dim=1), torch.full_like(has_stop, answers.shape[1], dtype=torch.long))
+    before = torch.arange(answers.shape[1], device=answers.device)[None, :] < first[:, None]
+    return has_stop & ~((answers == mask_id) & before).any(dim=1)
+
+
 @torch.no_grad()
 def decode_low_confidence(
-    model: LLaDAModelLM, input_ids: torch.Tensor, attention_mask: torch.Tensor, answer_length: int
+    model: LLaDAModelLM, input_ids: torch.Tensor, attention_mask: torch.Tensor, answer_length: int,
+    block_length: int = 0, stop_ids: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """Fill the last ``answer_length`` (masked) columns, one token per step per row, highest-confidence
-    position first (LLaDA ``low_confidence``, temperature 0, one block). Returns the answers ``[B, L]``."""
+    position first (LLaDA ``low_confidence``, temperature 0). ``block_length`` > 0 decodes semi-autoregressively
+    in blocks of that many columns, left to right (LLaDA's blocks, ``steps = answer_length``); 0 is one block.
+    ``stop_ids`` (EOS, EoT) given: a row stops once its text up to the first committed stop token is complete
+    (its later columns stay masked; :func:`decode_answer` reads the same text). Returns the answers ``[B, L]``."""
+    block_length = block_length or answer_length
+    if block_length < 1 or answer_length % block_length:
+        raise ValueError(f"block_length must divide answer_length ({answer_length}), got {block_length}")
     x = input_ids.clone().to(model.device)
     attention_mask = attention_mask.to(model.device)
     mask_id, rows = model.config.mask_token_id, torch.arange(x.shape[0], device=x.device)
     start = x.shape[1] - answer_length
-    for _ in range(answer_length):
-        still = x[:, start:] == mask_id
-        if not bool(still.any()):
+    done = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    for lo in range(0, answer_length, block_length):
+        for _ in range(block_length):
+            still = x[:, start + lo : start + lo + block_length] == mask_id
+            still &= ~done[:, None]
+            if not bool(still.any()):
+                break
+            logits = model(x, attention_mask).logits[:, start + lo : start + lo + block_length]
+            confidence, prediction = torch.softmax(logits, dim=-1).max(dim=-1)
+            confidence = confidence.masked_fill(~still, -math.inf)
+            pick = confidence.argmax(dim=-1)
+            active = still.any(dim=-1)
+            x[rows[active], start + lo + pick[active]] = prediction[rows, pick][active]
+            if stop_ids:
+                done |= _answer_settled(x[:, start:], mask_id, stop_ids)
+        if bool(done.all()):
             break
-        logits = model(x, attention_mask).logits[:, start:]
-        confidence, prediction = torch.softmax(logits, dim=-1).max(dim=-1)
-        confidence = confidence.masked_fill(~still, -math.inf)
-        pick = confidence.argmax(dim=-1)
-        active = still.any(dim=-1)
-        x[rows[active], start + pick[active]] = prediction[rows, pick][active]
     return x[:, start:]
 
 
@@ -151,9 +193,11 @@ def evaluate_greedy(
     batch_size: int = 64,
     seed: int = 0,
     examples: int = 2,
+    block_length: int = 0,
 ) -> dict:
-    """Metrics of one-token-per-step greedy decoding on the first ``n`` test items of ``task``:
-    ``{"task", "n", <metric>: mean, ..., "examples": [{"prompt", "completion", "target"}, ...]}``."""
+    """Metrics of one-token-per-step greedy decoding (``block_length``: LLaDA blocks, 0 = one block) on the first
+    ``n`` test items of ``task``: ``{"task", "n", <metric>: mean, ..., "examples": [{"prompt", "completion",
+    "target"}, ...]}``. A row stops once its text before the first EOS / EoT is complete (same scores, less work)."""
     task = get_task(task)
     if n < 1 or batch_size < 1:
         raise ValueError(f"n and batch_size must be >= 1, got n={n}, batch_size={batch_size}")
@@ -165,7 +209,8 @@ def evaluate_greedy(
     for lo in range(0, n, batch_size):
         chunk = items[lo : lo + batch_size]
         ids, mask = encode_items(tokenizer, chunk, answer_length, with_answers=False)
-        answers = decode_low_confidence(model, ids, mask, answer_length).cpu()
+        answers = decode_low_confidence(model, ids, mask, answer_length, block_length,
+                                        stop_ids=(tokenizer.eos_token_id, eot_token_id(tokenizer))).cpu()
         for item, row in zip(chunk, answers):
             completion = decode_answer(tokenizer, row.tolist())
             for metric, value in task.score(completion, item).items():
@@ -197,6 +242,39 @@ def build_model(cfg: MDLMTrainConfig, tokenizer: PreTrainedTokenizerFast) -> LLa
     )
 
 
+def resolve_init_folders(init_from: str) -> tuple[str, str]:
+    """``(model folder, tokenizer folder)`` of ``init_from``: a trained folder (``transformer/``, ``tokenizer/``), a
+    pipeline folder (``model/``, ``tokenizer/``) or an embedded model name such as ``"vispec/tiny-mdlm"``."""
+    from vispec.pipelines.embedded import resolve_model_path
+
+    if os.path.isdir(os.path.join(init_from, "transformer")):
+        folder, model_dir = init_from, "transformer"
+    else:
+        try:
+            folder = resolve_model_path(init_from)
+        except ValueError as err:
+            raise ValueError(f"init_from: {err}") from err
+        model_dir = "model"
+    paths = os.path.join(folder, model_dir), os.path.join(folder, "tokenizer")
+    for path in paths:
+        if not os.path.isdir(path):
+            raise ValueError(f"init_from={init_from!r}: missing {path}")
+    return paths
+
+
+def check_vocabulary(tokenizer: PreTrainedTokenizerFast, tasks: list[TextTask], n_per_task: int = 200, seed: int = 0) -> None:
+    """Raise ``ValueError`` unless every word of every task (its vocabulary and ``n_per_task`` train items) is a
+    known token of ``tokenizer``."""
+    unknown = set()
+    for task in tasks:
+        words = set(task.words())
+        for item in split_items(task, "train", n_per_task, seed):
+            words.update(item.prompt.split() + item.answer.split())
+        unknown |= {f"{task.name}:{w}" for w in words if tokenizer.convert_tokens_to_ids(w) == tokenizer.unk_token_id}
+    if unknown:
+        raise ValueError(f"init_from: the tokenizer lacks task words {sorted(unknown)[:20]}")
+
+
 def train_mdlm(cfg: MDLMTrainConfig) -> dict:
     """Train (seeded), log to ``out/train_log.jsonl``, save ``out/transformer`` (diffusers folder),
     ``out/tokenizer`` and ``out/train_config.json``; returns the metrics."""
@@ -204,14 +282,35 @@ def train_mdlm(cfg: MDLMTrainConfig) -> dict:
         raise ValueError(f"tasks and task_weights must be non-empty and of equal length, got {cfg.tasks}, {cfg.task_weights}")
     if cfg.steps < 1 or cfg.batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={cfg.steps}, batch_size={cfg.batch_size}")
+    if cfg.long_batch_size < 0:
+        raise ValueError(f"long_batch_size must be >= 0, got {cfg.long_batch_size}")
+    if cfg.long_every < 0 or cfg.long_answer_length < 0 or bool(cfg.long_every) != bool(cfg.long_answer_length):
+        raise ValueError(f"long_every and long_answer_length must both be > 0 (a length mix) or both 0, got "
+                         f"long_every={cfg.long_every}, long_answer_length={cfg.long_answer_length}")
+    if cfg.eval_block_length and (cfg.eval_answer_length or cfg.answer_length) % cfg.eval_block_length:
+        raise ValueError(f"eval_block_length ({cfg.eval_block_length}) must divide the evaluation canvas "
+                         f"({cfg.eval_answer_length or cfg.answer_length})")
     tasks = make_tasks(cfg)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     os.makedirs(cfg.out, exist_ok=True)
-    tokenizer = train_task_tokenizer(tasks, cfg.tokenizer_corpus, cfg.seed)
+    if cfg.init_from:
+        from vispec.eval.train.tokenizer import load_text_tokenizer
+        from vispec.models.checkpoints import diffusers_load_kwargs
+
+        model_path, tokenizer_path = resolve_init_folders(cfg.init_from)
+        tokenizer = load_text_tokenizer(tokenizer_path)
+        check_vocabulary(tokenizer, tasks, seed=cfg.seed)
+        model = LLaDAModelLM.from_pretrained(model_path, **diffusers_load_kwargs()).float()
+        if model.config.vocab_size != len(tokenizer) or model.config.mask_token_id != tokenizer.mask_token_id:
+            raise ValueError(f"init_from={cfg.init_from!r}: model vocabulary {model.config.vocab_size} / mask id "
+                             f"{model.config.mask_token_id} do not match its tokenizer ({len(tokenizer)} / {tokenizer.mask_token_id})")
+    else:
+        tokenizer = train_task_tokenizer(tasks, cfg.tokenizer_corpus, cfg.seed)
+        model = build_model(cfg, tokenizer)
     tokenizer.save_pretrained(os.path.join(cfg.out, "tokenizer"))
-    model = build_model(cfg, tokenizer).train()
+    model.train()
     opt = adamw(model, cfg.lr, cfg.weight_decay)
     sched = warmup_cosine(opt, cfg.steps, warmup=cfg.warmup, floor=0.1)
     streams = [train_stream(task, cfg.seed) for task in tasks]
@@ -223,9 +322,12 @@ def train_mdlm(cfg: MDLMTrainConfig) -> dict:
         bar = tqdm(range(cfg.steps), desc="train mdlm", mininterval=5)
         for step in bar:
             tick = time.time()
-            choice = picker.choices(range(len(streams)), weights=cfg.task_weights, k=cfg.batch_size)
-            ids, mask = encode_items(tokenizer, [next(streams[c]) for c in choice], cfg.answer_length)
-            rows = sft_loss(model, ids, mask, cfg.answer_length, gen, cfg.mask_eps, cfg.stratified_t, per_row=True)
+            long = cfg.long_every and step % cfg.long_every == cfg.long_every - 1
+            length = cfg.long_answer_length if long else cfg.answer_length
+            batch = cfg.long_batch_size or cfg.batch_size if long else cfg.batch_size
+            choice = picker.choices(range(len(streams)), weights=cfg.task_weights, k=batch)
+            ids, mask = encode_items(tokenizer, [next(streams[c]) for c in choice], length)
+            rows = sft_loss(model, ids, mask, length, gen, cfg.mask_eps, cfg.stratified_t, per_row=True)
             loss = rows.mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -238,15 +340,18 @@ def train_mdlm(cfg: MDLMTrainConfig) -> dict:
                 picked = torch.tensor(choice)
                 by_task = {t: round(rows[picked == i].mean().item(), 4) for i, t in enumerate(cfg.tasks) if (picked == i).any()}
                 record = {"step": step, "loss": round(loss.item(), 4), "loss_by_task": by_task, "lr": sched.get_last_lr()[0],
+                          **({"answer_length": length} if cfg.long_every else {}),
                           "train_s": round(train_s, 1), "elapsed_s": round(time.time() - start, 1)}
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 bar.set_postfix(loss=f"{loss.item():.3f}")
             if cfg.eval_every and step > 0 and step % cfg.eval_every == 0:
-                result = evaluate_greedy(model, tokenizer, tasks[0], cfg.eval_n, answer_length=cfg.answer_length)
-                evals.append({"step": step, **{k: v for k, v in result.items() if k != "examples"}})
-                log.write(json.dumps({"step": step, "eval": result}) + "\n")
-                log.flush()
+                for task in tasks if cfg.eval_all_tasks else tasks[:1]:
+                    result = evaluate_greedy(model, tokenizer, task, cfg.eval_n, answer_length=cfg.answer_length,
+                                             batch_size=cfg.eval_batch_size)
+                    evals.append({"step": step, **{k: v for k, v in result.items() if k != "examples"}})
+                    log.write(json.dumps({"step": step, "eval": result}) + "\n")
+                    log.flush()
             if last:
                 break
     model.eval()
@@ -255,10 +360,16 @@ def train_mdlm(cfg: MDLMTrainConfig) -> dict:
     model.save_pretrained(os.path.join(cfg.out, "transformer"))
     metrics["progress"] = evals
     if cfg.final_eval_n:
-        metrics["eval"] = {
-            task.name: {k: v for k, v in evaluate_greedy(model, tokenizer, task, cfg.final_eval_n,
-                                                        answer_length=cfg.answer_length).items() if k != "examples"}
-            for task in tasks
-        }
+        eval_length = cfg.eval_answer_length or cfg.answer_length
+        metrics["eval"] = {}
+        for task in tasks:
+            tick = time.time()
+            result = evaluate_greedy(model, tokenizer, task, cfg.final_eval_n, answer_length=eval_length,
+                                     batch_size=cfg.eval_batch_size, block_length=cfg.eval_block_length)
+            metrics["eval"][task.name] = {k: v for k, v in result.items() if k != "examples"}
+            if cfg.eval_answer_length or cfg.eval_block_length:  # a canvas other than the training one: say which
+                metrics["eval"][task.name].update(gen_length=eval_length, block_length=cfg.eval_block_length or eval_length)
+            print(json.dumps({"final_eval": metrics["eval"][task.name], "eval_s": round(time.time() - tick, 1),
+                              "examples": result["examples"]}), flush=True)
     write_record(cfg.out, cfg, metrics)
     return metrics
