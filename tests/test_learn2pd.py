@@ -269,3 +269,18 @@ def test_train_filter_adds_to_an_existing_folder(pipe, tmp_path, capsys):
     assert (folder / "README.md").read_text() == "card"
     loaded = MaskedDiffusionLMPipeline.from_pretrained(folder)
     assert loaded.filter is not None and loaded.filter.config.hidden_size == 4
+
+
+def test_embedded_long_model_ships_its_filter():
+    """tiny-mdlm-long carries the filter it was trained with (block 32); Learn2PD + EoTP decodes a batch as each row
+    alone, in far fewer forwards than the 256 of LLaDA's baseline."""
+    long = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm-long")
+    long.set_progress_bar_config(disable=True)
+    assert isinstance(long.filter, ParallelDecodeFilter) and long.filter.config.block_length == 32
+    prompts = ["reverse the letters : k d m a", "sort the numbers : 5 3 9 3 1 2"]
+    batch = long(prompt=prompts, strategy="learn2pd", eotp=True, cache="dual", early_stop_eos=False)
+    for i, prompt in enumerate(prompts):
+        alone = long(prompt=prompt, strategy="learn2pd", eotp=True, cache="dual", early_stop_eos=False)
+        assert alone.texts[0] == batch.texts[i] and alone.stats[0]["nfe"] == batch.stats[i]["nfe"]
+        assert batch.stats[i]["nfe"] < 32
+    assert batch.texts[0] == "a m d k"
