@@ -82,8 +82,8 @@ def test_oracle_rows_follow_their_definition(pipe, inputs, rows):
     x = torch.cat([ids, torch.full((len(PROMPTS), GEN), pipe.mask_token_id)], dim=1)
     logits = pipe.model(x, attention_mask=torch.cat([mask, torch.ones(len(PROMPTS), GEN, dtype=mask.dtype)], 1)).logits
     first = logits[:, ids.shape[1]:ids.shape[1] + BLOCK]
-    from vispec.eval.train.filter import proposal_mask_for
-    proposal = proposal_mask_for(pipe.model, first.shape[-1], pipe.mask_token_id, first.device)
+    from vispec.dllm.forward import proposal_mask
+    proposal = proposal_mask(pipe.model, first.shape[-1], pipe.mask_token_id, first.device)
     expected = block_features(first, proposal)
     got = data["features"][:len(PROMPTS)]
     assert torch.allclose(got, expected, atol=1e-5)

@@ -84,17 +84,6 @@ def reference_answers(model: Any, input_ids: Tensor, attention_mask: Optional[Te
                   block_length=block_length, steps=gen_length).tokens
 
 
-def proposal_mask_for(model: Any, vocab: int, mask_id: int, device: torch.device) -> Tensor:
-    """``[V]`` bool: tokens never proposed (the mask token and padded embedding columns), as the block loop's default."""
-    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
-    real = getattr(getattr(model, "config", None), "vocab_size", None)
-    if real is not None and int(real) < vocab:
-        mask[int(real):] = True
-    if mask_id < vocab:
-        mask[mask_id] = True
-    return mask
-
-
 @torch.no_grad()
 def oracle_rows(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], reference: Tensor,
                 block_length: int, mask_token_id: int) -> dict[str, Tensor]:
@@ -103,6 +92,7 @@ def oracle_rows(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor],
     Returns ``features [N, Lb]`` float32, ``labels [N, Lb]`` bool, ``masked [N, Lb]`` bool (the positions still
     masked when the row was recorded), ``sample [N]`` (the batch row) and ``step [N]`` (step within the block).
     """
+    from vispec.dllm.forward import proposal_mask
     from vispec.dllm.learned import block_features
 
     batch, prompt_len = input_ids.shape
@@ -125,7 +115,7 @@ def oracle_rows(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor],
                 break
             logits = model(x[rows], attention_mask=None if key_mask is None else key_mask[rows]).logits[:, start:end]
             if proposal is None:
-                proposal = proposal_mask_for(model, logits.shape[-1], mask_token_id, logits.device)
+                proposal = proposal_mask(model, logits.shape[-1], mask_token_id, logits.device)
             guess = logits.masked_fill(proposal, float("-inf")).argmax(dim=-1)
             right = guess == target[rows]
             masked = x[rows, start:end] == mask_token_id

@@ -215,14 +215,21 @@ def _block_logits_from(logits: Tensor, index: Tensor, wanted: Tensor, start: int
     return out[:, :width]
 
 
-def _token_masks(model: Any, vocab: int, mask_id: int, eos_id: Optional[int], eot_id: Optional[int], device: torch.device,
-                 confidence_eos_eot_inf: bool, suppress_mask_token: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:
+def proposal_mask(model: Any, vocab: int, mask_id: int, device: torch.device, suppress_mask_token: bool = True) -> Tensor:
+    """``[V]`` bool: the tokens never proposed as candidates, the padded embedding columns past the model's
+    ``vocab_size`` and (``suppress_mask_token``) the mask token itself."""
     proposal = torch.zeros(vocab, dtype=torch.bool, device=device)
     real_vocab = _config_id(model, "vocab_size")
     if real_vocab is not None and real_vocab < vocab:
         proposal[real_vocab:] = True  # padded embedding columns belong to no token
     if suppress_mask_token and mask_id < vocab:
         proposal[mask_id] = True
+    return proposal
+
+
+def _token_masks(model: Any, vocab: int, mask_id: int, eos_id: Optional[int], eot_id: Optional[int], device: torch.device,
+                 confidence_eos_eot_inf: bool, suppress_mask_token: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    proposal = proposal_mask(model, vocab, mask_id, device, suppress_mask_token)
     confidence = None
     if confidence_eos_eot_inf:
         ids = [i for i in (eos_id, eot_id) if i is not None]
