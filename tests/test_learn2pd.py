@@ -284,3 +284,46 @@ def test_embedded_long_model_ships_its_filter():
         assert alone.texts[0] == batch.texts[i] and alone.stats[0]["nfe"] == batch.stats[i]["nfe"]
         assert batch.stats[i]["nfe"] < 32
     assert batch.texts[0] == "a m d k"
+
+
+class RecordingFilter(ParallelDecodeFilter):
+    """A constant filter that keeps every feature vector it is given."""
+
+    def __init__(self, bias: float, block_length: int):
+        super().__init__(block_length=block_length, hidden_size=4)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.zero_()
+            self.net[2].bias.fill_(bias)
+        self.seen: list = []
+
+    def forward(self, features):
+        self.seen.append(features.detach().clone())
+        return super().forward(features)
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_positions_cut_by_eotp_read_as_decided_eos_to_the_filter(pipe, cache):
+    """After end-of-text prediction cuts a row inside its block, the filter reads confidence 1 at the dropped
+    positions (an EOS the row has decided), whether or not the forward computed them: alone the forward stops at
+    the cut, beside a longer row it does not. Zero logits there (confidence 1/V) made the filter's input, and so
+    its decisions, depend on the batch and left the filter's training distribution."""
+    block = 16
+    prompts = ["reverse the letters : k d m a", "sort the numbers : 8 1 4 4 2 7 9 3"]
+    ids, mask = pipe.prepare_input_ids(prompt=prompts)
+    alone_ids, _ = pipe.prepare_input_ids(prompt=prompts[:1])
+    seen = {}
+    for name, (p_ids, p_mask) in {"alone": (alone_ids, None), "batch": (ids, mask)}.items():
+        filt, cuts = RecordingFilter(-20.0, block), []
+        decode(pipe.model, p_ids, p_mask, scheduler=LearnedFilterScheduler(filter=filt), gen_length=GEN,
+               block_length=block, eotp=True, cache=cache,
+               callback=lambda p: cuts.append(dict(zip(p.details["rows"].tolist(), p.details["canvas_length"].tolist()))))
+        # the filter's call k reads the cut after step k - 1; keep the calls where row 0 is cut inside its block
+        pairs = [(f[0], cuts[k - 1][0]) for k, f in enumerate(filt.seen[: len(cuts)]) if k and cuts[k - 1].get(0, GEN) < block
+                 and 0 in cuts[k]]
+        assert pairs, "the test needs a cut inside the first block"
+        assert all(bool((f[cut:] == 1.0).all()) for f, cut in pairs)
+        seen[name] = [f for f, _ in pairs]
+    # the kept positions agree up to float rounding (a padded batch runs other matmul shapes)
+    assert len(seen["alone"]) == len(seen["batch"])
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(seen["alone"], seen["batch"]))

@@ -192,7 +192,10 @@ def decode(
             ``cache_reloading_step``, 8 for LLaDA, 4 for Dream). ``R = 1`` is ``cache="none"``. Committed tokens
             that a callback edits are recomputed at the next forward under ``"dkv"``.
         eotp: end-of-text prediction (module docstring); needs an EOS id. Stats gain ``canvas_length`` (each
-            row's surviving canvas) and labels ``"eotp": True``.
+            row's surviving canvas) and labels ``"eotp": True``; the callback's ``details`` gain
+            ``canvas_length [R]`` after the step. The dropped positions of a row's block read to the policy as
+            an EOS decided with probability 1 (Learn2PD's filter sees confidence 1 there), whether or not the
+            forward computed them.
         early_commit: None or a :class:`vispec.dllm.early_commit.ProphetRule` (module docstring). Stats gain
             ``early_committed`` (1 where the rule finished the row), labels ``"early_commit": "prophet"``.
         adaptive_block: None or a :class:`vispec.dllm.blocks.AdaptiveBlocks` (module docstring; delimiter ids

@@ -44,6 +44,17 @@ from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallba
 from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
 
 
+def _decided_eos(block: Tensor, dropped: Tensor, eos_id: int) -> Tensor:
+    """``block [G, W, V]`` with the window positions ``dropped [G, W]`` (past the row's canvas cut) set to logits
+    that put probability 1 on EOS: a dropped position is decided, whether or not this forward happened to compute
+    it (at batch > 1 it does for rows with a shorter canvas than the longest). Policies never commit there (the
+    token is not the mask); Learn2PD's filter reads its confidence, which is then 1, as for an EOS the row has
+    committed, independently of the batch's composition."""
+    certain = torch.zeros_like(block[:1, :1])
+    certain[..., eos_id] = 1e4  # softmax in float32: exactly one-hot
+    return torch.where(dropped[..., None], certain, block)
+
+
 class _Cuts:
     """End-of-text truncation state (:mod:`vispec.dllm.early_commit`): each row's canvas length, on the device
     and mirrored on the host (one read-back per forward), and the key mask that hides the dropped tails."""
@@ -280,6 +291,8 @@ class _BlockLoop:
             block = logits[:, local: local + width]  # every row shares the block: a view, no copy
         else:
             block = window_logits(logits, first, index, valid)
+        if self.cuts is not None and bool((self.cuts.host[rows_h] < self.gen_length).any()):
+            block = _decided_eos(block, index >= self.cuts.length[rows][:, None], self.eos_id)
         sample = window_tokens(canvas, index, valid, filler=-1)  # -1: never the mask id, so never committed
         noise = UnmaskNoise(self.seeds[rows], index, self.nfe[rows])  # keyed by the generated position
         out = self.scheduler.step(block, step, sample, mask_token_id=self.mask_id, temperature=self.temperature,
@@ -335,6 +348,8 @@ class _BlockLoop:
                    "transfer_index": out.transfer_index.clone()}
         if self.adaptive is not None:
             details.update(block_start=self.starts[rows].clone(), block_end=self.ends[rows].clone())
+        if self.cuts is not None:
+            details["canvas_length"] = self.cuts.length[rows].clone()
         try:
             edit = self.callback(DecodeProgress(step=self.global_step - 1, num_committed=decided.sum(dim=1),
                                                 tokens=committed_view(canvas, decided), details=details))
