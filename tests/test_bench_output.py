@@ -102,9 +102,9 @@ def test_bench_image_sweeps_batch_sizes_and_compile_settings(tiny_pipeline, tmp_
     a first compile takes minutes, and compiled decoding is tested where it is implemented)."""
     real, seen = image.generate_uint8, []
 
-    def eager(pipe, method, labels, seeds, batch_size, cfg, compile=False, tick=None):
-        seen.append((method, batch_size, len(seeds), compile))
-        return real(pipe, method, labels, seeds, batch_size, cfg, compile=False, tick=tick)
+    def eager(pipe, method, labels, seeds, batch_size, cfg, compile=False, tick=None, tokens=None):
+        seen.append((method, batch_size, len(seeds), compile, tokens is not None))
+        return real(pipe, method, labels, seeds, batch_size, cfg, compile=False, tick=tick, tokens=tokens)
 
     monkeypatch.setattr(image, "generate_uint8", eager)
     path = tmp_path / "bench.json"
@@ -123,24 +123,26 @@ def test_bench_image_sweeps_batch_sizes_and_compile_settings(tiny_pipeline, tmp_
         assert row["images_per_s"] > 0 and row["s_per_image"] == pytest.approx(1 / row["images_per_s"])
         if row["method"] == "ar":
             assert row["speedup_vs_ar"] == 1.0 and (row["compile"] or row["speedup_vs_eager_ar"] == 1.0)
-    # quality once, eager, at --batch-size; the sweep decodes at each batch size, eager and compiled
-    quality = [call for call in seen if call[2] != 2]  # batch-1 latency (1 image), quality (4 images at batch 2), re-seed
-    assert quality == [("ar", 1, 1, False), ("ar", 2, 4, False), ("mc-sjd-maximal", 1, 1, False), ("mc-sjd-maximal", 2, 4, False),
-                       ("ar", 2, 4, False)]
-    assert {(b, c) for _, b, n, c in seen if n == 2} == {(1, False), (1, True), (2, False), (2, True)}
+    # quality once, eager, at --batch-size (4 images: two units of 2, kept with their tokens); the sweep decodes at
+    # each batch size, eager and compiled
+    latency = [call[:4] for call in seen if call[2] == 1]
+    quality = [call[:4] for call in seen if call[4]]
+    assert latency == [("ar", 1, 1, False), ("mc-sjd-maximal", 1, 1, False)]
+    assert quality == [("ar", 2, 2, False)] * 2 + [("mc-sjd-maximal", 2, 2, False)] * 2 + [("ar", 2, 2, False)] * 2
+    assert {(b, c) for _, b, n, c, kept in seen if n == 2 and not kept} == {(1, False), (1, True), (2, False), (2, True)}
     assert set(result["methods"]) == {*methods, "ar-reseed-1"} and result["methods"]["ar"]["fid"] > 0
 
 
 def test_bench_image_keeps_quality_rows_and_shows_progress(tiny_pipeline, tmp_path, capsys, monkeypatch):
     path = tmp_path / "bench.json"
-    fail_on_call(monkeypatch, image, "fid_score", 3, ValueError("late"))  # real vs real, ar, then mc-sjd fails
+    fail_on_call(monkeypatch, image, "frechet_distance", 3, ValueError("late"))  # real vs real, ar, then mc-sjd fails
     assert main(_bench_image_args(tiny_pipeline, path)) == 2
     partial = read(path)
     assert partial["complete"] is False and list(partial["methods"]) == ["ar"] and partial["real"]["images"] == 4
     assert {"accuracy", "fid", "nfe", "images_per_s"} <= set(partial["methods"]["ar"])
     capsys.readouterr()
 
-    fail_on_call(monkeypatch, image, "fid_score", 2, ValueError("late"))  # the bar on: drawn to stderr, counted in images
+    fail_on_call(monkeypatch, image, "frechet_distance", 2, ValueError("late"))  # the bar on: drawn to stderr, counted in images
     cfg = image.ImageBenchConfig(model=str(tiny_pipeline), evaluator=f"{resolve_model_path('tiny-c2i')}/evaluator",
                                  methods=("ar",), num_images=2, batch_size=2, latency_images=1, real_images=2, noise_repeats=1)
     with pytest.raises(ValueError, match="late"):

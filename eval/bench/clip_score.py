@@ -168,6 +168,18 @@ def clip_score(images: Images, captions: Sequence[str], model: torch.nn.Module, 
 
 
 @torch.no_grad()
+def clip_cosines(images: Images, captions: Sequence[str], model: torch.nn.Module, processor: Any,
+                 batch_size: int = 64) -> Tensor:
+    """Per-pair cosines ``cos(E_I, E_C)`` (float64 ``[N]``, CPU), ``batch_size`` pairs per forward, with the processor
+    calls torchmetrics makes; ``max(100 * mean, 0)`` of them is :func:`clip_score`."""
+    uint8, captions = _check(images, captions, model, processor)
+    features = FeatureModel(model)
+    with _EvalMode(model):
+        return torch.cat([_cosines(uint8[lo : lo + batch_size], captions[lo : lo + batch_size], features, processor)
+                          for lo in range(0, len(uint8), batch_size)]).double()
+
+
+@torch.no_grad()
 def clip_scores(images: Images, captions: Sequence[str], model: torch.nn.Module, processor: Any) -> Tensor:
     """Per-image CLIPScores ``100 * max(cos_i, 0)`` (float32 ``[N]``, CPU): torchmetrics' functional
     ``clip_score`` on each pair alone; their mean is Hessel et al.'s corpus-level CLIP-S."""

@@ -13,8 +13,13 @@ Per method:
   images (class adherence) and FID against held-out real crops, with the evaluator's penultimate
   features. Text-to-image (held-out captions, 64x64 and 64x96): prompt-following ``accuracy`` of the
   scene checks (and ``accuracy_by_attribute``), ``clip_score`` against the captions, and FID against
-  held-out real renders with the CLIP's image embeddings. FID is torchmetrics'
-  ``FrechetInceptionDistance(feature=...)``, only comparable within this benchmark;
+  held-out real renders with the CLIP's image embeddings. FID is :func:`frechet_distance` (torchmetrics'
+  formulas in float64) of these features, only comparable within this benchmark. Images are made and
+  judged in units of ``batch_size`` (each image's features and checks are taken with its unit), and the
+  metrics are computed from the per-image results in image order: the same bits on any number of
+  processes (:mod:`vispec.eval.distributed`) and after a resumed run (``results_dir``,
+  :mod:`vispec.eval.results`). Images per second are per process: images over the summed wall time of
+  the units (generation and VQ decoding, not judging);
 * peak memory (RSS on CPU, max allocated on CUDA).
 
 Sampling noise: SJD and MC-SJD are exact, so their quality must match AR up to sampling noise. AR is
@@ -67,6 +72,7 @@ import torch
 from vispec.decoding import AcceptanceConfig, DecodingConfig
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
+from vispec.eval.distributed import Workers, open_store, run_units
 
 SEED_STRIDE = 1_000_003
 # AR re-seed k uses seeds + k * RESEED_OFFSET. torch's CPU generator keeps only the low 32 bits of a seed, so
@@ -99,6 +105,8 @@ class ImageBenchConfig:
     compile: bool = False
     rounds: int = 3
     sweep_images: int = 16
+    results_dir: Optional[str] = None  # every image's result, written as its batch finishes; a rerun skips them
+    num_processes: Optional[int] = None  # the processes launched (torchrun); another world size is an error
     extra: dict = field(default_factory=dict)
 
     @property
@@ -135,9 +143,10 @@ def expand_methods(methods: tuple[str, ...], lantern_k: tuple[int, ...], lantern
 
 
 def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], batch_size: int, cfg: ImageBenchConfig,
-                   compile: bool = False, tick: Optional[Callable[[int], None]] = None):
+                   compile: bool = False, tick: Optional[Callable[[int], None]] = None, tokens: Optional[list] = None):
     """Class-to-image: uint8 images, per-image stats, wall time; ``tick(n)`` after every batch of ``n`` images (the
-    progress bar). (Text-to-image: :func:`vispec.eval.bench.image_tasks.generate_text_uint8`.)"""
+    progress bar); ``tokens``: a list that receives each batch's image tokens ``[b, T]`` (CPU).
+    (Text-to-image: :func:`vispec.eval.bench.image_tasks.generate_text_uint8`.)"""
     from vispec.models.llamagen_vq import decode_tokens, to_uint8
 
     images, stats = [], []
@@ -150,6 +159,8 @@ def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], ba
         with torch.no_grad():
             images.append(to_uint8(decode_tokens(pipe.vqvae, out.images.to(pipe.device)).float()).cpu())
         stats += out.stats
+        if tokens is not None:
+            tokens.append(out.images.cpu())
         if tick is not None:
             tick(hi - lo)
     if torch.device(pipe.device).type == "cuda":
@@ -157,19 +168,45 @@ def generate_uint8(pipe, method: str, labels: torch.Tensor, seeds: list[int], ba
     return torch.cat(images), stats, time.perf_counter() - start
 
 
+def frechet_distance(real: torch.Tensor, fake: torch.Tensor) -> float:
+    """Fréchet distance between Gaussians fitted to two feature sets ``[N, D]`` and ``[M, D]`` (Heusel et al. 2017),
+    in float64, with torchmetrics' formulas (unbiased covariances, ``tr sqrt(Σ_r Σ_f)`` from the eigenvalues)::
+
+        FID = |μ_r - μ_f|² + tr Σ_r + tr Σ_f - 2 Σ_k sqrt(λ_k(Σ_r Σ_f))
+
+    The features are summed in their row order, so the same rows give the same bits."""
+    if real.ndim != 2 or fake.ndim != 2 or real.shape[1] != fake.shape[1]:
+        raise ValueError(f"features must be [N, D] and [M, D], got {tuple(real.shape)} and {tuple(fake.shape)}")
+    if real.shape[0] < 2 or fake.shape[0] < 2:
+        raise ValueError(f"FID needs at least two images per side, got {real.shape[0]} and {fake.shape[0]}")
+
+    def moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.double().cpu()
+        n = x.shape[0]
+        total = x.sum(dim=0)
+        mean = total / n
+        cov = (x.t() @ x - n * torch.outer(mean, mean)) / (n - 1)
+        return mean, cov
+
+    mu_r, cov_r = moments(real)
+    mu_f, cov_f = moments(fake)
+    root_trace = torch.linalg.eigvals(cov_r @ cov_f).sqrt().real.sum()
+    return float((mu_r - mu_f).square().sum() + cov_r.trace() + cov_f.trace() - 2 * root_trace)
+
+
+def evaluator_features(evaluator64, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """float64 penultimate features ``[N, D]`` of uint8 images through a float64 copy of the evaluator
+    (:class:`~vispec.eval.bench.evaluator.FIDFeatures`), ``batch`` images at a time."""
+    with torch.no_grad():
+        return torch.cat([evaluator64(images[lo : lo + batch]).double().cpu() for lo in range(0, images.shape[0], batch)])
+
+
 def fid_score(evaluator, real: torch.Tensor, fake: torch.Tensor) -> float:
     """Class-to-image FID of uint8 images with the evaluator's penultimate features (float64, a copy of the evaluator)."""
-    from torchmetrics.image.fid import FrechetInceptionDistance
-
     from vispec.eval.bench.evaluator import FIDFeatures
 
-    metric = FrechetInceptionDistance(feature=FIDFeatures(copy.deepcopy(evaluator)))
-    metric.set_dtype(torch.float64)  # casts the (copied) feature module too
-    for lo in range(0, real.shape[0], 256):
-        metric.update(real[lo : lo + 256], real=True)
-    for lo in range(0, fake.shape[0], 256):
-        metric.update(fake[lo : lo + 256], real=False)
-    return float(metric.compute())
+    features = FIDFeatures(copy.deepcopy(evaluator).double())
+    return frechet_distance(evaluator_features(features, real), evaluator_features(features, fake))
 
 
 def _progress_bar(total: int, enabled: Optional[bool]):
@@ -182,35 +219,79 @@ def _progress_bar(total: int, enabled: Optional[bool]):
 METRIC_LABELS = {"accuracy": "accuracy", "clip_score": "CLIP", "fid": "FID"}
 
 
+def result_settings(cfg: ImageBenchConfig) -> dict:
+    """What a stored image's result depends on (:class:`vispec.eval.results.ResultStore`; the method is its group):
+    not the image count (image ``i`` is the same in a longer run), the folder or the process count."""
+    keep = ("model", "seed", "batch_size", "guidance_scale", "temperature", "top_k", "top_p", "evaluator", "clip")
+    return {**{k: getattr(cfg, k) for k in keep}, "device": torch.device(cfg.device).type}
+
+
+def _json_stats(stats: dict) -> dict:
+    """A pipeline's per-image stats as JSON values (numbers, strings, booleans)."""
+    return {k: v for k, v in stats.items() if isinstance(v, (bool, int, float, str))}
+
+
+def _batched_row(task, records: list, conditions) -> dict:
+    """A method's batched-run metrics from every image's stored result (rank 0)."""
+    n = len(records)
+    stats = [record for record, _ in records]
+    wall = sum(r["unit_wall_s"] / r["unit_size"] for r in stats)  # one process making every image
+    row = dict(nfe_batched=sum(r["nfe"] for r in stats) / n, latency_s_batched=sum(r["latency_s"] for r in stats) / n,
+               images_per_s=n / wall, **task.quality_of(records, conditions),
+               peak_mem_mb=max(r["peak_mem_mb"] for r in stats))
+    if "tv_mean" in stats[0]:  # images decoded without a measured verification carry NaN
+        measured = [r for r in stats if not math.isnan(r["tv_mean"])]
+        row["tv_mean"] = sum(r["tv_mean"] for r in measured) / len(measured) if measured else float("nan")
+        row["tv_max"] = max(r["tv_max"] for r in measured) if measured else float("nan")
+    if "drafter_nfe" in stats[0]:
+        row["drafter_nfe_batched"] = sum(r["drafter_nfe"] for r in stats) / n
+    return row
+
+
 def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = print,
-                    partial: Optional[Callable[[dict], None]] = None, progress_bar: Optional[bool] = None) -> dict:
+                    partial: Optional[Callable[[dict], None]] = None, progress_bar: Optional[bool] = None) -> Optional[dict]:
     """Run the benchmark (module docstring) on the task of ``cfg.model`` (class- or text-to-image, from its
     ``model_index.json``). ``progress(message)`` for phase lines, ``partial(result)`` after every measured row
-    (the result so far, for an incremental JSON), ``progress_bar``: ``None`` = a bar when stderr is a terminal."""
+    (the result so far, for an incremental JSON), ``progress_bar``: ``None`` = a bar when stderr is a terminal.
+
+    Under ``torchrun`` (``num_processes``) every process makes and judges its share of each batched run, in
+    units of ``batch_size`` images that do not depend on the process count (:mod:`vispec.eval.distributed`);
+    rank 0 measures batch-1 latency alone (the others wait), computes the metrics from every image's result
+    and returns the result (the other ranks return None). With ``results_dir`` each image's result (tokens or
+    image, evaluator features, stats) is stored as its batch finishes and a rerun makes only what is missing."""
     from vispec.eval.bench.image_tasks import load_task
 
     cfg.validate()
+    workers = Workers.start(cfg.device, cfg.num_processes)
+    if workers.distributed and cfg.sweep:
+        raise ValueError("batch_sizes and compile (the throughput sweep) time a single process: run the sweep "
+                         "without torchrun, or leave them out")
+    cfg = copy.copy(cfg)
+    cfg.device = str(workers.device)  # under torchrun on CUDA: this process's GPU
     task = load_task(cfg)  # checks the folder and the options before loading
     pipe = task.pipe
     methods = expand_methods(("ar",) + tuple(cfg.methods), cfg.lantern_k, cfg.lantern_delta)
     for method in methods:  # validate names (and build LANTERN tables) before hours of work
         task.check_method(method)
+    store = open_store(workers, cfg.results_dir, result_settings(cfg))
     batch_sizes = tuple(dict.fromkeys(cfg.batch_sizes or (cfg.batch_size,))) if cfg.sweep else ()
     settings = (False, True) if cfg.compile else (False,)
     skipped = [m for m in methods if cfg.compile and not task.compilable(m)]
-    if skipped:
+    main = workers.is_main
+    if skipped and main:
         progress(f"--compile: {', '.join(skipped)} {task.compile_note}: eager throughput rows only")
 
     sampling = pipe.decoding_config.sampling(guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     run_config = {k: v for k, v in asdict(cfg).items() if k != "extra"}
     run_config.update(methods=methods, sampling=sampling.to_dict(), window=pipe.decoding_config.config.window,
-                      **task.run_config(), **environment(cfg.device))
+                      **task.run_config(), **environment(cfg.device), num_processes=workers.world_size)
     if cfg.sweep:
         run_config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings],
                           compile_skipped=skipped)
     reseeds = [f"ar-reseed-{k}" for k in range(1, cfg.noise_repeats + 1)]
     sweep_images = {b: b * math.ceil(max(b, cfg.sweep_images) / b) for b in batch_sizes}
-    total = len(methods) * (min(cfg.latency_images, cfg.num_images) + cfg.num_images) + len(reseeds) * cfg.num_images
+    share = sum(len(unit) for unit in workers.my_units(cfg.num_images, cfg.batch_size))  # this process's images
+    total = len(methods) * ((min(cfg.latency_images, cfg.num_images) if main else 0) + share) + len(reseeds) * share
     total += sum(n * (1 + cfg.rounds) * sum(1 for c in settings for m in methods if not (c and m in skipped))
                  for n in sweep_images.values())
     results: dict[str, dict] = {}
@@ -224,17 +305,20 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
             out["throughput"] = throughput
         return out
 
-    with _progress_bar(total, progress_bar) as bar:
+    with _progress_bar(total, progress_bar if main else False) as bar:
 
         def say(message: str) -> None:
-            with bar.external_write_mode():  # clear the bar, print, redraw
-                progress(message)
+            if main:
+                with bar.external_write_mode():  # clear the bar, print, redraw
+                    progress(message)
 
-        # real held-out images: their quality metrics and the FID floor (two disjoint sets)
-        real_stats.update(task.real_stats(cfg.real_images))
-        say(task.describe_real(real_stats))
-        if partial:
-            partial(snapshot())
+        if workers.distributed:
+            say(f"{workers.world_size} processes, each making every {workers.world_size}th batch of {cfg.batch_size} images")
+        if main:  # real held-out images: their quality metrics and the FID floor (two disjoint sets)
+            real_stats.update(task.real_stats(cfg.real_images))
+            say(task.describe_real(real_stats))
+            if partial:
+                partial(snapshot())
 
         conditions = task.conditions(cfg.num_images)
         seeds = [cfg.seed * SEED_STRIDE + i for i in range(cfg.num_images)]
@@ -243,32 +327,37 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
             reseed = int(method.rsplit("-", 1)[1]) if method in reseeds else 0
             decoding = "ar" if reseed else method
             row: dict = {}
-            with PeakMemory(cfg.device) as memory:
-                if not reseed:
+            latency_peak = 0.0
+            if not reseed and main:  # alone: the other processes wait at the barrier below
+                with PeakMemory(cfg.device) as memory:
                     say(f"{method}: batch-1 latency on {cfg.latency_images} images ...")
                     _, stats1, _ = task.generate(decoding, conditions[: cfg.latency_images], seeds[: cfg.latency_images], 1,
                                                  tick=bar.update)
-                    row["nfe"] = sum(s["nfe"] for s in stats1) / len(stats1)
-                    row["latency_s"] = sum(s["latency_s"] for s in stats1) / len(stats1)
-                    row["images_per_s_batch1"] = 1.0 / row["latency_s"]
-                run_seeds = [s + reseed * RESEED_OFFSET for s in seeds]
-                say(f"{method}: {cfg.num_images} images at batch {cfg.batch_size} ...")
-                images, stats, wall = task.generate(decoding, conditions, run_seeds, cfg.batch_size, tick=bar.update)
-            quality = task.quality(images, conditions)
-            row.update(
-                nfe_batched=sum(s["nfe"] for s in stats) / len(stats),
-                latency_s_batched=sum(s["latency_s"] for s in stats) / len(stats),
-                images_per_s=cfg.num_images / wall,
-                **quality,
-                peak_mem_mb=memory.peak_mb,
-            )
-            if "tv_mean" in stats[0]:  # images decoded without a measured verification carry NaN
-                measured = [s for s in stats if not math.isnan(s["tv_mean"])]
-                row["tv_mean"] = sum(s["tv_mean"] for s in measured) / len(measured) if measured else float("nan")
-                row["tv_max"] = max(s["tv_max"] for s in measured) if measured else float("nan")
-            if "drafter_nfe" in stats[0]:
-                row["drafter_nfe_batched"] = sum(s["drafter_nfe"] for s in stats) / len(stats)
-            noise_metrics = [m for m in quality if m in task.noise_metrics]  # in the task's row order
+                latency_peak = memory.peak_mb
+                row["nfe"] = sum(s["nfe"] for s in stats1) / len(stats1)
+                row["latency_s"] = sum(s["latency_s"] for s in stats1) / len(stats1)
+                row["images_per_s_batch1"] = 1.0 / row["latency_s"]
+            if not reseed:
+                workers.barrier()
+            run_seeds = [s + reseed * RESEED_OFFSET for s in seeds]
+            say(f"{method}: {cfg.num_images} images at batch {cfg.batch_size} ...")
+
+            def compute(unit: range) -> dict:
+                part = slice(unit.start, unit.stop)
+                with PeakMemory(cfg.device) as memory:
+                    images, stats, kept, wall = task.generate_items(decoding, conditions[part], run_seeds[part],
+                                                                    cfg.batch_size)
+                judged = task.judge(images, conditions[part])
+                common = {"unit_wall_s": wall, "unit_size": len(unit), "peak_mem_mb": memory.peak_mb}
+                return {i: ({**_json_stats(stat), **judgement, **common}, {**tensors, **judged_tensors})
+                        for i, stat, tensors, (judgement, judged_tensors) in zip(unit, stats, kept, judged)}
+
+            records = run_units(workers, cfg.num_images, cfg.batch_size, compute, store, method, tick=bar.update)
+            if records is None:
+                continue
+            row.update(_batched_row(task, records, conditions))
+            row["peak_mem_mb"] = max(row["peak_mem_mb"], latency_peak)
+            noise_metrics = [m for m in row if m in task.noise_metrics]  # in the task's row order
             if reseed:
                 row = {k: row[k] for k in (*noise_metrics, "nfe_batched", "images_per_s", "peak_mem_mb")}
             results[method] = row
@@ -281,6 +370,8 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
             if partial:
                 partial(snapshot())
 
+    if not main:
+        return None
     ar = results["ar"]
     noise = sampling_noise([results[m] for m in ["ar"] + reseeds], task.noise_metrics)
     for method in methods:

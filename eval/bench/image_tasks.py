@@ -78,7 +78,7 @@ class ImageTask(ABC):
 
     def __init__(self, cfg: ImageBenchConfig, folder: str, pipe: Any):
         self.cfg, self.folder, self.pipe = cfg, folder, pipe
-        self.reference: Optional[Images] = None  # real images FID compares with (set by real_stats)
+        self.reference: Optional[Tensor] = None  # FID features of the real images (set by real_stats)
 
     @classmethod
     @abstractmethod
@@ -112,13 +112,30 @@ class ImageTask(ABC):
         """``(uint8 images in the order of conditions, per-image stats, wall seconds)``: image ``i`` from
         ``conditions[i]`` with a generator seeded ``seeds[i]``; ``tick(n)`` after every batch of ``n`` images."""
 
+    def generate_items(self, method: str, conditions: Sequence, seeds: list[int], batch_size: int,
+                       ) -> tuple[Images, list[dict], list[dict[str, Tensor]], float]:
+        """As :meth:`generate`, with per image the tensors a stored result keeps (here: the uint8 image)."""
+        images, stats, wall = self.generate(method, conditions, seeds, batch_size)
+        return images, stats, [{"image": image} for image in images], wall
+
     @abstractmethod
     def real_stats(self, n: int) -> dict:
         """The quality metrics of real held-out images and the FID floor; keeps ``n`` of them as the FID reference."""
 
     @abstractmethod
+    def judge(self, images: Images, conditions: Sequence) -> list[tuple[dict, dict[str, Tensor]]]:
+        """Per image, what the quality metrics need of it: record entries (JSON: the evaluator's class, the scene
+        checks, a CLIP cosine) and tensors (``fid_features``, float64 ``[D]``). Computed where the images are
+        made (each process judges its own, :mod:`vispec.eval.distributed`); an image's entries depend on the
+        images judged with it only through float rounding of a batched forward."""
+
+    @abstractmethod
+    def quality_of(self, judged: Sequence[tuple[dict, dict[str, Tensor]]], conditions: Sequence) -> dict:
+        """The quality metrics (``noise_metrics`` among them) from every image's :meth:`judge` entries, in order."""
+
     def quality(self, images: Images, conditions: Sequence) -> dict:
-        """The quality metrics of generated images against their conditions (``noise_metrics`` among them)."""
+        """The quality metrics of generated images against their conditions."""
+        return self.quality_of(self.judge(images, conditions), conditions)
 
     @staticmethod
     @abstractmethod
@@ -129,7 +146,7 @@ class ImageTask(ABC):
         """What the result's ``config`` records about the task."""
         return {"task": self.kind, "fid_features": self.fid_features}
 
-    def _reference(self) -> Images:
+    def _reference(self) -> Tensor:
         if self.reference is None:
             raise RuntimeError("real_stats() must run before quality(): it sets the FID reference")
         return self.reference
@@ -144,7 +161,7 @@ class ClassImageTask(ImageTask):
 
     kind = "class-to-image"
     noise_metrics = ("fid", "accuracy")
-    fid_features = "tiny-c2i evaluator penultimate layer (torchmetrics FrechetInceptionDistance)"
+    fid_features = "tiny-c2i evaluator penultimate layer (float64 Fréchet distance, torchmetrics' formulas)"
     compile_note = "run(s) their drafter eagerly"
     compile_reason = "draft-model decoding runs its drafter eagerly"
 
@@ -152,6 +169,7 @@ class ClassImageTask(ImageTask):
         super().__init__(cfg, folder, pipe)
         self.evaluator = evaluator
         self.num_classes: int = pipe.transformer.config.num_classes
+        self._fid_model: Optional[nn.Module] = None
 
     @staticmethod
     def evaluator_path(cfg: ImageBenchConfig, folder: str) -> str:
@@ -205,6 +223,22 @@ class ClassImageTask(ImageTask):
         return bench_image.generate_uint8(self.pipe, method, conditions, seeds, batch_size, self.cfg, compile=compile,
                                           tick=tick)
 
+    def generate_items(self, method: str, conditions: Sequence, seeds: list[int], batch_size: int,
+                       ) -> tuple[Tensor, list[dict], list[dict[str, Tensor]], float]:
+        """As :meth:`generate`, keeping each image's tokens (the images follow from them through the VQ decoder)."""
+        tokens: list[Tensor] = []
+        images, stats, wall = bench_image.generate_uint8(self.pipe, method, conditions, seeds, batch_size, self.cfg,
+                                                         tokens=tokens)
+        return images, stats, [{"tokens": t} for t in torch.cat(tokens)], wall
+
+    def _features(self, images: Tensor) -> Tensor:
+        """float64 FID features of uint8 images (a float64 copy of the evaluator, made once)."""
+        from vispec.eval.bench.evaluator import FIDFeatures
+
+        if self._fid_model is None:
+            self._fid_model = FIDFeatures(copy.deepcopy(self.evaluator).double())
+        return bench_image.evaluator_features(self._fid_model, images)
+
     def real_stats(self, n: int) -> dict:
         """Evaluator accuracy on ``n`` held-out crops (labels ``i % num_classes``), FID to ``n`` other ones."""
         from vispec.eval.bench.data import CropSampler
@@ -213,15 +247,25 @@ class ClassImageTask(ImageTask):
         labels = torch.arange(2 * n) % self.num_classes
         real, _ = CropSampler("eval").sample(2 * n, torch.Generator().manual_seed(self.cfg.seed + REAL_SEED_OFFSET),
                                              labels=labels)
-        self.reference = real[:n]
+        features = self._features(real)
+        self.reference = features[:n]
         return {"accuracy": classify_accuracy(self.evaluator, real[:n], labels[:n]),
-                "fid_real_vs_real": bench_image.fid_score(self.evaluator, real[:n], real[n:]), "images": n}
+                "fid_real_vs_real": bench_image.frechet_distance(features[:n], features[n:]), "images": n}
 
-    def quality(self, images: Images, conditions: Sequence) -> dict:
-        from vispec.eval.bench.evaluator import classify_accuracy
+    @torch.no_grad()
+    def judge(self, images: Images, conditions: Sequence) -> list[tuple[dict, dict[str, Tensor]]]:
+        """The evaluator's class (float32, as :func:`~vispec.eval.bench.evaluator.classify_accuracy`) and the FID
+        features of each image."""
+        predicted = [p for lo in range(0, images.shape[0], 256)
+                     for p in self.evaluator(images[lo : lo + 256].float() / 127.5 - 1.0).argmax(-1).tolist()]
+        features = self._features(images)
+        return [({"predicted": p}, {"fid_features": f}) for p, f in zip(predicted, features)]
 
-        return {"accuracy": classify_accuracy(self.evaluator, images, conditions),
-                "fid": bench_image.fid_score(self.evaluator, self._reference(), images)}
+    def quality_of(self, judged: Sequence[tuple[dict, dict[str, Tensor]]], conditions: Sequence) -> dict:
+        labels = [int(c) for c in conditions]
+        correct = sum(record["predicted"] == label for (record, _), label in zip(judged, labels))
+        fake = torch.stack([tensors["fid_features"] for _, tensors in judged])
+        return {"accuracy": correct / len(judged), "fid": bench_image.frechet_distance(self._reference(), fake)}
 
     @staticmethod
     def describe_real(real: dict) -> str:
@@ -230,8 +274,9 @@ class ClassImageTask(ImageTask):
 
 # -------------------------------------------------------------------------------------------- text-to-image
 class CLIPFIDFeatures(nn.Module):
-    """Adapter for ``torchmetrics FrechetInceptionDistance(feature=...)``: uint8 ``[N, 3, H, W]`` in, the CLIP's
-    projected image embeddings ``[N, projection_dim]`` out (the processor resizes to the CLIP's input size)."""
+    """FID features of a text-to-image model's images: uint8 ``[N, 3, H, W]`` (or a list of ``[3, H, W]`` of any
+    sizes) in, the CLIP's projected image embeddings ``[N, projection_dim]`` out (the processor resizes every
+    image to the CLIP's input size). Also usable as ``torchmetrics FrechetInceptionDistance(feature=...)``."""
 
     def __init__(self, model: nn.Module, processor: Any):
         from vispec.eval.bench.clip_score import FeatureModel
@@ -245,32 +290,6 @@ class CLIPFIDFeatures(nn.Module):
         weight = next(self.clip.parameters())  # the CLIP's device and dtype
         pixels = self.processor(images=[image.cpu() for image in images], return_tensors="pt")["pixel_values"]
         return self.clip.get_image_features(pixels.to(weight.device, weight.dtype))
-
-
-def by_size(images: Sequence[Tensor]) -> dict[tuple[int, int], Tensor]:
-    """``{(H, W): uint8 [B, 3, H, W]}`` of a list of ``[3, H, W]`` images (a batch tensor is one group)."""
-    if isinstance(images, Tensor):
-        return {(images.shape[2], images.shape[3]): images}
-    groups: dict[tuple[int, int], list[Tensor]] = {}
-    for image in images:
-        groups.setdefault((image.shape[1], image.shape[2]), []).append(image)
-    return {hw: torch.stack(group) for hw, group in groups.items()}
-
-
-@torch.no_grad()
-def clip_fid(model: nn.Module, processor: Any, real: Images, fake: Images) -> float:
-    """FID between uint8 image sets (sizes may differ) with a CLIP's projected image embeddings as features
-    (torchmetrics ``FrechetInceptionDistance``, a float64 copy of the CLIP); images go in per size group."""
-    from torchmetrics.image.fid import FrechetInceptionDistance
-
-    # float64 features from a float64 copy of the CLIP (the metric's states are float64 already); not
-    # metric.set_dtype, which would also cast the CLIP's integer buffers (position ids)
-    metric = FrechetInceptionDistance(feature=CLIPFIDFeatures(copy.deepcopy(model).double().eval(), processor))
-    for images, is_real in ((real, True), (fake, False)):
-        for group in by_size(images).values():
-            for lo in range(0, group.shape[0], 256):
-                metric.update(group[lo : lo + 256], real=is_real)
-    return float(metric.compute())
 
 
 def to_uint8(images: Tensor) -> Tensor:
@@ -315,7 +334,7 @@ class TextImageTask(ImageTask):
 
     kind = "text-to-image"
     noise_metrics = ("fid", "accuracy", "clip_score")
-    fid_features = "CLIP projected image embeddings (torchmetrics FrechetInceptionDistance)"
+    fid_features = "CLIP projected image embeddings (float64 Fréchet distance, torchmetrics' formulas)"
     compile_note = "decode eagerly (a unified-token text-to-image model: UnifiedTokenModel refuses compile=True)"
     compile_reason = "unified-token models decode eagerly"
 
@@ -324,6 +343,7 @@ class TextImageTask(ImageTask):
         self.clip_model, self.clip_processor = clip
         self.clip_path = clip_path
         self._compiles = self.compile_supported(pipe)
+        self._fid_model: Optional[nn.Module] = None
 
     @staticmethod
     def compile_supported(pipe: Any) -> bool:
@@ -393,13 +413,47 @@ class TextImageTask(ImageTask):
             raise ValueError("compile=True: unified-token (text-to-image) models decode eagerly")
         return generate_text_uint8(self.pipe, method, conditions, seeds, batch_size, self.cfg, compile=compile, tick=tick)
 
-    def _judge(self, images: list[Tensor], captions: list[str]) -> dict:
-        from vispec.eval.bench.clip_score import clip_score
-        from vispec.eval.bench.scene_checks import check_images
+    def _features(self, images: Images) -> Tensor:
+        """float64 FID features (the CLIP's projected image embeddings, a float64 copy of the CLIP made once) of
+        uint8 images, 256 at a time; the processor squeezes every size to the CLIP's input."""
+        if self._fid_model is None:
+            # not .set_dtype-style casting of everything: the CLIP's integer buffers (position ids) stay integers
+            self._fid_model = CLIPFIDFeatures(copy.deepcopy(self.clip_model).double().eval(), self.clip_processor)
+        images = list(images)
+        with torch.no_grad():
+            return torch.cat([self._fid_model(images[lo : lo + 256]).double().cpu() for lo in range(0, len(images), 256)])
 
-        by_attribute = check_images(images, captions)["accuracy"]
+    def judge(self, images: Images, conditions: Sequence) -> list[tuple[dict, dict[str, Tensor]]]:
+        """The scene checks (per attribute: right, wrong or not asked), the CLIP cosine to the caption and the FID
+        features of each image."""
+        from vispec.eval.bench.clip_score import clip_cosines
+        from vispec.eval.bench.scene_checks import ATTRIBUTES, check_image
+
+        images = list(images)
+        captions = [c.caption if isinstance(c, Prompt) else c for c in conditions]
+        cosines = clip_cosines(images, captions, self.clip_model, self.clip_processor).tolist()
+        features = self._features(images)
+        out = []
+        for image, caption, cosine, feature in zip(images, captions, cosines, features):
+            checks = check_image(image, caption)
+            out.append(({"checks": {a: checks[a] for a in (*ATTRIBUTES, "overall")}, "clip_cosine": cosine},
+                        {"fid_features": feature}))
+        return out
+
+    def quality_of(self, judged: Sequence[tuple[dict, dict[str, Tensor]]], conditions: Sequence) -> dict:
+        """Scene-check accuracy (``accuracy`` = every asked attribute right) and per attribute, torchmetrics' CLIP
+        score ``max(100 * mean cos, 0)`` and the CLIP-feature FID to the real renders."""
+        from vispec.eval.bench.scene_checks import ATTRIBUTES
+
+        by_attribute = {}
+        for attribute in (*ATTRIBUTES, "overall"):
+            judged_here = [r["checks"][attribute] for r, _ in judged if r["checks"][attribute] is not None]
+            by_attribute[attribute] = sum(judged_here) / len(judged_here) if judged_here else None
+        cosines = torch.tensor([r["clip_cosine"] for r, _ in judged], dtype=torch.float64)
+        fake = torch.stack([tensors["fid_features"] for _, tensors in judged])
         return {"accuracy": by_attribute["overall"], "accuracy_by_attribute": by_attribute,
-                "clip_score": clip_score(images, captions, self.clip_model, self.clip_processor)}
+                "clip_score": float(max(100 * cosines.mean(), 0.0)),
+                "fid": bench_image.frechet_distance(self._reference(), fake)}
 
     def real_stats(self, n: int) -> dict:
         """Scene checks and CLIP score of ``n`` held-out renders (true and rolled captions), FID to ``n`` other ones."""
@@ -408,17 +462,15 @@ class TextImageTask(ImageTask):
 
         batch = SceneSampler("test", seed=self.cfg.seed + REAL_SEED_OFFSET).sample(2 * n)
         real = float_to_uint8(batch.images)  # the renders are uint8 levels in [-1, 1]: exact
-        self.reference, captions = real[:n], batch.captions[:n]
-        out = self._judge(real[:n], captions)
+        captions = batch.captions[:n]
+        features = self._features(real)
+        self.reference = features[:n]
+        out = self.quality_of(self.judge(real[:n], captions), captions)
+        out.pop("fid")
         out["clip_score_mismatched"] = clip_score(real[:n], captions[1:] + captions[:1], self.clip_model,
                                                   self.clip_processor)
-        out["fid_real_vs_real"] = clip_fid(self.clip_model, self.clip_processor, real[:n], real[n:])
+        out["fid_real_vs_real"] = bench_image.frechet_distance(features[:n], features[n:])
         out["images"] = n
-        return out
-
-    def quality(self, images: Images, conditions: Sequence) -> dict:
-        out = self._judge(list(images), [p.caption for p in conditions])
-        out["fid"] = clip_fid(self.clip_model, self.clip_processor, self._reference(), images)
         return out
 
     @staticmethod

@@ -30,8 +30,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
+import torch
+
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
+from vispec.eval.distributed import Workers, open_store, run_units
 
 STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous", "learn2pd")
 # rules a setting may add to its strategy (``strategy+rule@cache``): Learn2PD's end-of-text prediction, Prophet's
@@ -80,6 +83,8 @@ class TextBenchConfig:
     delimiter_threshold: float = 0.3
     seed: int = 0
     device: str = "cpu"
+    results_dir: Optional[str] = None  # per-problem results, written as they finish; a rerun skips them
+    num_processes: Optional[int] = None  # the processes launched (torchrun); another world size is an error
 
     def validate(self) -> None:
         """The settings, before a model is loaded."""
@@ -135,44 +140,69 @@ def _scheduler(cfg: TextBenchConfig, strategy: str):
 
 
 def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBenchConfig, early_stop_eos: bool,
-         options: dict) -> dict:
-    """Decode ``items`` in batches of ``batch_size``; accuracy and speed."""
-    scores: dict[str, float] = {}
-    nfe, tokens, latency = [], [], []
-    with PeakMemory(cfg.device) as memory:
-        start = time.perf_counter()
-        for lo in range(0, len(items), batch_size):
-            chunk = items[lo : lo + batch_size]
+         options: dict, workers: Workers, store, group: str) -> Optional[dict]:
+    """Decode ``items`` in units of ``batch_size`` (this process's share, :mod:`vispec.eval.distributed`); on rank 0
+    the row: accuracy and speed from every problem's record (None on the other ranks).
+
+    Times are per unit: ``wall_s`` is the sum of the units' wall times (one process decoding every problem),
+    tokens/s is the generated tokens over it, latency per problem is ``wall_s / n`` at batch 1 and the mean
+    per-row latency inside the batch otherwise."""
+
+    def compute(unit: range) -> dict:
+        chunk = [items[i] for i in unit]
+        with PeakMemory(cfg.device) as memory:
+            start = time.perf_counter()
             out = pipe(prompt=[item.prompt for item in chunk], strategy=scheduler, cache=cache, gen_length=cfg.gen_length,
                        block_length=cfg.block_length, early_stop_eos=early_stop_eos, **options)
-            for item, text, stats in zip(chunk, out.texts, out.stats):
-                for name, value in task.score(text, item).items():
-                    scores[name] = scores.get(name, 0.0) + value
-                nfe.append(stats["nfe"])
-                tokens.append(stats["tokens"])
-                latency.append(stats["latency_s"])
-        wall = time.perf_counter() - start
-    n = len(items)
-    row = {name: value / n for name, value in scores.items()}
-    row.update(nfe=sum(nfe) / n, tokens=sum(tokens) / n, tokens_per_forward=sum(tokens) / max(sum(nfe), 1),
-               tokens_per_s=sum(tokens) / wall, latency_s=wall / n if batch_size == 1 else sum(latency) / n,
-               wall_s=wall, peak_mem_mb=memory.peak_mb)
+            wall = time.perf_counter() - start
+        return {i: ({"text": text, "scores": task.score(text, item), "nfe": int(stats["nfe"]),
+                     "tokens": int(stats["tokens"]), "latency_s": float(stats["latency_s"]), "unit_wall_s": wall,
+                     "unit_size": len(unit), "peak_mem_mb": memory.peak_mb}, {})
+                for i, item, text, stats in zip(unit, chunk, out.texts, out.stats)}
+
+    records = run_units(workers, len(items), batch_size, compute, store, group)
+    if records is None:
+        return None
+    records = [record for record, _ in records]
+    n = len(records)
+    wall = sum(r["unit_wall_s"] / r["unit_size"] for r in records)
+    nfe, tokens = sum(r["nfe"] for r in records), sum(r["tokens"] for r in records)
+    row = {name: sum(r["scores"][name] for r in records) / n for name in records[0]["scores"]}
+    row.update(nfe=nfe / n, tokens=tokens / n, tokens_per_forward=tokens / max(nfe, 1), tokens_per_s=tokens / wall,
+               latency_s=wall / n if batch_size == 1 else sum(r["latency_s"] for r in records) / n,
+               wall_s=wall, peak_mem_mb=max(r["peak_mem_mb"] for r in records))
     return row
 
 
+def result_settings(cfg: TextBenchConfig) -> dict:
+    """What a stored problem's result depends on (:class:`vispec.eval.results.ResultStore`): everything but the
+    number of problems (problem ``i`` is the same for any count, so a larger run reuses a smaller one's), the
+    results folder and the process count."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("num_problems", "results_dir", "num_processes")}
+    settings["device"] = torch.device(cfg.device).type
+    return settings
+
+
 def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print,
-                   partial: Optional[Callable[[dict], None]] = None) -> dict:
-    """Run the benchmark (module docstring); ``partial(result)`` receives the runs so far after every run."""
+                   partial: Optional[Callable[[dict], None]] = None) -> Optional[dict]:
+    """Run the benchmark (module docstring); ``partial(result)`` receives the runs so far after every run.
+
+    Under ``torchrun`` every process decodes its share of each run's problems (:mod:`vispec.eval.distributed`)
+    and rank 0 computes the rows and returns the result; the other ranks return None. With ``results_dir``
+    every problem's result is stored as its batch finishes and a rerun decodes only what is missing
+    (:mod:`vispec.eval.results`). Problem ``i`` decodes the same tokens for any process count."""
     from vispec.eval.bench.text_tasks import get_task, split_items
     from vispec.models.checkpoints import check_pipeline_folder
     from vispec.pipelines import MaskedDiffusionLMPipeline
     from vispec.pipelines.embedded import resolve_model_path
 
     cfg.validate()
+    workers = Workers.start(cfg.device, cfg.num_processes)
+    say = progress if workers.is_main else (lambda message: None)
     tasks = [get_task(t) for t in cfg.tasks]
     folder = resolve_model_path(cfg.model)
     check_pipeline_folder(folder, "MaskedDiffusionLMPipeline", {"LlamaGenPipeline": "an image model: use `vispec bench image`"})
-    pipe = MaskedDiffusionLMPipeline.from_pretrained(folder).to(cfg.device)
+    pipe = MaskedDiffusionLMPipeline.from_pretrained(folder).to(workers.device)
     pipe.set_progress_bar_config(disable=True)
     cfg.gen_length = cfg.gen_length or pipe.config.default_gen_length
     cfg.block_length = cfg.block_length or min(pipe.config.default_block_length, cfg.gen_length)
@@ -183,9 +213,13 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     if any(s == "learn2pd" for s, *_ in settings) and pipe.filter is None:
         raise ValueError(f"the learn2pd strategy needs a Learn2PD filter, and {cfg.model} has none (train one with "
                          "`vispec train filter`)")
+    store = open_store(workers, cfg.results_dir, result_settings(cfg))
+    if workers.distributed:
+        say(f"{workers.world_size} processes, each decoding every {workers.world_size}th batch of problems")
     pipe(prompt=split_items(tasks[0], "test", 1, cfg.seed)[0].prompt, strategy="threshold", gen_length=cfg.gen_length,
          block_length=cfg.block_length)  # warm-up, not timed
     runs = []
+    config = {**asdict(cfg), **environment(workers.device), "num_processes": workers.world_size}
     for task in tasks:
         items = split_items(task, "test", cfg.num_problems, cfg.seed)
         for strategy, rules, cache, early_stop in settings:
@@ -194,21 +228,27 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
                 row = {"strategy": strategy, "rules": list(rules), "cache": cache, "early_stop_eos": early_stop,
                        "task": task.name, "batch_size": batch_size,
                        "reference": (strategy, rules, cache, early_stop) == reference}
-                row.update(_run(pipe, items, task, _scheduler(cfg, strategy), cache, batch_size, cfg, early_stop, options))
+                group = f"{task.name}/{setting_name(row)}/B{batch_size}"
+                measured = _run(pipe, items, task, _scheduler(cfg, strategy), cache, batch_size, cfg, early_stop, options,
+                                workers, store, group)
+                if measured is None:
+                    continue
+                row.update(measured)
                 runs.append(row)
                 acc = " ".join(f"{k} {row[k]:.3f}" for k in task.metrics)
-                progress(f"{task.name} {setting_name(row)} B={batch_size}: {acc}, "
-                         f"NFE {row['nfe']:.1f}, {row['tokens_per_s']:.1f} tok/s")
+                say(f"{task.name} {setting_name(row)} B={batch_size}: {acc}, "
+                    f"NFE {row['nfe']:.1f}, {row['tokens_per_s']:.1f} tok/s")
                 if partial:
-                    partial({"config": {**asdict(cfg), **environment(cfg.device)}, "runs": list(runs)})
+                    partial({"config": config, "runs": list(runs)})
+    if not workers.is_main:
+        return None
     for row in runs:
         base = next(r for r in runs if (r["task"], r["batch_size"]) == (row["task"], row["batch_size"]) and r["reference"])
         row["nfe_reduction"] = base["nfe"] / row["nfe"]
         # Fast-dLLM's speed-up is the ratio of tokens/s; the latency ratio also holds when outputs differ in length
         row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] > 0 else float("nan")
         row["latency_speedup"] = base["latency_s"] / row["latency_s"]
-    config = asdict(cfg)
-    config.update(**environment(cfg.device), temperature=0.0, baseline_steps=cfg.gen_length)
+    config.update(temperature=0.0, baseline_steps=cfg.gen_length)
     return {"config": config, "runs": runs}
 
 

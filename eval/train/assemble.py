@@ -176,10 +176,16 @@ def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
         "(pass strategy='llada' for the one-token-per-step baseline).",
         f"- Reproduce with {cfg.script} (seeded).",
     ]
-    if config.get("init_from"):
-        card.insert(-1, f"- Fine-tuned from {config['init_from']} (same tokenizer), task weights "
-                        f"{dict(zip(config['tasks'], config['task_weights']))}, answer canvas {config['answer_length']}"
-                        + (f" and {config['long_answer_length']} on one step in {config['long_every']}" if config.get("long_every") else "")
+    stages = training_stages(cfg.trained, record)
+    for k, (folder, stage) in enumerate(stages, start=1):
+        c_k, metrics = stage["config"], stage.get("metrics", {})
+        if not c_k.get("init_from"):
+            continue
+        label = f"Stage {k} of {len(stages)}: " if len(stages) > 1 else ""
+        card.insert(-1, f"- {label}fine-tuned from {c_k['init_from']} (same tokenizer), "
+                        f"{metrics.get('steps_done', c_k['steps'])} steps at lr {c_k['lr']}, task weights "
+                        f"{dict(zip(c_k['tasks'], c_k['task_weights']))}, answer canvas {c_k['answer_length']}"
+                        + (f" and {c_k['long_answer_length']} on one step in {c_k['long_every']}" if c_k.get("long_every") else "")
                         + ".")
     final = record.get("metrics", {}).get("eval", {})
     if final:
@@ -189,9 +195,28 @@ def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
         card.insert(-1, f"- Greedy one-token-per-step decoding, gen length {first.get('gen_length', config['answer_length'])}, "
                         f"block {first.get('block_length', config['answer_length'])}, {first['n']} test items per task "
                         f"(strict-match / exact-match): {scores}.")
-    train_log = os.path.join(cfg.trained, "train_log.jsonl")
-    return write_pipeline_folder(pipe, cfg.out, card, record, record_title="Training record",
-                                 extras={"logs/model.jsonl": lambda path: shutil.copy(train_log, path)})
+    extras = {"logs/model.jsonl": lambda path: shutil.copy(os.path.join(cfg.trained, "train_log.jsonl"), path)}
+    if len(stages) > 1:  # every stage's loss log, and every stage's record
+        for k, (folder, _) in enumerate(stages, start=1):
+            extras[f"logs/stage-{k}.jsonl"] = lambda path, f=folder: shutil.copy(os.path.join(f, "train_log.jsonl"), path)
+        record = {"stages": [stage for _, stage in stages]}
+    return write_pipeline_folder(pipe, cfg.out, card, record, record_title="Training record", extras=extras)
+
+
+def training_stages(trained: str, record: dict) -> list[tuple[str, dict]]:
+    """``[(folder, record)]`` from the first training run to ``trained``, following ``init_from`` back through
+    local training folders (those with a ``train_config.json``); a run that started from an embedded model or
+    from scratch is the first."""
+    stages = [(trained, record)]
+    seen = {os.path.abspath(trained)}
+    while True:
+        parent = stages[0][1]["config"].get("init_from", "")
+        if not parent or not os.path.isfile(os.path.join(parent, "train_config.json")):
+            return stages
+        if os.path.abspath(parent) in seen:
+            raise ValueError(f"init_from forms a cycle at {parent}")
+        seen.add(os.path.abspath(parent))
+        stages.insert(0, (parent, read_record(parent, required=True)))
 
 
 @dataclass

@@ -74,6 +74,16 @@ def _one_line(err: BaseException) -> str:
     return text + "".join(f" ({' '.join(note.split())})" for note in notes)
 
 
+def _leave_process_group() -> None:
+    """Under torchrun: destroy the process group a command joined (torch warns at exit about one left open)."""
+    if "torch" not in sys.modules:  # --help and argument errors never import torch
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
@@ -81,7 +91,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not hasattr(args, "func"):
             parser.print_help()
             return 2
-        return args.func(args)
+        try:
+            return args.func(args)
+        finally:
+            _leave_process_group()
     except KeyboardInterrupt as err:
         print("vispec: interrupted" + "".join(f" ({note})" for note in getattr(err, "__notes__", None) or []),
               file=sys.stderr)

@@ -25,6 +25,12 @@ DECODER_HELP = {
     "rounds": "interleaved timing rounds of a batch sweep (medians are reported)",
     "threads": "torch threads (0: leave as is)",
 }
+DISTRIBUTED_HELP = {
+    "results_dir": "folder for every item's result, written as it finishes; a rerun with the same settings skips what "
+                   "is there (shared storage for a multi-node run)",
+    "num_processes": "the number of processes launched (torchrun --nproc_per_node x nodes); any other world size is an "
+                     "error before work starts",
+}
 IMAGE_HELP = {
     "model": "embedded model or pipeline folder: a class-to-image LlamaGen pipeline (tiny-c2i) or a text-to-image "
              "UnifiedImagePipeline (tiny-t2i, or its folder models/pretrained/tiny-t2i)",
@@ -51,6 +57,7 @@ IMAGE_HELP = {
                "rows only)",
     "rounds": "interleaved timing rounds of the throughput sweep (medians are reported)",
     "sweep_images": "images per measurement of the throughput sweep (rounded up to whole batches, at least one)",
+    **DISTRIBUTED_HELP,
 }
 TEXT_HELP = {
     "model": "embedded model name or a pipeline folder",
@@ -71,6 +78,7 @@ TEXT_HELP = {
     "gen_length": "tokens to generate (default: the model's)",
     "block_length": "semi-AR block length (default: the model's)",
     "early_stop_eos": "keep decoding after EOS is committed",
+    **DISTRIBUTED_HELP,
 }
 TEXT_FLAGS = {"caches": "--cache", "early_stop_eos": "--no-early-stop"}
 # the unmasking knobs `generate text` shares with `bench text`
@@ -138,6 +146,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if written:
             err.add_note(f"the results measured so far are in {args.json_path}, marked \"complete\": false")
         raise
+    if result is None:  # a process other than rank 0 of a distributed run: rank 0 reports
+        return 0
     emit(getattr(module, table_name)(result), result, args.json_path)
     if plot:
         print(f"wrote {getattr(module, PLOTS[args.subcommand])(result, plot)}")

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from vispec.cli.args import add_config_args
 from vispec.cli.paths import check_output_file
 from vispec.cli.bench import STRATEGY_KNOBS, TEXT_FLAGS, TEXT_HELP
+
+if TYPE_CHECKING:
+    from vispec.eval.distributed import Workers
 
 
 def _quiet(args: argparse.Namespace) -> None:
@@ -47,28 +51,65 @@ def image_paths(out: str, num_images: int) -> list[str]:
     return [f"{stem}-{i}{ext}" for i in range(num_images)]
 
 
+def _save_atomic(image, path: str) -> None:
+    """Save a PIL image under a temporary name in its folder, then rename it: a file at ``path`` is always whole
+    (a rerun skips the images that exist)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    stem, ext = os.path.splitext(name)
+    temporary = os.path.join(folder, f".{stem}.{os.getpid()}.tmp{ext}")
+    try:
+        image.save(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def _class_labels(args: argparse.Namespace, num_classes: int) -> list[int]:
+    """Image ``i``'s class: ``--class all`` is class-balanced, ``i mod num_classes`` (as FID-50K sampling does)."""
+    if args.class_label == "all":
+        return [i % num_classes for i in range(args.num_images)]
+    label = int(args.class_label)  # its form was checked before loading (_check_condition_flags)
+    if not 0 <= label < num_classes:
+        raise ValueError(f"--class must be in [0, {num_classes}) for {args.model}, got {label}")
+    return [label] * args.num_images
+
+
 def _cmd_image(args: argparse.Namespace) -> int:
-    """Images in chunks of ``--batch-size`` (each chunk saved before the next starts: memory stays bounded and
-    an interrupted run keeps its images); per-image generators make every image independent of its chunk."""
+    """Images in units of ``--batch-size`` (each saved before the next starts: memory stays bounded and an
+    interrupted run keeps its images; a rerun skips units whose images all exist). Image ``i`` has a generator
+    seeded ``--seed + i``, so it does not depend on its unit. Under torchrun each process makes every
+    ``W``-th unit (:mod:`vispec.eval.distributed`); ``--npz`` packs every image, in order, on rank 0."""
     import torch
 
+    from vispec.eval.distributed import Workers, on_main_first
     from vispec.pipelines import LlamaGenPipeline, UnifiedImagePipeline
 
     for flag, value in (("--num-images", args.num_images), ("--batch-size", args.batch_size)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     check_output_file(args.out, "--out", image=True)
+    if args.npz is not None:
+        check_output_file(args.npz, "--npz")
+        if not args.npz.endswith(".npz"):
+            raise ValueError(f"--npz must name a .npz file, got {args.npz!r}")
     from vispec.models.checkpoints import pipeline_kind
     from vispec.pipelines.embedded import resolve_model_path
 
     text = pipeline_kind(resolve_model_path(args.model)) == UnifiedImagePipeline.__name__
     _check_condition_flags(args, text)
+    workers = Workers.start(args.device, args.num_processes)
     _quiet(args)
-    pipe = _load((LlamaGenPipeline, UnifiedImagePipeline), args.model)
-    pipe.set_progress_bar_config(disable=args.quiet)
+    pipe = _load((LlamaGenPipeline, UnifiedImagePipeline), args.model).to(workers.device)
+    pipe.set_progress_bar_config(disable=args.quiet or not workers.is_main)
+    labels = None if text else _class_labels(args, pipe.transformer.config.num_classes)
     paths = image_paths(args.out, args.num_images)
-    for lo in range(0, args.num_images, args.batch_size):
-        hi = min(lo + args.batch_size, args.num_images)
+    on_main_first(workers, lambda: _image_run_record(args, workers))
+    for unit in workers.my_units(args.num_images, args.batch_size):
+        lo, hi = unit.start, unit.stop
+        if args.resume and all(os.path.exists(p) for p in paths[lo:hi]):
+            continue  # made by the run being resumed
         generators = [torch.Generator().manual_seed(args.seed + i) for i in range(lo, hi)]
         common = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       decoding=args.decoding, generator=generators, max_batch_size=args.max_batch_size)
@@ -76,12 +117,56 @@ def _cmd_image(args: argparse.Namespace) -> int:
             out = pipe(prompt=[args.prompt] * (hi - lo), negative_prompt=args.negative_prompt, height=args.height,
                        width=args.width, **common)
         else:
-            out = pipe(class_labels=[args.class_label] * (hi - lo), compile=args.compile, **common)
+            out = pipe(class_labels=labels[lo:hi], compile=args.compile, **common)
         for path, image, stats in zip(paths[lo:hi], out.images, out.stats):
-            image.save(path)
+            _save_atomic(image, path)
             print(f"{path}: {stats['method']} NFE {stats['nfe']} for {stats['tokens']} tokens "
                   f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.2f} s", flush=True)
+    workers.barrier()
+    if args.npz is not None and workers.is_main:
+        _write_npz(paths, args.npz)
     return 0
+
+
+def _image_run_record(args: argparse.Namespace, workers: Workers) -> None:
+    """``STEM.run.json`` beside the images: the settings they are made with. ``--resume`` keeps the images of a run
+    with the same settings (and refuses other settings, naming them); without it the record is rewritten and
+    every image made anew."""
+    from vispec.eval.results import settings_record
+
+    keys = ("model", "class_label", "prompt", "negative_prompt", "height", "width", "decoding", "seed", "guidance_scale",
+            "temperature", "top_k", "top_p", "batch_size", "max_batch_size", "compile")
+    settings = {k: getattr(args, k) for k in keys} | {"device": workers.device.type}
+    path = os.path.splitext(args.out)[0] + ".run.json"
+    if not args.resume:
+        if os.path.exists(path):
+            os.unlink(path)
+        if args.num_images == 1:
+            return  # one image: nothing to resume, no record beside it
+    elif not os.path.exists(path) and any(os.path.exists(p) for p in image_paths(args.out, args.num_images)):
+        raise ValueError(f"--resume: images exist at {args.out} but no {path} records the settings they were made "
+                         "with; run without --resume to make them anew")
+    settings_record(path, settings, "--out", args.out)
+
+
+def _write_npz(paths: list[str], npz: str) -> None:
+    """Every image, in order, as ``arr_0`` uint8 ``[N, H, W, 3]``: the sample batch the ADM / LlamaGen FID
+    evaluator reads."""
+    import numpy as np
+    from PIL import Image
+
+    first = np.asarray(Image.open(paths[0]).convert("RGB"))
+    array = np.empty((len(paths), *first.shape), dtype=np.uint8)
+    for i, path in enumerate(paths):
+        image = np.asarray(Image.open(path).convert("RGB"))
+        if image.shape != first.shape:
+            raise ValueError(f"--npz needs images of one size: {path} is {image.shape[:2]}, {paths[0]} {first.shape[:2]}")
+        array[i] = image
+    folder, name = os.path.split(os.path.abspath(npz))
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp.npz")
+    np.savez(temporary, arr_0=array)
+    os.replace(temporary, npz)
+    print(f"wrote {npz}: {array.shape[0]} images of {array.shape[1]}x{array.shape[2]}", flush=True)
 
 
 def _check_condition_flags(args: argparse.Namespace, text: bool) -> None:
@@ -95,6 +180,8 @@ def _check_condition_flags(args: argparse.Namespace, text: bool) -> None:
         return
     if args.class_label is None or args.prompt is not None:
         raise ValueError(f"{args.model} is a class-conditional pipeline: pass --class (not --prompt)")
+    if args.class_label != "all" and not args.class_label.lstrip("-").isdigit():
+        raise ValueError(f"--class must be a class id or 'all', got {args.class_label!r}")
     for flag, value in (("--negative-prompt", args.negative_prompt), ("--height", args.height), ("--width", args.width)):
         if value is not None:
             raise ValueError(f"{flag} applies to text-to-image pipelines; {args.model} is class-conditional")
@@ -124,18 +211,98 @@ def _cmd_text(args: argparse.Namespace) -> int:
                             delimiters=tuple(args.delimiters), delimiter_threshold=args.delimiter_threshold)
     knobs.rule_options(set(rules), None)  # validates the rules' settings before the model loads
     scheduler = make_scheduler(args.strategy, **settings[args.strategy])
-    pipe = _load(MaskedDiffusionLMPipeline, args.model)
+    prompts = _prompts(args)
+    if prompts is not None:
+        return _text_many(args, prompts, scheduler, knobs, rules)
+    from vispec.eval.bench.report import check_device
+
+    pipe = _load(MaskedDiffusionLMPipeline, args.model).to(check_device(args.device))
     pipe.set_progress_bar_config(disable=args.quiet)
-    out = pipe(prompt=args.prompt, strategy=scheduler, cache=args.cache, gen_length=args.gen_length,
-               block_length=args.block_length, steps=args.steps, temperature=args.temperature,
-               guidance_scale=args.guidance_scale, early_stop_eos=args.early_stop_eos,
-               generator=torch.Generator().manual_seed(args.seed), compile=args.compile,
-               cache_reload_steps=args.cache_reload_steps, **knobs.rule_options(set(rules), pipe.tokenizer))
+    out = pipe(prompt=args.prompt, strategy=scheduler, generator=torch.Generator().manual_seed(args.seed),
+               **_text_options(args, pipe, knobs, rules))
     stats = out.stats[0]
     print(out.texts[0])
     name = "+".join([args.strategy] + rules)
     print(f"[{name} + {args.cache} cache: NFE {stats['nfe']} for {stats['tokens']} tokens "
           f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.3f} s]", file=sys.stderr)
+    return 0
+
+
+def _text_options(args: argparse.Namespace, pipe, knobs, rules: list) -> dict:
+    """The pipeline keywords ``generate text`` passes besides the prompt, the strategy and the generator."""
+    return dict(cache=args.cache, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
+                temperature=args.temperature, guidance_scale=args.guidance_scale, early_stop_eos=args.early_stop_eos,
+                compile=args.compile, cache_reload_steps=args.cache_reload_steps,
+                **knobs.rule_options(set(rules), pipe.tokenizer))
+
+
+def _prompts(args: argparse.Namespace) -> "list[str] | None":
+    """``--prompts-file``'s prompts (one per line, blank lines skipped), None with ``--prompt``; checks the flags
+    that go with each."""
+    if (args.prompt is None) == (args.prompts_file is None):
+        raise ValueError("pass exactly one of --prompt (one text) and --prompts-file (one prompt per line)")
+    if args.prompts_file is None:
+        for flag, value in (("--out", args.out), ("--results-dir", args.results_dir), ("--num-processes", args.num_processes)):
+            if value is not None:
+                raise ValueError(f"{flag} goes with --prompts-file (--prompt prints its one text)")
+        return None
+    if not os.path.isfile(args.prompts_file):
+        raise ValueError(f"--prompts-file must be a text file with one prompt per line, got {args.prompts_file!r}")
+    with open(args.prompts_file, encoding="utf-8") as handle:
+        prompts = [line.rstrip("\n") for line in handle if line.strip()]
+    if not prompts:
+        raise ValueError(f"--prompts-file {args.prompts_file!r} holds no prompt")
+    if args.out is None or not args.out.endswith(".jsonl"):
+        raise ValueError(f"--prompts-file needs --out FILE.jsonl (one JSON line per prompt), got {args.out!r}")
+    check_output_file(args.out, "--out")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    return prompts
+
+
+def _text_many(args: argparse.Namespace, prompts: list[str], scheduler, knobs, rules: list) -> int:
+    """Every prompt of ``--prompts-file``, in units of ``--batch-size`` (prompt ``i`` with a generator seeded
+    ``--seed + i``); under torchrun each process decodes every ``W``-th unit. Each prompt's result is stored in
+    ``--results-dir`` (default ``OUT.parts``) as its unit finishes, a rerun decodes only what is missing, and rank 0
+    writes ``--out``: one JSON line per prompt, in order (``index``, ``prompt``, ``text``, ``nfe``, ``tokens``)."""
+    import json
+
+    import torch
+
+    from vispec.eval.distributed import Workers, open_store, run_units
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    workers = Workers.start(args.device, args.num_processes)
+    pipe = _load(MaskedDiffusionLMPipeline, args.model).to(workers.device)
+    pipe.set_progress_bar_config(disable=True)
+    options = _text_options(args, pipe, knobs, rules)
+    settings = {"model": args.model, "strategy": "+".join([args.strategy] + rules), "seed": args.seed,
+                "batch_size": args.batch_size, "scheduler": dict(scheduler.config), "device": workers.device.type,
+                **{k: v for k, v in options.items() if isinstance(v, (int, float, str, bool, type(None)))}}
+    store = open_store(workers, args.results_dir or args.out + ".parts", settings)
+
+    def compute(unit: range) -> dict:
+        out = pipe(prompt=prompts[unit.start : unit.stop], strategy=scheduler,
+                   generator=[torch.Generator().manual_seed(args.seed + i) for i in unit], **options)
+        return {i: ({"index": i, "prompt": prompts[i], "text": text, "nfe": int(stats["nfe"]), "tokens": int(stats["tokens"])},
+                    {"sequence": sequence})
+                for i, text, stats, sequence in zip(unit, out.texts, out.stats, out.sequences)}
+
+    def tick(n: int) -> None:
+        if not args.quiet:
+            print(f"[rank {workers.rank}] {n} prompt(s) done", file=sys.stderr, flush=True)
+
+    records = run_units(workers, len(prompts), args.batch_size, compute, store, "text", tick=tick)
+    if records is None:
+        return 0
+    folder, name = os.path.split(os.path.abspath(args.out))
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        for record, _ in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(temporary, args.out)
+    nfe = sum(r["nfe"] for r, _ in records) / len(records)
+    print(f"wrote {args.out}: {len(records)} prompts, mean NFE {nfe:.1f}", file=sys.stderr)
     return 0
 
 
@@ -145,7 +312,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     generate = sub.add_parser("generate", help="generate samples").add_subparsers(dest="subcommand", metavar="KIND")
     image = generate.add_parser("image", help="class-conditional images from a LlamaGen pipeline")
     image.add_argument("--model", default="tiny-c2i", help="embedded model name or a pipeline folder (default: %(default)s)")
-    image.add_argument("--class", dest="class_label", type=int, default=None, help="class id (class-conditional models)")
+    image.add_argument("--class", dest="class_label", default=None,
+                       help="class id, or 'all': image i gets class i mod num_classes (class-balanced, as FID-50K "
+                            "sampling) (class-conditional models)")
     image.add_argument("--prompt", default=None, help="the text (text-to-image models, e.g. a converted Lumina-mGPT 2.0)")
     image.add_argument("--negative-prompt", default=None, help="text-to-image models whose guidance takes one (Emu3)")
     image.add_argument("--height", type=int, default=None, help="text-to-image: pixels (default: the model's)")
@@ -169,12 +338,34 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
                        help="torch.compile each decode step (ar, sjd, mc-sjd; the first steps compile)")
     image.add_argument("--out", default="image.png",
                        help="image file (.png, .jpg, ...); several images: STEM-0.png, STEM-1.png, ... (default: %(default)s)")
+    image.add_argument("--npz", default=None,
+                       help="also pack every image, in order, into this .npz (arr_0, uint8 [N, H, W, 3]: the ADM / "
+                            "LlamaGen FID evaluator's sample batch)")
+    image.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N; under torchrun on CUDA each process takes "
+                                                      "cuda:LOCAL_RANK (default: %(default)s)")
+    image.add_argument("--num-processes", type=int, default=None,
+                       help="the processes launched (torchrun --nproc_per_node x nodes); any other world size is an "
+                            "error before work starts")
+    image.add_argument("--resume", action="store_true",
+                       help="keep the images an earlier run with the same settings made (STEM.run.json records them) "
+                            "and make only the missing batches; without it every image is made anew")
     image.add_argument("--quiet", action="store_true", help="no progress bar")
     image.set_defaults(func=_cmd_image)
 
     text = generate.add_parser("text", help="text from a masked diffusion LM pipeline")
     text.add_argument("--model", default="tiny-mdlm", help="embedded model name or a pipeline folder (default: %(default)s)")
-    text.add_argument("--prompt", required=True)
+    text.add_argument("--prompt", default=None, help="the prompt (prints its text)")
+    text.add_argument("--prompts-file", default=None,
+                      help="a text file with one prompt per line: decoded in batches (distributed under torchrun), "
+                           "written to --out as JSON lines")
+    text.add_argument("--out", default=None, help="--prompts-file: the .jsonl to write (one line per prompt, in order)")
+    text.add_argument("--batch-size", type=int, default=16, help="--prompts-file: prompts per pipeline call")
+    text.add_argument("--results-dir", default=None,
+                      help="--prompts-file: where each prompt's result is stored as it finishes (a rerun skips them; "
+                           "default: OUT.parts)")
+    text.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    text.add_argument("--num-processes", type=int, default=None,
+                      help="--prompts-file: the processes launched (torchrun); any other world size is an error")
     text.add_argument("--strategy", default="threshold",
                       help="llada, threshold, factor, entropy, contiguous, learn2pd (needs the model's filter) or dream "
                            "(default: %(default)s)")
