@@ -95,7 +95,7 @@ def test_convert_official_checkpoints_then_generate(tmp_path, capsys):
     assert "NFE" in capsys.readouterr().out
     assert Image.open(image_path).size == (64, 64)
     assert main(["generate", "image", "--model", str(out), "--class", "10", "--out", str(image_path), "--quiet"]) == 2
-    assert "class_labels" in capsys.readouterr().err
+    assert "--class must be in [0, 10)" in capsys.readouterr().err  # the flag, and the range the checkpoint has
 
 
 def test_convert_rejects_mismatched_vocabulary(tmp_path, capsys):

@@ -88,7 +88,7 @@ def test_a_model_of_the_wrong_kind_is_named(capsys, monkeypatch, argv, words):
     (["bench", "image", "--batch-sizes", "4,0"], "batch_sizes must be integers >= 1"),
     (["bench", "image", "--rounds", "0"], "rounds must be >= 1"),
     (["generate", "image", "--class", "1", "--max-batch-size", "abc"], "argument --max-batch-size: invalid int value: 'abc'"),
-    (["generate", "image", "--class", "one"], "argument --class: invalid int value: 'one'"),
+    (["generate", "image", "--class", "one"], "--class must be a class id or 'all', got 'one'"),
     (["generate", "image"], "tiny-c2i is a class-conditional pipeline: pass --class"),
     (["generate", "image", "--class", "1", "--windw", "4"], "unrecognized arguments: --windw 4"),
     (["generate", "text", "--prompt", "x", "--steps", "0"], "--steps must be >= 1"),

@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from vispec.eval.distributed import Workers, merge_records, run_units
-from vispec.eval.results import ResultStore, group_folder
+from vispec.eval.bench.distributed import Workers, merge_records, run_units
+from vispec.eval.bench.results import ResultStore, group_folder
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 5])

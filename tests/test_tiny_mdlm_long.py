@@ -75,3 +75,21 @@ def test_init_from_and_length_mix(tmp_path, tiny_mdlm):
 def test_bad_training_options(tmp_path, kwargs, words):
     with pytest.raises(ValueError, match=words):
         train_mdlm(MDLMTrainConfig(out=str(tmp_path / "bad"), steps=1, batch_size=1, final_eval_n=0, threads=0, **kwargs))
+
+
+def test_assembled_card_and_record_follow_every_fine_tuning_stage(tmp_path):
+    """A model fine-tuned in stages (each from the previous run's folder) is assembled with every stage on its card,
+    every stage's record and every stage's loss log."""
+    from vispec.eval.train.assemble import MDLMAssembleConfig, assemble_mdlm
+
+    common = dict(steps=2, batch_size=2, warmup=1, log_every=1, eval_every=0, final_eval_n=1, threads=0)
+    train_mdlm(MDLMTrainConfig(out=str(tmp_path / "one"), init_from="vispec/tiny-mdlm", lr=1e-4, **common))
+    train_mdlm(MDLMTrainConfig(out=str(tmp_path / "two"), init_from=str(tmp_path / "one"), lr=5e-5,
+                               task_weights=(0.5, 0.25, 0.25), **common))
+    assemble_mdlm(MDLMAssembleConfig(trained=str(tmp_path / "two"), out=str(tmp_path / "pipe"), block_length=8))
+    card = (tmp_path / "pipe" / "README.md").read_text()
+    assert "Stage 1 of 2: fine-tuned from vispec/tiny-mdlm" in card and "at lr 0.0001" in card
+    assert f"Stage 2 of 2: fine-tuned from {tmp_path / 'one'}" in card and "'arithmetic': 0.5" in card
+    record = json.loads(card.split("```json", 1)[1].split("```", 1)[0])
+    assert [s["config"]["lr"] for s in record["stages"]] == [1e-4, 5e-5]
+    assert all((tmp_path / "pipe" / "logs" / f"stage-{k}.jsonl").is_file() for k in (1, 2))

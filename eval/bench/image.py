@@ -17,8 +17,8 @@ Per method:
   formulas in float64) of these features, only comparable within this benchmark. Images are made and
   judged in units of ``batch_size`` (each image's features and checks are taken with its unit), and the
   metrics are computed from the per-image results in image order: the same bits on any number of
-  processes (:mod:`vispec.eval.distributed`) and after a resumed run (``results_dir``,
-  :mod:`vispec.eval.results`). Images per second are per process: images over the summed wall time of
+  processes (:mod:`vispec.eval.bench.distributed`) and after a resumed run (``results_dir``,
+  :mod:`vispec.eval.bench.results`). Images per second are per process: images over the summed wall time of
   the units (generation and VQ decoding, not judging);
 * peak memory (RSS on CPU, max allocated on CUDA).
 
@@ -72,7 +72,7 @@ import torch
 from vispec.decoding import AcceptanceConfig, DecodingConfig
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
-from vispec.eval.distributed import Workers, open_store, run_units
+from vispec.eval.bench.distributed import Workers, open_store, run_units
 
 SEED_STRIDE = 1_000_003
 # AR re-seed k uses seeds + k * RESEED_OFFSET. torch's CPU generator keeps only the low 32 bits of a seed, so
@@ -220,7 +220,7 @@ METRIC_LABELS = {"accuracy": "accuracy", "clip_score": "CLIP", "fid": "FID"}
 
 
 def result_settings(cfg: ImageBenchConfig) -> dict:
-    """What a stored image's result depends on (:class:`vispec.eval.results.ResultStore`; the method is its group):
+    """What a stored image's result depends on (:class:`vispec.eval.bench.results.ResultStore`; the method is its group):
     not the image count (image ``i`` is the same in a longer run), the folder or the process count."""
     keep = ("model", "seed", "batch_size", "guidance_scale", "temperature", "top_k", "top_p", "evaluator", "clip")
     return {**{k: getattr(cfg, k) for k in keep}, "device": torch.device(cfg.device).type}
@@ -255,7 +255,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     (the result so far, for an incremental JSON), ``progress_bar``: ``None`` = a bar when stderr is a terminal.
 
     Under ``torchrun`` (``num_processes``) every process makes and judges its share of each batched run, in
-    units of ``batch_size`` images that do not depend on the process count (:mod:`vispec.eval.distributed`);
+    units of ``batch_size`` images that do not depend on the process count (:mod:`vispec.eval.bench.distributed`);
     rank 0 measures batch-1 latency alone (the others wait), computes the metrics from every image's result
     and returns the result (the other ranks return None). With ``results_dir`` each image's result (tokens or
     image, evaluator features, stats) is stored as its batch finishes and a rerun makes only what is missing."""

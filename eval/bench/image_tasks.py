@@ -126,7 +126,7 @@ class ImageTask(ABC):
     def judge(self, images: Images, conditions: Sequence) -> list[tuple[dict, dict[str, Tensor]]]:
         """Per image, what the quality metrics need of it: record entries (JSON: the evaluator's class, the scene
         checks, a CLIP cosine) and tensors (``fid_features``, float64 ``[D]``). Computed where the images are
-        made (each process judges its own, :mod:`vispec.eval.distributed`); an image's entries depend on the
+        made (each process judges its own, :mod:`vispec.eval.bench.distributed`); an image's entries depend on the
         images judged with it only through float rounding of a batched forward."""
 
     @abstractmethod

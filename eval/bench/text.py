@@ -34,7 +34,7 @@ import torch
 
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
-from vispec.eval.distributed import Workers, open_store, run_units
+from vispec.eval.bench.distributed import Workers, open_store, run_units
 
 STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous", "learn2pd")
 # rules a setting may add to its strategy (``strategy+rule@cache``): Learn2PD's end-of-text prediction, Prophet's
@@ -141,7 +141,7 @@ def _scheduler(cfg: TextBenchConfig, strategy: str):
 
 def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBenchConfig, early_stop_eos: bool,
          options: dict, workers: Workers, store, group: str) -> Optional[dict]:
-    """Decode ``items`` in units of ``batch_size`` (this process's share, :mod:`vispec.eval.distributed`); on rank 0
+    """Decode ``items`` in units of ``batch_size`` (this process's share, :mod:`vispec.eval.bench.distributed`); on rank 0
     the row: accuracy and speed from every problem's record (None on the other ranks).
 
     Times are per unit: ``wall_s`` is the sum of the units' wall times (one process decoding every problem),
@@ -175,7 +175,7 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
 
 
 def result_settings(cfg: TextBenchConfig) -> dict:
-    """What a stored problem's result depends on (:class:`vispec.eval.results.ResultStore`): everything but the
+    """What a stored problem's result depends on (:class:`vispec.eval.bench.results.ResultStore`): everything but the
     number of problems (problem ``i`` is the same for any count, so a larger run reuses a smaller one's), the
     results folder and the process count."""
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("num_problems", "results_dir", "num_processes")}
@@ -187,10 +187,10 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
                    partial: Optional[Callable[[dict], None]] = None) -> Optional[dict]:
     """Run the benchmark (module docstring); ``partial(result)`` receives the runs so far after every run.
 
-    Under ``torchrun`` every process decodes its share of each run's problems (:mod:`vispec.eval.distributed`)
+    Under ``torchrun`` every process decodes its share of each run's problems (:mod:`vispec.eval.bench.distributed`)
     and rank 0 computes the rows and returns the result; the other ranks return None. With ``results_dir``
     every problem's result is stored as its batch finishes and a rerun decodes only what is missing
-    (:mod:`vispec.eval.results`). Problem ``i`` decodes the same tokens for any process count."""
+    (:mod:`vispec.eval.bench.results`). Problem ``i`` decodes the same tokens for any process count."""
     from vispec.eval.bench.text_tasks import get_task, split_items
     from vispec.models.checkpoints import check_pipeline_folder
     from vispec.pipelines import MaskedDiffusionLMPipeline

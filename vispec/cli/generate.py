@@ -12,7 +12,7 @@ from vispec.cli.paths import check_output_file
 from vispec.cli.bench import STRATEGY_KNOBS, TEXT_FLAGS, TEXT_HELP
 
 if TYPE_CHECKING:
-    from vispec.eval.distributed import Workers
+    from vispec.eval.bench.distributed import Workers
 
 
 def _quiet(args: argparse.Namespace) -> None:
@@ -80,10 +80,10 @@ def _cmd_image(args: argparse.Namespace) -> int:
     """Images in units of ``--batch-size`` (each saved before the next starts: memory stays bounded and an
     interrupted run keeps its images; a rerun skips units whose images all exist). Image ``i`` has a generator
     seeded ``--seed + i``, so it does not depend on its unit. Under torchrun each process makes every
-    ``W``-th unit (:mod:`vispec.eval.distributed`); ``--npz`` packs every image, in order, on rank 0."""
+    ``W``-th unit (:mod:`vispec.eval.bench.distributed`); ``--npz`` packs every image, in order, on rank 0."""
     import torch
 
-    from vispec.eval.distributed import Workers, on_main_first
+    from vispec.eval.bench.distributed import Workers, on_main_first
     from vispec.pipelines import LlamaGenPipeline, UnifiedImagePipeline
 
     for flag, value in (("--num-images", args.num_images), ("--batch-size", args.batch_size)):
@@ -132,7 +132,7 @@ def _image_run_record(args: argparse.Namespace, workers: Workers) -> None:
     """``STEM.run.json`` beside the images: the settings they are made with. ``--resume`` keeps the images of a run
     with the same settings (and refuses other settings, naming them); without it the record is rewritten and
     every image made anew."""
-    from vispec.eval.results import settings_record
+    from vispec.eval.bench.results import settings_record
 
     keys = ("model", "class_label", "prompt", "negative_prompt", "height", "width", "decoding", "seed", "guidance_scale",
             "temperature", "top_k", "top_p", "batch_size", "max_batch_size", "compile")
@@ -269,7 +269,7 @@ def _text_many(args: argparse.Namespace, prompts: list[str], scheduler, knobs, r
 
     import torch
 
-    from vispec.eval.distributed import Workers, open_store, run_units
+    from vispec.eval.bench.distributed import Workers, open_store, run_units
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     workers = Workers.start(args.device, args.num_processes)

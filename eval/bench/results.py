@@ -9,7 +9,7 @@ Layout under a run folder (``--results-dir``)::
 A group is one decoding setting of a benchmark (``ar``, ``mc-sjd``, ``ar-reseed-1``, ...). Every file is
 written to a temporary name in its folder and renamed over the target, so a process killed in the middle
 leaves either the whole item or none of it: a rerun recomputes only the units that are not complete (and
-recomputes each whole, :mod:`vispec.eval.distributed`), so it ends with the same results as an uninterrupted
+recomputes each whole, :mod:`vispec.eval.bench.distributed`), so it ends with the same results as an uninterrupted
 run. Several processes may write into one run folder (on a shared file system across nodes): each writes
 only its own units' items.
 """

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 import torch
 
 if TYPE_CHECKING:
-    from vispec.eval.results import ResultStore
+    from vispec.eval.bench.results import ResultStore
 
 T = TypeVar("T")
 
@@ -194,11 +194,11 @@ def on_main_first(workers: Workers, check: Callable[[], Any]) -> None:
 
 
 def open_store(workers: Workers, root: Optional[str], settings: dict) -> Optional["ResultStore"]:
-    """The run's :class:`~vispec.eval.results.ResultStore` at ``root`` (None without one): rank 0 creates it or
+    """The run's :class:`~vispec.eval.bench.results.ResultStore` at ``root`` (None without one): rank 0 creates it or
     checks its settings, then the others open it."""
     if root is None:
         return None
-    from vispec.eval.results import ResultStore
+    from vispec.eval.bench.results import ResultStore
 
     on_main_first(workers, lambda: ResultStore(root, settings))
     return ResultStore(root, settings, create=False)
