@@ -116,14 +116,6 @@ class Workers:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
-    def all_agree(self, ok: bool) -> bool:
-        """True when ``ok`` holds on every process (a failed check on one rank stops them all, together)."""
-        if not self.distributed:
-            return ok
-        flag = torch.tensor([0 if ok else 1], device=self.device)  # NCCL reduces CUDA tensors only
-        torch.distributed.all_reduce(flag)  # a sum
-        return int(flag) == 0
-
 
 def merge_records(parts: Sequence[dict]) -> dict:
     """One ``{item index: record}`` from the processes' gathered parts; an index two processes both report is a

@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import platform
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -41,20 +41,31 @@ def environment(device: torch.device | str) -> dict:
             else platform.processor() or platform.machine() or "cpu"}
 
 
-def write_json(result: dict, path: Optional[str]) -> None:
-    """``result`` as JSON at ``path`` (when given), atomically: a temporary file renamed over ``path``."""
-    if not path:
-        return
+def atomic_write(path: str, write: Callable[[str], object]) -> None:
+    """``write(temporary)`` to a temporary file in ``path``'s folder (keeping its extension, which some writers read
+    the format from), then rename it over ``path``: a reader, or a kill in the middle, never sees half a file."""
     folder, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
+    stem, ext = os.path.splitext(name)
+    temporary = os.path.join(folder, f".{stem}.{os.getpid()}.tmp{ext}")  # same folder: the rename is atomic
     try:
-        with open(temporary, "w") as handle:
-            json.dump(result, handle, indent=2)
+        write(temporary)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def write_json(result: dict, path: Optional[str]) -> None:
+    """``result`` as JSON at ``path`` (when given), atomically (:func:`atomic_write`)."""
+    if not path:
+        return
+
+    def dump(temporary: str) -> None:
+        with open(temporary, "w") as handle:
+            json.dump(result, handle, indent=2)
+
+    atomic_write(path, dump)
 
 
 def write_partial(result: dict, path: Optional[str]) -> None:

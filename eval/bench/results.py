@@ -16,7 +16,6 @@ only its own units' items.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -24,6 +23,8 @@ import re
 from typing import Any, Iterable, Optional
 
 from torch import Tensor
+
+from vispec.eval.bench.report import atomic_write
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -37,16 +38,9 @@ def group_folder(name: str) -> str:
     return f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
-def _atomic_write(path: str, write) -> None:
-    folder, name = os.path.split(path)
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
 
 
 def _json_text(obj: Any) -> str:
@@ -66,7 +60,7 @@ def settings_record(path: str, settings: dict, flag: str, where: str, create: bo
             raise ValueError(f"{flag} {where!r} holds results of other settings (differing: {', '.join(keys)}); "
                              f"pass another {flag}, or delete them to start over")
     elif create:
-        _atomic_write(path, lambda tmp: open(tmp, "w").write(_json_text(settings)))
+        atomic_write(path, lambda tmp: _write_text(tmp, _json_text(settings)))
     else:
         raise FileNotFoundError(f"{path} is missing (the main process writes it first)")
     return settings
@@ -106,9 +100,9 @@ class ResultStore:
         os.makedirs(os.path.join(self.root, group_folder(group)), exist_ok=True)
         if tensors:
             contiguous = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-            _atomic_write(self._path(group, index, "safetensors"), lambda tmp: save_file(contiguous, tmp))
+            atomic_write(self._path(group, index, "safetensors"), lambda tmp: save_file(contiguous, tmp))
         record = {**record, "tensors": sorted(tensors) if tensors else []}
-        _atomic_write(self._path(group, index, "json"), lambda tmp: open(tmp, "w").write(_json_text(record)))
+        atomic_write(self._path(group, index, "json"), lambda tmp: _write_text(tmp, _json_text(record)))
 
     def read(self, group: str, index: int) -> tuple[dict, dict[str, Tensor]]:
         """Item ``index``'s record and tensors (``FileNotFoundError`` when it is not complete)."""

@@ -51,21 +51,6 @@ def image_paths(out: str, num_images: int) -> list[str]:
     return [f"{stem}-{i}{ext}" for i in range(num_images)]
 
 
-def _save_atomic(image, path: str) -> None:
-    """Save a PIL image under a temporary name in its folder, then rename it: a file at ``path`` is always whole
-    (a rerun skips the images that exist)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    stem, ext = os.path.splitext(name)
-    temporary = os.path.join(folder, f".{stem}.{os.getpid()}.tmp{ext}")
-    try:
-        image.save(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
 def _class_labels(args: argparse.Namespace, num_classes: int) -> list[int]:
     """Image ``i``'s class: ``--class all`` is class-balanced, ``i mod num_classes`` (as FID-50K sampling does)."""
     if args.class_label == "all":
@@ -84,6 +69,7 @@ def _cmd_image(args: argparse.Namespace) -> int:
     import torch
 
     from vispec.eval.bench.distributed import Workers, on_main_first
+    from vispec.eval.bench.report import atomic_write
     from vispec.pipelines import LlamaGenPipeline, UnifiedImagePipeline
 
     for flag, value in (("--num-images", args.num_images), ("--batch-size", args.batch_size)):
@@ -119,7 +105,7 @@ def _cmd_image(args: argparse.Namespace) -> int:
         else:
             out = pipe(class_labels=labels[lo:hi], compile=args.compile, **common)
         for path, image, stats in zip(paths[lo:hi], out.images, out.stats):
-            _save_atomic(image, path)
+            atomic_write(path, image.save)  # a file at `path` is always whole: --resume skips it
             print(f"{path}: {stats['method']} NFE {stats['nfe']} for {stats['tokens']} tokens "
                   f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.2f} s", flush=True)
     workers.barrier()
@@ -155,6 +141,8 @@ def _write_npz(paths: list[str], npz: str) -> None:
     import numpy as np
     from PIL import Image
 
+    from vispec.eval.bench.report import atomic_write
+
     first = np.asarray(Image.open(paths[0]).convert("RGB"))
     array = np.empty((len(paths), *first.shape), dtype=np.uint8)
     for i, path in enumerate(paths):
@@ -162,10 +150,7 @@ def _write_npz(paths: list[str], npz: str) -> None:
         if image.shape != first.shape:
             raise ValueError(f"--npz needs images of one size: {path} is {image.shape[:2]}, {paths[0]} {first.shape[:2]}")
         array[i] = image
-    folder, name = os.path.split(os.path.abspath(npz))
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp.npz")
-    np.savez(temporary, arr_0=array)
-    os.replace(temporary, npz)
+    atomic_write(npz, lambda temporary: np.savez(temporary, arr_0=array))
     print(f"wrote {npz}: {array.shape[0]} images of {array.shape[1]}x{array.shape[2]}", flush=True)
 
 
@@ -270,6 +255,7 @@ def _text_many(args: argparse.Namespace, prompts: list[str], scheduler, knobs, r
     import torch
 
     from vispec.eval.bench.distributed import Workers, open_store, run_units
+    from vispec.eval.bench.report import atomic_write
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     workers = Workers.start(args.device, args.num_processes)
@@ -295,12 +281,12 @@ def _text_many(args: argparse.Namespace, prompts: list[str], scheduler, knobs, r
     records = run_units(workers, len(prompts), args.batch_size, compute, store, "text", tick=tick)
     if records is None:
         return 0
-    folder, name = os.path.split(os.path.abspath(args.out))
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        for record, _ in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(temporary, args.out)
+    def write(temporary: str) -> None:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            for record, _ in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    atomic_write(args.out, write)
     nfe = sum(r["nfe"] for r, _ in records) / len(records)
     print(f"wrote {args.out}: {len(records)} prompts, mean NFE {nfe:.1f}", file=sys.stderr)
     return 0
