@@ -117,6 +117,12 @@ class Workers:
         return box[0]
 
 
+def one_process_seconds(records: Sequence[dict]) -> float:
+    """The wall time one process would take for every item: each unit's wall time (``unit_wall_s``, stored with
+    each of its ``unit_size`` items) counted once, whichever process ran it and however many runs it took."""
+    return sum(r["unit_wall_s"] / r["unit_size"] for r in records)
+
+
 def merge_records(parts: Sequence[dict]) -> dict:
     """One ``{item index: record}`` from the processes' gathered parts; an index two processes both report is a
     bug in the split, not something to paper over."""

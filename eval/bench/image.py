@@ -72,7 +72,7 @@ import torch
 from vispec.decoding import AcceptanceConfig, DecodingConfig
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
-from vispec.eval.bench.distributed import Workers, open_store, run_units
+from vispec.eval.bench.distributed import Workers, one_process_seconds, open_store, run_units
 
 SEED_STRIDE = 1_000_003
 # AR re-seed k uses seeds + k * RESEED_OFFSET. torch's CPU generator keeps only the low 32 bits of a seed, so
@@ -235,7 +235,7 @@ def _batched_row(task, records: list, conditions) -> dict:
     """A method's batched-run metrics from every image's stored result (rank 0)."""
     n = len(records)
     stats = [record for record, _ in records]
-    wall = sum(r["unit_wall_s"] / r["unit_size"] for r in stats)  # one process making every image
+    wall = one_process_seconds(stats)  # one process making every image
     row = dict(nfe_batched=sum(r["nfe"] for r in stats) / n, latency_s_batched=sum(r["latency_s"] for r in stats) / n,
                images_per_s=n / wall, **task.quality_of(records, conditions),
                peak_mem_mb=max(r["peak_mem_mb"] for r in stats))

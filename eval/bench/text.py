@@ -34,7 +34,7 @@ import torch
 
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
-from vispec.eval.bench.distributed import Workers, open_store, run_units
+from vispec.eval.bench.distributed import Workers, one_process_seconds, open_store, run_units
 
 STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous", "learn2pd")
 # rules a setting may add to its strategy (``strategy+rule@cache``): Learn2PD's end-of-text prediction, Prophet's
@@ -165,7 +165,7 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
         return None
     records = [record for record, _ in records]
     n = len(records)
-    wall = sum(r["unit_wall_s"] / r["unit_size"] for r in records)
+    wall = one_process_seconds(records)
     nfe, tokens = sum(r["nfe"] for r in records), sum(r["tokens"] for r in records)
     row = {name: sum(r["scores"][name] for r in records) / n for name in records[0]["scores"]}
     row.update(nfe=nfe / n, tokens=tokens / n, tokens_per_forward=tokens / max(nfe, 1), tokens_per_s=tokens / wall,
