@@ -100,7 +100,7 @@ def run_tiny_c2i_demo(out_dir: str) -> dict:
         tv = f"{r['tv_mean']:>8.4f}" if "tv_mean" in r else f"{'exact':>8}"
         table.append(f"{r['decoder']:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>10.3f} {r['speedup']:>8.2f} {tv}")
     report = {"model": "vispec/tiny-c2i", "classes": {c: CLASS_NAMES[c] for c in labels}, "sampling": sampling,
-              "window": pipe.decoding_config.config.window, "methods": methods, "grid": grid_path}
+              "window": pipe.decoding_config.window, "methods": methods, "grid": grid_path}
     print("\n".join(table))
     with open(os.path.join(out_dir, "report.md"), "w") as handle:
         handle.write("# vispec demo: tiny-c2i with AR, SJD, MC-SJD and MC-SJD + LANTERN\n\n")

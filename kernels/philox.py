@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 _MASK32 = 0xFFFFFFFF
-_ROUND_A = 0xD2511F53
-_ROUND_B = 0xCD9E8D57
-_KEY_A = 0x9E3779B9
-_KEY_B = 0xBB67AE85
+ROUND_A = 0xD2511F53
+ROUND_B = 0xCD9E8D57
+KEY_A = 0x9E3779B9
+KEY_B = 0xBB67AE85
 N_ROUNDS = 10
 
 
@@ -57,12 +57,12 @@ def philox4x32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> 
     """
     # key schedule for all rounds at once, at the seeds' (small) shape: [..., N_ROUNDS]
     bumps = torch.arange(N_ROUNDS, dtype=torch.int64, device=seed.device)
-    k0s = ((seed & _MASK32)[..., None] + bumps * _KEY_A) & _MASK32
-    k1s = (((seed >> 32) & _MASK32)[..., None] + bumps * _KEY_B) & _MASK32
+    k0s = ((seed & _MASK32)[..., None] + bumps * KEY_A) & _MASK32
+    k1s = (((seed >> 32) & _MASK32)[..., None] + bumps * KEY_B) & _MASK32
     x0, x1, x2, x3 = (c & _MASK32 for c in (c0, c1, c2, c3))
     for r in range(N_ROUNDS):
-        prod_b = x2 * _ROUND_B
-        prod_a = x0 * _ROUND_A
+        prod_b = x2 * ROUND_B
+        prod_a = x0 * ROUND_A
         x0 = ((prod_b >> 32) & _MASK32) ^ x1 ^ k0s[..., r]
         x2 = ((prod_a >> 32) & _MASK32) ^ x3 ^ k1s[..., r]
         x1 = prod_b & _MASK32

@@ -30,43 +30,77 @@ inductor generates): both round multipliers ``M`` exceed ``2**31``, so with ``m 
 block index is masked before its first multiply so inductor keeps it a value: it would otherwise fold
 ``block * m`` into a vector ``arange`` whose ``int`` step overflows.
 
-``VISPEC_FUSED_NOISE=0`` (read at import) or ``set_fused(False)`` forces the eager composition; so do
-non-CPU tensors (the Triton kernels cover CUDA), tracing under ``torch.compile`` and a failed
-compilation (warned once).
+Which path runs is read when noise is drawn, never at import: :func:`set_fused` (``True``, ``False``, or
+``None`` to defer to the environment; :func:`fused` scopes it to a ``with`` block), else ``VISPEC_FUSED_NOISE``
+(``1`` / ``0``), else :data:`DEFAULT`. Non-CPU tensors (the Triton kernels cover CUDA), tracing under
+``torch.compile`` and a failed compilation (warned once) run eagerly whatever the setting. Both paths give the
+same bits, so the setting only moves time, and :data:`DEFAULT` is eager: in a fresh process the compile adds
+17 to 23 CPU seconds to the first ``pipe(...)`` call with inductor's on-disk cache cold and 5 to 6 s with it
+warm, on top of a 3 to 4 s call (tiny-c2i, tiny-t2i), while a later call saves between nothing and 0.7 s: a
+dozen calls or more before it pays, if ever (``samples/first_image.py``; ``samples/first_image.txt``). Long runs
+on CPU (benchmarks, large vocabularies) opt in with ``VISPEC_FUSED_NOISE=1`` or ``set_fused(True)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from typing import Callable, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 from torch import Tensor
 
-from vispec.kernels.philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, N_ROUNDS, exponentials, uniforms
+from vispec.kernels.philox import KEY_A, KEY_B, N_ROUNDS, ROUND_A, ROUND_B, exponentials, uniforms
 from vispec.kernels.verify import sample_from_weights
 
 ENV_VAR = "VISPEC_FUSED_NOISE"
 _MASK32 = 0xFFFFFFFF
-_M_A = _ROUND_A - 2**32  # both multipliers have the top bit set: |m| < 2**30
-_M_B = _ROUND_B - 2**32
-_enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "off", "no")
-_failed = False
+_M_A = ROUND_A - 2**32  # both multipliers have the top bit set: |m| < 2**30
+_M_B = ROUND_B - 2**32
+#: The path when neither :func:`set_fused` nor ``VISPEC_FUSED_NOISE`` says (module docstring).
+DEFAULT = False
+_SETTINGS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
+_forced: Optional[bool] = None  # set_fused(); None: the environment decides
+_failed = False  # a compilation failed: eager from then on
 _compiled: dict[tuple[bool, int], Callable] = {}
 
 Keys = Union[Tensor, int]
 
 
-def set_fused(enabled: bool) -> None:
-    """Use the compiled path (``True``, the default unless ``VISPEC_FUSED_NOISE=0``) or the eager one."""
-    global _enabled
-    _enabled = bool(enabled)
+def set_fused(enabled: Optional[bool]) -> None:
+    """Use the compiled path (``True``) or the eager one (``False``) on CPU; ``None`` defers again to
+    ``VISPEC_FUSED_NOISE`` and :data:`DEFAULT`."""
+    global _forced
+    if enabled is not None and not isinstance(enabled, bool):
+        raise ValueError(f"enabled must be True, False or None, got {enabled!r}")
+    _forced = enabled
+
+
+@contextlib.contextmanager
+def fused(enabled: Optional[bool]) -> Iterator[None]:
+    """:func:`set_fused` for the ``with`` block only (the previous setting comes back after it)."""
+    previous = _forced
+    set_fused(enabled)
+    try:
+        yield
+    finally:
+        set_fused(previous)
+
+
+def _wanted() -> bool:
+    """The setting: :func:`set_fused`, else ``VISPEC_FUSED_NOISE`` (read now), else :data:`DEFAULT`."""
+    if _forced is not None:
+        return _forced
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value and value not in _SETTINGS:
+        raise ValueError(f"{ENV_VAR} must be one of {sorted(_SETTINGS)} (or unset), got {value!r}")
+    return _SETTINGS[value] if value else DEFAULT
 
 
 def fused_enabled() -> bool:
-    """True while CPU calls take the compiled path (switched on, and no compilation failure so far)."""
-    return _enabled and not _failed
+    """True while CPU calls take the compiled path (wanted, and no compilation failure so far)."""
+    return _wanted() and not _failed
 
 
 def _uniform_blocks(keys: Tensor, blocks: int) -> Tensor:
@@ -79,8 +113,8 @@ def _uniform_blocks(keys: Tensor, blocks: int) -> Tensor:
     x1, x2, x3 = ((c & _MASK32)[:, None] for c in (positions, streams, draws))
     for r in range(N_ROUNDS):
         q_b, q_a = x2 * _M_B, x0 * _M_A  # |q| < 2**62: no overflow
-        x0, x2 = ((x2 + (q_b >> 32)) ^ x1 ^ ((k0 + r * _KEY_A) & _MASK32),
-                  (x0 + (q_a >> 32)) ^ x3 ^ ((k1 + r * _KEY_B) & _MASK32))
+        x0, x2 = ((x2 + (q_b >> 32)) ^ x1 ^ ((k0 + r * KEY_A) & _MASK32),
+                  (x0 + (q_a >> 32)) ^ x3 ^ ((k1 + r * KEY_B) & _MASK32))
         x1, x3 = q_b & _MASK32, q_a & _MASK32
     return torch.stack([((x >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0) for x in (x0, x1, x2, x3)], dim=1)
 
@@ -150,8 +184,8 @@ def _fused(run: Callable[[], Tensor], eager: Callable[[], Tensor]) -> Tensor:
 
 
 def _use_fused(*tensors: Tensor) -> bool:
-    return (_enabled and not _failed and all(t.device.type == "cpu" for t in tensors)
-            and not torch.compiler.is_compiling())
+    return (all(t.device.type == "cpu" for t in tensors) and not torch.compiler.is_compiling()
+            and fused_enabled())
 
 
 def eager_exponentials(seeds: Tensor, positions: Keys, streams: Keys, draws: Keys, vocab: int) -> Tensor:
@@ -214,9 +248,9 @@ def keyed_race(weights: Tensor, seeds: Tensor, positions: Keys, streams: Keys, d
 
 
 def warmup() -> bool:
-    """Compile now (for the current inference mode and thread count) instead of on first use; returns
-    :func:`fused_enabled`. First use costs the ``torch.compile`` start-up: a few seconds with inductor's
-    on-disk cache warm, longer the first time on a machine."""
+    """Compile now (for the current inference mode and thread count) instead of on first use, if the fused path
+    is wanted; returns :func:`fused_enabled`. First use costs the ``torch.compile`` start-up: a few seconds with
+    inductor's on-disk cache warm, longer the first time on a machine."""
     keyed_uniforms(torch.zeros(2, dtype=torch.int64), 0, 0, 0)
     return fused_enabled()
 

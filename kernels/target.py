@@ -90,7 +90,7 @@ class Target:
         if self.block < 4 or self.block & (self.block - 1):
             raise ValueError(f"block must be a power of two >= 4, got {self.block}")
         sampling.check_vocab(vocab)
-        self._row_stats: Optional[tuple[Tensor, Tensor, Tensor]] = None  # (m, s, amax) of the last accept kernel
+        self._row_stats: Optional[tuple[Tensor, Tensor, Tensor]] = None  # row_stats(), once computed
         self.logit_rows: Optional[LogitRows] = None
         # worst problem seen so far, on the device (vispec.sampling.STATUS_*), checked at the caller's sync point
         self.status = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -170,6 +170,24 @@ class Target:
         """Raise if any operation so far saw NaN logits or a position with no token left (one read-back)."""
         raise_status(self.status)
 
+    def row_stats(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Triton backend: ``(m, s, amax)`` per row, the running maximum and normaliser of the processed logits
+        (``p_v = exp(w_v - m) / s``) and their arg-max (greedy rows): what :meth:`sample`'s kernel needs.
+
+        A function of the rows alone (not of drafts or noise), computed once: by the acceptance kernel, which
+        yields them in the same pass (:meth:`accept`), or here by that kernel without drafts. Either way
+        the values are the same, so the order of :meth:`accept` and :meth:`sample` calls does not matter."""
+        if self._row_stats is None:
+            _, stats, status = _kernels().launch_accept(self.logit_rows, Drafts.none(self.num_rows, self.device),
+                                                       torch.zeros_like(self.positions), None)
+            self._raise_status(status)
+            self._keep_row_stats(stats)
+        return self._row_stats
+
+    def _keep_row_stats(self, stats: tuple[Tensor, Tensor, Tensor]) -> None:
+        if self._row_stats is None:
+            self._row_stats = stats
+
     # ---- operations ----------------------------------------------------------------------------
 
     def accept(self, drafts: Drafts, draws: Optional[Tensor] = None, uniforms: Optional[Tensor] = None) -> Tensor:
@@ -181,8 +199,9 @@ class Target:
         if uniforms is not None and tuple(uniforms.shape) != (self.num_rows,):
             raise ValueError(f"uniforms must have shape ({self.num_rows},), got {tuple(uniforms.shape)}")
         if self.backend == "triton":
-            accepted, self._row_stats, status = _kernels().launch_accept(self.logit_rows, drafts, draws, uniforms)
+            accepted, stats, status = _kernels().launch_accept(self.logit_rows, drafts, draws, uniforms)
             self._raise_status(status)
+            self._keep_row_stats(stats)  # the fused pass computed them: row_stats() need not run it again
             return accepted
         real = (drafts.tokens >= 0) & (self.row_sample >= 0)
         return verify.accept_reference(self.probs, drafts, self.accept_uniforms(draws) if uniforms is None else uniforms, real)
@@ -213,11 +232,7 @@ class Target:
         request.residual = request.residual & (self.row_sample >= 0) & (drafts.tokens >= 0)
         request.fresh = request.fresh & (self.row_sample >= 0)
         if self.backend == "triton":
-            if self._row_stats is None:  # no acceptance pass yet: the row statistics without drafts
-                _, self._row_stats, status = _kernels().launch_accept(
-                    self.logit_rows, Drafts.none(self.num_rows, self.device), torch.zeros_like(self.positions), None)
-                self._raise_status(status)
-            return _kernels().launch_sample(self.logit_rows, self._row_stats, request, drafts)
+            return _kernels().launch_sample(self.logit_rows, self.row_stats(), request, drafts)
         race = (noise_race(request.noise.residual, request.noise.fresh) if request.noise is not None
                 else self._keyed_race(request))
         tokens = verify.sample_reference(self.probs, request.residual if wants_residual else None,

@@ -11,10 +11,13 @@ so any draft there is accepted or replaced by the forced token: every decoder st
 
 :class:`UnifiedTokenModel` implements :class:`vispec.protocol.SpeculativeARModel` over a transformers
 model through a :class:`Backbone` (how to embed prompt and image tokens, run the layers, and compute the
-image logits; one per family in :mod:`vispec.models.unified_families`). Its cache (:class:`RaggedKVCache`) is a transformers-compatible ``past_key_values``
-object of fixed capacity in which every row keeps its own length, so samples advance at their own pace
-and roll back per sample; attention gets a 4-D mask built from those lengths (transformers passes a 4-D
-mask through unchanged) and RoPE gets per-row position ids.
+image logits; one per family in :mod:`vispec.models.unified_families`). Its cache (:class:`RaggedKVCache`)
+is a transformers-compatible cache object of fixed capacity in which every row keeps its own length, so
+samples advance at their own pace and roll back per sample; attention gets a 4-D mask built from those
+lengths (transformers passes a 4-D mask through unchanged) and RoPE gets per-row position ids. The cache
+is passed as ``cache=``, the argument transformers 5.24 introduced (it deprecates ``past_key_values=`` for
+removal in 5.40), or as ``past_key_values=`` to a ``forward`` without a ``cache`` parameter (transformers
+5.23; :func:`cache_keyword`).
 
 Classifier-free guidance runs a doubled batch, conditional rows first; the unconditional rows have their
 own prompt (:class:`UnifiedCondition`): only the image prefix (Lumina-mGPT: guidance starts at image
@@ -24,6 +27,7 @@ start), a negative prompt (Emu3), or the prompt with every token but BOS and ima
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -198,12 +202,20 @@ class UnifiedDecodeState:
         return torch.cat([index, index + self.batch_size]) if self.guidance else index
 
 
+def cache_keyword(body: nn.Module) -> str:
+    """The keyword under which ``body`` takes its key/value cache: ``"cache"`` when its ``forward`` has that
+    parameter (transformers >= 5.24, whose ``deprecate_kwarg`` maps ``past_key_values`` to it with a
+    FutureWarning until its removal in 5.40), else ``"past_key_values"`` (transformers 5.23, custom bodies)."""
+    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+
+
 class Backbone:
     """How :class:`UnifiedTokenModel` runs one transformers model family.
 
     Args:
-        body: the decoder stack, called as ``body(inputs_embeds=, position_ids=, attention_mask=,
-            past_key_values=, use_cache=True)`` and returning ``last_hidden_state``.
+        body: the decoder stack, called as ``body(inputs_embeds=, position_ids=, attention_mask=, cache=,
+            use_cache=True)`` (``past_key_values=`` instead of ``cache=`` when its ``forward`` has no ``cache``
+            parameter: :func:`cache_keyword`) and returning ``last_hidden_state``.
         embed_prompt: model ids ``[B, T]`` -> embeddings.
         embed_image: decoder tokens ``[B, T]`` -> embeddings.
         image_head: hidden states ``[B, T, D]`` -> image logits ``[B, T, V]`` (codes, then end of row).
@@ -216,6 +228,7 @@ class Backbone:
                  image_embeddings: Callable[[], Tensor]):
         self.body, self.embed_prompt, self.embed_image, self.image_head = body, embed_prompt, embed_image, image_head
         self.config, self.module, self.image_embeddings = config, module, image_embeddings
+        self.cache_keyword = cache_keyword(body)
 
     @property
     def geometry(self) -> tuple[int, int, int]:
@@ -469,7 +482,7 @@ class UnifiedTokenModel(nn.Module):
         mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=self.device)
         mask = mask.masked_fill(~visible, torch.finfo(embeds.dtype).min)[:, None]
         out = self.backbone.body(inputs_embeds=embeds, position_ids=positions, attention_mask=mask,
-                                 past_key_values=cache, use_cache=True)
+                                 use_cache=True, **{self.backbone.cache_keyword: cache})
         cache.write_at = cache.rows_index = None
         return out.last_hidden_state
 

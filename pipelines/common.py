@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Optional, Sequence
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
@@ -15,6 +16,9 @@ from torch import Tensor
 from vispec.checks import check_int
 from vispec.dllm import StopDecoding
 from vispec.outputs import DecodeProgress
+
+if TYPE_CHECKING:
+    from vispec.decoding.windows import WindowStats
 
 SHIM_HEADER = ("# Written by vispec's save_pretrained so that diffusers' generic loader finds this pipeline class:\n"
                "# DiffusionPipeline.from_pretrained(folder, trust_remote_code=True). It only imports vispec.\n")
@@ -125,9 +129,10 @@ class PipelineMixin:
     def decode_image_tokens(self, model: Any, condition: Any, *, num_tokens: int, sampling: Any, config: Any, rule: Any,
                             generator: Any, max_batch_size: Optional[int], callback_on_step_end: Optional[Callable],
                             tensor_inputs: Sequence[str], **decode_kwargs: Any) -> tuple[Tensor, list[dict]]:
-        """The image pipelines' decode (:func:`vispec.decoding.decode`): resets the per-call state, drives a progress
-        bar over generated tokens and the step callbacks, and on ``pipe._interrupt`` returns the committed tokens so
-        far (-1 elsewhere) with ``"interrupted"`` stats. Returns ``(tokens [B, N], per-image stats)``."""
+        """The image pipelines' decode (:func:`vispec.decoding.decode`) with the call's resolved ``config`` and built
+        ``rule``: resets the per-call state, drives a progress bar over generated tokens and the step callbacks,
+        keeps the window chooser's measurements (:meth:`window_stats`), and on ``pipe._interrupt`` returns the
+        committed tokens so far (-1 elsewhere) with ``"interrupted"`` stats. Returns ``(tokens [B, N], per-image stats)``."""
         from vispec.decoding import decode
 
         batch = condition.batch_size
@@ -140,11 +145,23 @@ class PipelineMixin:
             try:
                 out = decode(model, condition, num_tokens=num_tokens, sampling=sampling, decoding=config,
                              generator=generator, callback=on_step, acceptance=rule, max_batch_size=max_batch_size,
-                             **decode_kwargs)
+                             window_stats=self.window_stats(), **decode_kwargs)
                 return out.tokens, out.as_dicts()
             except Interrupted as stop:  # pipe._interrupt was set: what is done so far
-                method = "ar" if config.config.strategy == "ar" else config.method  # as the decoders name themselves
+                method = "ar" if config.strategy == "ar" else config.method  # as the decoders name themselves
                 return stop.progress.tokens, interrupted_stats(stop, method)
+
+    def window_stats(self) -> WindowStats:
+        """The window chooser's measurements (``window="auto"``) of this pipeline's transformer, kept between calls.
+        They belong to that model: a pipeline given another transformer starts a new set (the old model is only
+        weakly referenced)."""
+        from vispec.decoding.windows import WindowStats
+
+        owner, stats = self.__dict__.get("_window_stats", (None, None))
+        if stats is None or owner() is not self.transformer:
+            stats = WindowStats()
+            self._window_stats = (weakref.ref(self.transformer), stats)
+        return stats
 
     def start_call(self, guidance_scale: float, num_timesteps: int) -> None:
         """Reset the per-call state diffusers' properties read."""

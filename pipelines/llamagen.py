@@ -12,8 +12,8 @@ A diffusers ``DiffusionPipeline`` with three components:
 Decoding specs follow the one grammar of :mod:`vispec.decoding.config` (``"mc-sjd"``,
 ``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.1"``). Acceptance rules (``acceptance="lantern"``,
 ``"gsd"``, or a ``+rule`` suffix of the spec, which is saved with ``decoding_config``) are lossy relaxations of speculative verification (:mod:`vispec.decoding.acceptance`). LANTERN's
-codebook neighbour table is computed once per tokenizer, cached on the pipeline and written by
-``save_pretrained`` (``lantern_neighbors.safetensors``), so a loaded pipeline does not recompute it.
+codebook neighbour table is computed once per codebook, cached on the pipeline (:attr:`neighbor_tables`) and
+written by ``save_pretrained`` (``lantern_neighbors.safetensors``), so a loaded pipeline does not recompute it.
 
 ``__call__`` validates its inputs, decodes image tokens with :func:`vispec.decoding.decode` (per-image
 generators make every image independent of its batch), turns the token grid into pixels with the VQ
@@ -41,10 +41,12 @@ from diffusers import DiffusionPipeline, VQModel
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from vispec.decoding import DecodingConfig
-from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule
+from vispec.decoding.neighbors import NeighborTables, codebook_key
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
@@ -55,7 +57,6 @@ from vispec.pipelines.embedded import EMBEDDED_MODELS, resolve_model_path  # noq
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 NEIGHBORS_FILE = "lantern_neighbors.safetensors"
-MAX_STORED_NEIGHBORS = 1000  # LANTERN's default k; larger k is computed on demand
 
 
 @dataclass
@@ -81,31 +82,34 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         super().__init__()
         self.register_modules(transformer=transformer, vqvae=vqvae, decoding_config=decoding_config, drafter=drafter)
         self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
+        self.neighbor_tables = NeighborTables()  # LANTERN's, per codebook
         self._neighbors_looked_up = False  # whether the folder this pipeline came from was searched for tables
-        self.lantern_neighbors = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """A new tokenizer has other codebook neighbours: drop the cached tables (and never load the folder's)."""
+        """A new tokenizer never takes the tables saved with the folder's (computed ones are keyed by codebook)."""
         if name == "vqvae" and value is not self.__dict__.get("vqvae", value):
-            self._lantern_neighbors, self._neighbors_looked_up = {}, True
+            self._neighbors_looked_up = True
         super().__setattr__(name, value)
 
-    @property
-    def lantern_neighbors(self) -> dict[str, torch.Tensor]:
-        """LANTERN's nearest-code tables, ``"raw"`` / ``"normalized"`` -> ``[V, K]``: computed once per tokenizer,
-        or read (on first use) from the folder the pipeline was loaded from, so they survive every loader."""
+    def _saved_neighbors(self) -> NeighborTables:
+        """:attr:`neighbor_tables`, with (on first use) the tables saved in the folder the pipeline was loaded
+        from, so they survive every loader; a table saved for another codebook is ignored."""
         if not self._neighbors_looked_up:
             self._neighbors_looked_up = True
             folder = self.name_or_path
-            table = os.path.join(folder, NEIGHBORS_FILE) if isinstance(folder, str) else ""
-            if os.path.isfile(table):
-                saved = {k: v.long() for k, v in load_file(table).items()}
-                self._lantern_neighbors = {**saved, **self._lantern_neighbors}
-        return self._lantern_neighbors
+            path = os.path.join(folder, NEIGHBORS_FILE) if isinstance(folder, str) else ""
+            if os.path.isfile(path):
+                with safe_open(path, framework="pt") as saved:
+                    tables = {k: saved.get_tensor(k) for k in saved.keys()}
+                    fingerprint = (saved.metadata() or {}).get("codebook")
+                self.neighbor_tables.add(self.codebook(), tables, fingerprint)
+        return self.neighbor_tables
 
-    @lantern_neighbors.setter
-    def lantern_neighbors(self, tables: dict[str, torch.Tensor]) -> None:
-        self._lantern_neighbors = tables
+    @property
+    def lantern_neighbors(self) -> dict[str, torch.Tensor]:
+        """LANTERN's nearest-code tables of the current tokenizer, ``"raw"`` / ``"normalized"`` -> ``[V, K]``:
+        computed once per codebook, or read (on first use) from the folder the pipeline was loaded from."""
+        return self._saved_neighbors().of(self.codebook())
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "LlamaGenPipeline":
@@ -120,17 +124,21 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         return super().from_pretrained(path, **kwargs)
 
     def copy_state_from(self, pipeline: Any) -> None:
-        """``from_pipe``: the neighbour tables carry over when the tokenizer does."""
-        if isinstance(pipeline, LlamaGenPipeline) and pipeline.vqvae is self.vqvae:
-            self._lantern_neighbors, self._neighbors_looked_up = dict(pipeline.lantern_neighbors), True
+        """``from_pipe``: the neighbour tables carry over (they are keyed by codebook)."""
+        if isinstance(pipeline, LlamaGenPipeline):
+            self.neighbor_tables.share(pipeline._saved_neighbors())
+            self._neighbors_looked_up = True
 
     def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs) -> None:
-        """diffusers' ``save_pretrained``, plus the cached LANTERN neighbour tables."""
+        """diffusers' ``save_pretrained``, plus the current tokenizer's LANTERN neighbour tables (with its codebook's
+        fingerprint, :func:`vispec.decoding.neighbors.codebook_key`)."""
         super().save_pretrained(save_directory, **kwargs)
-        if self.lantern_neighbors:
-            dtype = torch.int16 if self.codebook().shape[0] <= 32767 else torch.int32
-            save_file({k: v.to(dtype).contiguous() for k, v in self.lantern_neighbors.items()},
-                      os.path.join(save_directory, NEIGHBORS_FILE))
+        tables = self.lantern_neighbors if len(self._saved_neighbors()) else {}
+        if tables:
+            codebook = self.codebook()
+            dtype = torch.int16 if codebook.shape[0] <= 32767 else torch.int32
+            save_file({k: v.to(dtype).contiguous() for k, v in tables.items()}, os.path.join(save_directory, NEIGHBORS_FILE),
+                      metadata={"codebook": codebook_key(codebook)})
 
     # ------------------------------------------------------------------ acceptance
     def codebook(self) -> torch.Tensor:
@@ -143,22 +151,10 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         return materialized(embedding)  # with values under sequential offload too
 
     def acceptance_rule(self, acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule]) -> AcceptanceRule:
-        """Build the rule; LANTERN neighbour tables are computed once per tokenizer and cached."""
-        if isinstance(acceptance, AcceptanceRule):
-            return acceptance
-        config = AcceptanceConfig.parse(acceptance)
-        if config.rule != "lantern":
-            return build_rule(config, embeddings=materialized(self.transformer.tok_embeddings) if config.rule == "gsd" else None)
-        key = "normalized" if config.lantern_normalize else "raw"
-        table = self.lantern_neighbors.get(key)
-        codebook = self.codebook()
-        if table is None or table.shape[1] < config.lantern_k or table.shape[0] != codebook.shape[0]:
-            stored = min(codebook.shape[0] - 1, max(MAX_STORED_NEIGHBORS, config.lantern_k))
-            if config.lantern_k > codebook.shape[0] - 1:
-                codebook_neighbors(codebook, config.lantern_k)  # raises the range error
-            table = codebook_neighbors(codebook, stored, normalize=config.lantern_normalize)
-            self.lantern_neighbors[key] = table
-        return build_rule(config, neighbors=table)
+        """The rule (:func:`vispec.decoding.acceptance.build_rule`): LANTERN's neighbour table comes from
+        :attr:`neighbor_tables` (computed once per codebook), GSD uses the transformer's token embeddings."""
+        return build_rule(acceptance, codebook=self.codebook, tables=self._saved_neighbors(),
+                          embeddings=lambda: materialized(self.transformer.tok_embeddings))
 
     # ------------------------------------------------------------------ inputs
     def _class_labels(self, class_labels: Any) -> torch.Tensor:
@@ -265,8 +261,8 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         tensor_inputs = self.check_inputs(output_type, num_images_per_prompt, callback_on_step_end,
                                           callback_on_step_end_tensor_inputs)
         config = DecodingConfig.resolve(decoding, base=self.decoding_config, acceptance=acceptance)
-        rule = acceptance if isinstance(acceptance, AcceptanceRule) else self.acceptance_rule(config.rule)
-        if config.config.strategy == "sd" and self.drafter is None:
+        rule = self.acceptance_rule(acceptance if isinstance(acceptance, AcceptanceRule) else config.rule)
+        if config.strategy == "sd" and self.drafter is None:
             raise ValueError("decoding 'sd' needs a drafter: this pipeline has none (pass drafter= when building it)")
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
         condition = self.condition(class_labels, prompt_embeds, prompt_mask, num_images_per_prompt)
@@ -279,7 +275,7 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
             self.transformer, condition, num_tokens=num_tokens, sampling=sampling, config=config, rule=rule,
             generator=generator, max_batch_size=max_batch_size, callback_on_step_end=callback_on_step_end,
             tensor_inputs=tensor_inputs, grid_width=side, compile=compile,
-            drafter=self.drafter if config.config.strategy == "sd" else None)
+            drafter=self.drafter if config.strategy == "sd" else None)
 
         # 3. tokens -> pixels
         grid = tokens.view(batch, side, side)

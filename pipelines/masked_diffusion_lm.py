@@ -30,7 +30,7 @@ branch, and ``guidance_scale = 1`` (the default) turns guidance off. LLaDA's ``c
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -39,7 +39,7 @@ from diffusers.utils import BaseOutput
 
 import vispec.models.llada  # noqa: F401 (diffusers resolves the saved model class through this module)
 from vispec.checks import check_int
-from vispec.dllm import CACHES, AdaptiveBlocks, ProphetRule, UnmaskingScheduler, check_decode_args, decode, make_scheduler
+from vispec.dllm import AdaptiveBlocks, ProphetRule, UnmaskingOptions, UnmaskingScheduler, decode, make_scheduler
 from vispec.dllm.learned import LearnedFilterScheduler, ParallelDecodeFilter
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.outputs import UNDECIDED, DecodeProgress
@@ -220,15 +220,12 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             raise ValueError(f"input_ids rows {leading.all(dim=1).nonzero().squeeze(1).tolist()} are all padding")
         return (~leading).long()
 
-    def check_inputs(self, output_type: str, cache: str, num_sequences_per_prompt: int, callback: Any,
+    def check_inputs(self, output_type: str, num_sequences_per_prompt: int, callback: Any,
                      callback_inputs: Sequence[str]) -> list[str]:
         if output_type == "text" and self.tokenizer is None:
             raise ValueError("output_type='text' needs a tokenizer; this pipeline has none: use output_type='seq'")
-        inputs = self.check_common_inputs(output_type, OUTPUT_TYPES, "num_sequences_per_prompt", num_sequences_per_prompt,
-                                          callback, callback_inputs)
-        if cache not in CACHES:
-            raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-        return inputs
+        return self.check_common_inputs(output_type, OUTPUT_TYPES, "num_sequences_per_prompt", num_sequences_per_prompt,
+                                        callback, callback_inputs)
 
     def _scheduler(self, strategy: Union[str, UnmaskingScheduler, None], threshold: Optional[float]) -> UnmaskingScheduler:
         scheduler = self.scheduler if strategy is None else strategy
@@ -277,24 +274,25 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         return eot
 
     # ------------------------------------------------------------------ call
-    def _steps(self, scheduler: UnmaskingScheduler, steps: Optional[int], num_inference_steps: Optional[int],
-               gen_length: int, block_length: int) -> Optional[int]:
-        """Total steps for the decoder: LLaDA's ``steps`` (over all blocks) or LLaDA2's ``num_inference_steps``
-        (per block); fixed-step policies default to one token per step; adaptive ones take neither."""
+    def _options(self, scheduler: UnmaskingScheduler, steps: Optional[int], num_inference_steps: Optional[int],
+                 **settings: Any) -> UnmaskingOptions:
+        """The decode's options from the call's (user and LLaDA2) names: LLaDA's ``steps`` (over all blocks) or LLaDA2's
+        ``num_inference_steps`` (per block); fixed-step policies default to one token per step, adaptive ones take
+        neither."""
         if steps is not None and num_inference_steps is not None:
             raise ValueError("pass steps (total over all blocks, as LLaDA's generate) or num_inference_steps (per block, "
                              "as diffusers' LLaDA2Pipeline), not both")
-        if not scheduler.fixed_steps:
-            if steps is not None or num_inference_steps is not None:
-                raise ValueError(f"steps / num_inference_steps apply to fixed-step strategies ('llada'); "
-                                 f"{type(scheduler).__name__} commits until each block is complete")
-            return None
-        check_int("gen_length", gen_length, minimum=1)
-        check_int("block_length", block_length, minimum=1)
+        if not scheduler.fixed_steps and (steps is not None or num_inference_steps is not None):
+            raise ValueError(f"steps / num_inference_steps apply to fixed-step strategies ('llada'); "
+                             f"{type(scheduler).__name__} commits until each block is complete")
         if num_inference_steps is not None:
             check_int("num_inference_steps", num_inference_steps, minimum=1, hint=" (steps per block)")
-            return num_inference_steps * max(gen_length // block_length, 1)
-        return gen_length if steps is None else steps
+        if scheduler.fixed_steps and steps is None and num_inference_steps is None:
+            steps = settings["gen_length"]
+        options = UnmaskingOptions(steps=steps, **settings)
+        if num_inference_steps is not None:
+            options = replace(options, steps=num_inference_steps * options.num_blocks)
+        return options
 
     def apply_callback_outputs(self, edits: dict[str, Any], progress: DecodeProgress) -> Optional[dict]:
         """A returned ``sequences`` (mask id where undecided) replaces the canvas, and a changed
@@ -397,10 +395,10 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             top_k, top_p, minimal_topk: ``LLaDA2Pipeline``'s names; only ``minimal_topk=1`` has an equivalent here
                 (every adaptive strategy commits at least one token per step); the others raise, saying what to use.
         """
-        # 1. check inputs
+        # 1. check inputs; the options (checked once, when built) from the user's and LLaDA2's names
         if output_type is None:
             output_type = "text" if self.tokenizer is not None else "seq"
-        tensor_inputs = self.check_inputs(output_type, cache, num_sequences_per_prompt, callback_on_step_end,
+        tensor_inputs = self.check_inputs(output_type, num_sequences_per_prompt, callback_on_step_end,
                                           callback_on_step_end_tensor_inputs)
         for name, value in (("top_k", top_k), ("top_p", top_p)):
             if value is not None:
@@ -412,7 +410,6 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                              "num_inference_steps = block_length / n")
         if eos_early_stop is not None and early_stop_eos is not None and eos_early_stop != early_stop_eos:
             raise ValueError("early_stop_eos and eos_early_stop (its LLaDA2 name) disagree; pass one")
-        early_stop_eos = next((v for v in (early_stop_eos, eos_early_stop) if v is not None), True)
         width = self._vocab_width()
         for name, value in (("mask_token_id", mask_token_id), ("eos_token_id", eos_token_id)):
             if value is not None:
@@ -423,9 +420,15 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             if isinstance(gen_length, int) and gen_length < block_length:
                 block_length = gen_length
         scheduler = self._scheduler(strategy, threshold)
-        steps = self._steps(scheduler, steps, num_inference_steps, gen_length, block_length)
         mask_id = self.mask_token_id if mask_token_id is None else mask_token_id
         eos_id = self._token_id("eos_token_id") if eos_token_id is None else eos_token_id
+        options = self._options(
+            scheduler, steps, num_inference_steps, gen_length=gen_length, block_length=block_length,
+            temperature=temperature, guidance_scale=guidance_scale, cache=cache, cache_reload_steps=cache_reload_steps,
+            mask_token_id=mask_id, eos_token_id=eos_id, logits_eos_inf=logits_eos_inf,
+            confidence_eos_eot_inf=confidence_eos_eot_inf,
+            early_stop_eos=next((v for v in (early_stop_eos, eos_early_stop) if v is not None), True),
+            compile=compile, eotp=eotp, early_commit=early_commit, adaptive_block=adaptive_block)
         ids, mask = self.prepare_input_ids(prompt, messages, input_ids, attention_mask, use_chat_template, add_generation_prompt,
                                            mask_token_id=mask_id)
         batch = ids.shape[0] * num_sequences_per_prompt
@@ -433,14 +436,11 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         device = self._execution_device
         ids = ids.repeat_interleave(num_sequences_per_prompt, 0).to(device)
         mask = mask.repeat_interleave(num_sequences_per_prompt, 0).to(device)
-        check_decode_args(self.model, ids, mask, gen_length, block_length, temperature, guidance_scale, cache, mask_id,
-                          compile, cache_reload_steps)
-        scheduler.set_timesteps(steps, gen_length, block_length)  # validates steps against the blocks
-        self.start_call(float(guidance_scale), steps if scheduler.fixed_steps else gen_length)
+        self.start_call(float(guidance_scale), options.steps if scheduler.fixed_steps else gen_length)
         self._mask_id = mask_id
 
-        # 2. decode, with progress bars over blocks and committed tokens
-        num_blocks = gen_length // block_length  # both validated above
+        # 2. decode (the checks that need the model run first, in decode), with progress bars over blocks and tokens
+        num_blocks = options.num_blocks
         with self.progress_bar(total=num_blocks) as block_bar, self.progress_bar(total=batch * gen_length) as token_bar:
             blocks_done = [0]
             views = {"sequences": lambda p: p.tokens.masked_fill(p.tokens == UNDECIDED, mask_id),  # mask id where undecided
@@ -452,12 +452,7 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                 blocks_done[0] = progress.details["block"]
                 return on_token(progress)
 
-            out = decode(self.model, ids, mask, scheduler=scheduler, gen_length=gen_length, block_length=block_length, steps=steps,
-                         temperature=temperature, guidance_scale=guidance_scale, cache=cache, mask_token_id=mask_id,
-                         eos_token_id=eos_id, logits_eos_inf=logits_eos_inf,
-                         confidence_eos_eot_inf=confidence_eos_eot_inf, early_stop_eos=early_stop_eos, generator=generator,
-                         callback=on_step, compile=compile, eotp=eotp, early_commit=early_commit,
-                         adaptive_block=adaptive_block, cache_reload_steps=cache_reload_steps)
+            out = decode(self.model, ids, mask, options, scheduler=scheduler, generator=generator, callback=on_step)
             block_bar.update(num_blocks - blocks_done[0])
 
         # 3. post-process

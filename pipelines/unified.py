@@ -38,7 +38,8 @@ from diffusers.utils import BaseOutput
 
 from vispec.checks import check_int
 from vispec.decoding import DecodingConfig
-from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule
+from vispec.decoding.neighbors import NeighborTables
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_vq import decode_tokens
 from vispec.models.unified import CFG_MODES, ImageLayout, UnifiedTokenModel
@@ -91,6 +92,7 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
             cfg_mode=cfg_mode, bos_id=bos_id, pad_id=pad_id,
             default_height=default_height, default_width=default_width)
         self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
+        self.neighbor_tables = NeighborTables()  # LANTERN's, per codebook
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], **kwargs) -> "UnifiedImagePipeline":
@@ -145,11 +147,16 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
             return codes
         return torch.cat([codes, torch.full((1, codes.shape[1]), FAR, dtype=codes.dtype, device=codes.device)])
 
-    def acceptance_rule(self, config: AcceptanceConfig, model: UnifiedTokenModel) -> AcceptanceRule:
-        if config.rule == "lantern":
-            return build_rule(config, neighbors=codebook_neighbors(self.codebook(), config.lantern_k,
-                                                                   normalize=config.lantern_normalize))
-        return build_rule(config, embeddings=model.tok_embeddings.weight if config.rule == "gsd" else None)
+    def acceptance_rule(self, acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule],
+                        model: Optional[UnifiedTokenModel] = None) -> AcceptanceRule:
+        """The rule (:func:`vispec.decoding.acceptance.build_rule`): LANTERN's neighbour table comes from
+        :attr:`neighbor_tables` (computed once per codebook), GSD uses the image tokens' input embeddings of
+        ``model`` (default: the transformer at the default size)."""
+        def embeddings() -> torch.Tensor:
+            wrapped = model or self.unified_model(self.layout(self.config.default_height, self.config.default_width))
+            return wrapped.tok_embeddings.weight
+
+        return build_rule(acceptance, codebook=self.codebook, embeddings=embeddings, tables=self.neighbor_tables)
 
     # ------------------------------------------------------------------ call
     @torch.no_grad()
@@ -192,11 +199,11 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         width = self.config.default_width if width is None else width
         layout = self.layout(height, width)
         config = DecodingConfig.resolve(decoding, base=self.decoding_config, acceptance=acceptance)
-        if config.config.strategy == "sd":
+        if config.strategy == "sd":
             raise ValueError("decoding 'sd' needs a drafter model; UnifiedImagePipeline has none: use 'ar', 'sjd' or 'mc-sjd'")
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
         model = self.unified_model(layout)
-        rule = acceptance if isinstance(acceptance, AcceptanceRule) else self.acceptance_rule(config.rule, model)
+        rule = self.acceptance_rule(acceptance if isinstance(acceptance, AcceptanceRule) else config.rule, model)
         prompts = self.encode_prompt(prompt, height, width)
         negatives = None
         if negative_prompt is not None:

@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    race.set_fused(True)  # the fused path is opt-in (race.DEFAULT); this script times it
     gen = torch.Generator().manual_seed(0)
 
     def keys(rows: int) -> tuple[torch.Tensor, ...]:

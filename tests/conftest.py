@@ -1,9 +1,14 @@
-"""Test configuration: run Triton kernels in the interpreter (must be set before kernel imports)."""
+"""Test configuration: run Triton kernels in the interpreter (must be set before kernel imports), and draw the
+keyed CPU noise eagerly (``VISPEC_FUSED_NOISE=0``, bit-identical to the fused path): no test process, nor any
+process a test starts (README examples, torchrun workers, remote-code loads inherit the environment), pays the
+fused noise's compile; ``tests/kernels/test_race.py`` switches the fused path on for its own tests. Set the variable
+before running pytest to choose otherwise."""
 
 import copy
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("VISPEC_FUSED_NOISE", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

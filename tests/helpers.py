@@ -5,9 +5,13 @@ from __future__ import annotations
 import itertools
 
 import torch
+from diffusers import VQModel
 from torch import Tensor
 
+from vispec.decoding import DecodingConfig
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
+from vispec.models.llamagen_vq import llamagen_vq_config
+from vispec.pipelines import LlamaGenPipeline, MaskedDiffusionLMPipeline
 from vispec.sampling import SamplingConfig, process_logits
 
 
@@ -100,3 +104,34 @@ def tiny_text_pipeline(scheduler=None):
                                      default_gen_length=8, default_block_length=4)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+# ---------------------------------------------------------------------- dummy pipelines (the pipeline tests)
+def image_components(drafter: bool = True) -> dict:
+    transformer = tiny_gpt(vocab_size=64, block_size=16, num_classes=5, std=0.3, seed=1)
+    torch.manual_seed(2)
+    vq_kwargs = llamagen_vq_config("VQ-4", codebook_size=64, codebook_embed_dim=8, z_channels=32, base_channels=32)
+    vq_kwargs.update(layers_per_block=1, block_out_channels=(32, 32, 32))
+    components = {"transformer": transformer, "vqvae": VQModel(**vq_kwargs).eval(),
+                  "decoding_config": DecodingConfig(strategy="mc-sjd", window=4, guidance_scale=2.0, top_k=40)}
+    if drafter:
+        components["drafter"] = tiny_gpt(vocab_size=64, block_size=16, num_classes=5, std=0.3, seed=3, dim=16, n_layer=1)
+    return components
+
+
+def image_pipe(drafter: bool = True) -> LlamaGenPipeline:
+    pipe = LlamaGenPipeline(**image_components(drafter))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def gens(count: int, seed: int = 0) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(seed + i) for i in range(count)]
+
+
+def image_inputs(count: int = 2, seed: int = 0, **overrides) -> dict:
+    return {"class_labels": list(range(count)), "generator": gens(count, seed), "output_type": "latent", **overrides}
+
+
+def text_pipe(scheduler=None) -> MaskedDiffusionLMPipeline:
+    return tiny_text_pipeline(scheduler)

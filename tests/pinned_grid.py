@@ -1,4 +1,4 @@
-"""The grid of decoding settings whose outputs are pinned (tests/test_pinned_outputs.py).
+"""The grid of decoding settings whose outputs are pinned (tests/decoding/test_pinned_outputs.py).
 
 Recorded once before the core refactor of issue 11 (``python tests/pinned_grid.py --record``); the
 test re-runs every case and requires identical tokens and NFE. Each case is plain data; the runners

@@ -44,7 +44,7 @@ from typing import Optional
 
 import torch
 
-from vispec.decoding import DecodingConfig, decode
+from vispec.decoding import DecodingConfig, WindowStats, decode
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
 from vispec.models.llamagen_gpt import GPT_CONFIGS, LlamaGenCondition, LlamaGenGPT
@@ -97,7 +97,7 @@ class DecoderBenchConfig:
             raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
         if self.compile:
             for method in self.methods:
-                if decoding_config(method, self.window).config.strategy not in ("ar", "sjd", "mc-sjd"):
+                if decoding_config(method, self.window).strategy not in ("ar", "sjd", "mc-sjd"):
                     raise ValueError(f"--compile applies to ar, sjd and mc-sjd, not {method!r}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: leave torch's thread count), got {self.threads}")
@@ -111,7 +111,7 @@ class DecoderBenchConfig:
 def decoding_config(method: str, window: int) -> DecodingConfig:
     """``method``'s config; ``window`` applies to speculative specs that name no window of their own."""
     config = DecodingConfig.parse(method)
-    if config.config.strategy in ("sjd", "mc-sjd") and "window=" not in method.partition("+")[0]:
+    if config.strategy in ("sjd", "mc-sjd") and "window=" not in method.partition("+")[0]:
         config = DecodingConfig.parse(config, window=window)
     return config
 
@@ -143,7 +143,7 @@ def _num_classes(model: LlamaGenGPT) -> int:
     return int(model.config.num_classes)
 
 
-def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingConfig) -> dict:
+def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingConfig, window_stats: WindowStats) -> dict:
     decoding = decoding_config(method, cfg.window)
     device = torch.device(cfg.device)
     labels = torch.arange(cfg.num_images) % _num_classes(model)
@@ -155,7 +155,7 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
             hi = min(lo + cfg.batch_size, cfg.num_images)
             out = decode(
                 model, LlamaGenCondition(class_labels=labels[lo:hi].to(device)), num_tokens=cfg.image_tokens,
-                sampling=sampling, decoding=decoding, generator=gens[lo:hi],
+                sampling=sampling, decoding=decoding, generator=gens[lo:hi], window_stats=window_stats,
             )
             nfe += out.stats.nfe.tolist()
             accepted += out.stats.accepted_per_forward.tolist()
@@ -197,6 +197,7 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> 
     if cfg.sweep:
         return _run_sweep(cfg, progress, partial)
     model = build_model(cfg)
+    window_stats = WindowStats()  # window="auto": measurements of this model, kept across its decodes
     sampling = _sampling(cfg)
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))  # AR is the baseline
     # warm-up (allocator, kernels), not timed
@@ -205,7 +206,7 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> 
     results = {}
     for method in methods:
         progress(f"running {method} ...")
-        results[method] = _run_method(model, cfg, method, sampling)
+        results[method] = _run_method(model, cfg, method, sampling, window_stats)
         if partial:
             partial({"config": _base_config(cfg, model, methods), "methods": dict(results)})
     ar = results["ar"]
@@ -228,8 +229,10 @@ def _graphs() -> int:
 class _Contender:
     """One (method, compile setting) at one batch size: its decodes and what they measured."""
 
-    def __init__(self, model, cfg: DecoderBenchConfig, method: str, compiled: bool, batch: int, images: int, sampling):
+    def __init__(self, model, cfg: DecoderBenchConfig, method: str, compiled: bool, batch: int, images: int, sampling,
+                 window_stats: WindowStats):
         self.model, self.cfg, self.method, self.compiled, self.batch, self.images = model, cfg, method, compiled, batch, images
+        self.window_stats = window_stats  # window="auto": the chooser's measurements of this model, across runs
         self.decoding = decoding_config(method, cfg.window)
         self.sampling = sampling
         self.device = torch.device(cfg.device)
@@ -247,7 +250,8 @@ class _Contender:
         hi = lo + self.batch
         gens = [torch.Generator().manual_seed(self.cfg.seed * 100003 + i) for i in range(lo, hi)]
         return decode(self.model, LlamaGenCondition(class_labels=self.labels[lo:hi]), num_tokens=self.cfg.image_tokens,
-                      sampling=self.sampling, decoding=self.decoding, generator=gens, compile=self.compiled)
+                      sampling=self.sampling, decoding=self.decoding, generator=gens, compile=self.compiled,
+                      window_stats=self.window_stats)
 
     def run(self) -> tuple[float, list]:
         """Every image once, in batches of ``batch``: (seconds, outputs)."""
@@ -321,6 +325,7 @@ def _median(xs: list[float]) -> float:
 
 def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
     model = build_model(cfg)
+    window_stats = WindowStats()  # window="auto": measurements of this model, kept across its decodes
     sampling = _sampling(cfg)
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))
     settings = (False, True) if cfg.compile else (False,)
@@ -330,7 +335,7 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
     rows = []
     for batch in batch_sizes:
         images = batch * math.ceil(max(batch, cfg.num_images) / batch)
-        contenders = [_Contender(model, cfg, m, c, batch, images, sampling) for c in settings for m in methods]
+        contenders = [_Contender(model, cfg, m, c, batch, images, sampling, window_stats) for c in settings for m in methods]
         warmup = {}
         for con in contenders:  # warm-up and compilation, untimed: again while a run still compiles something
             progress(f"B={batch}: warm-up {con.method}{' (compiled)' if con.compiled else ''} ...")

@@ -283,7 +283,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
 
     sampling = pipe.decoding_config.sampling(guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     run_config = {k: v for k, v in asdict(cfg).items() if k != "extra"}
-    run_config.update(methods=methods, sampling=sampling.to_dict(), window=pipe.decoding_config.config.window,
+    run_config.update(methods=methods, sampling=sampling.to_dict(), window=pipe.decoding_config.window,
                       **task.run_config(), **environment(cfg.device), num_processes=workers.world_size)
     if cfg.sweep:
         run_config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings],

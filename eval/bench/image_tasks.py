@@ -202,7 +202,7 @@ class ClassImageTask(ImageTask):
         from vispec.decoding import DecodingConfig
 
         config = DecodingConfig.parse(method, base=self.pipe.decoding_config)
-        if config.config.strategy == "sd" and self.pipe.drafter is None:
+        if config.strategy == "sd" and self.pipe.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter, but the pipeline {self.cfg.model!r} has none")
         self.pipe.acceptance_rule(config.rule)
 
@@ -210,7 +210,7 @@ class ClassImageTask(ImageTask):
         """``sd`` runs its drafter rounds eagerly (:func:`vispec.decoding.decode`)."""
         from vispec.decoding import DecodingConfig
 
-        return DecodingConfig.parse(method).config.strategy in ("ar", "sjd", "mc-sjd")
+        return DecodingConfig.parse(method).strategy in ("ar", "sjd", "mc-sjd")
 
     def conditions(self, n: int) -> Tensor:
         return torch.arange(n) % self.num_classes
@@ -391,7 +391,7 @@ class TextImageTask(ImageTask):
         from vispec.decoding import DecodingConfig
 
         config = DecodingConfig.parse(method, base=self.pipe.decoding_config)
-        if config.config.strategy == "sd":
+        if config.strategy == "sd":
             raise ValueError(f"method {method!r} needs a drafter model; the text-to-image pipeline {self.cfg.model!r} "
                              f"has none: use ar, sjd or mc-sjd (with any acceptance rule)")
         height, width = self.pipe.config.default_height, self.pipe.config.default_width

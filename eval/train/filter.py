@@ -92,7 +92,7 @@ def oracle_rows(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor],
     Returns ``features [N, Lb]`` float32, ``labels [N, Lb]`` bool, ``masked [N, Lb]`` bool (the positions still
     masked when the row was recorded), ``sample [N]`` (the batch row) and ``step [N]`` (step within the block).
     """
-    from vispec.dllm.forward import proposal_mask
+    from vispec.dllm.tokens import proposal_mask
     from vispec.dllm.learned import block_features
 
     batch, prompt_len = input_ids.shape

@@ -18,6 +18,7 @@ from vispec.decoding.common import DecodeJob
 from vispec.decoding.config import DecodingConfig, split_specs
 from vispec.decoding.sd import decode_sd
 from vispec.decoding.sjd import decode_sjd
+from vispec.decoding.windows import WindowStats
 from vispec.kernels.philox import GeneratorArg
 from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback
 from vispec.protocol import SpeculativeARModel
@@ -41,6 +42,7 @@ def decode(
     drafter: Optional[SpeculativeARModel] = None,
     compile: bool = False,
     max_batch_size: Optional[int] = None,
+    window_stats: Optional[WindowStats] = None,
 ) -> DecodeOutput:
     """Generate ``num_tokens`` image tokens per sample with the chosen decoder.
 
@@ -64,30 +66,34 @@ def decode(
     ``max_batch_size``: stream more requests than this through a batch of this many slots: a finished
     sample hands its slot to the next request (continuous batching); outputs stay in the caller's order
     and, with per-sample generators, do not depend on the slot a request ran in.
+    ``window_stats``: with ``window="auto"``, the window chooser's measurements of ``model``
+    (:class:`vispec.decoding.windows.WindowStats`), kept by the caller so later decodes of the same model
+    start from them (pipelines keep one per transformer); without it they last this decode.
     """
     if not isinstance(model, SpeculativeARModel):
         raise ValueError(f"model must implement prefill/forward_window/rollback/select, got {type(model).__name__}")
-    config = DecodingConfig.resolve(decoding, acceptance=acceptance)
+    config = DecodingConfig.resolve(decoding, acceptance=acceptance)  # as given if a pipeline resolved it
     sampling = config.sampling() if sampling is None else sampling
     if not isinstance(sampling, SamplingConfig):
         raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-    strategy = config.config.strategy
-    if strategy == "sd" and drafter is None:
+    if config.strategy == "sd" and drafter is None:
         raise ValueError("decoding 'sd' needs a drafter model (drafter=...), e.g. the embedded tiny-c2i drafter")
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True or False, got {compile!r}")
     if compile and not getattr(model, "compilable", True):
         raise ValueError(f"compile=True is not supported for {type(model).__name__} (its forward runs a transformers "
                          f"model with a Python-side cache); use compile=False")
+    if window_stats is not None and not isinstance(window_stats, WindowStats):
+        raise ValueError(f"window_stats must be a WindowStats, got {type(window_stats).__name__}")
     processors = tuple(getattr(model, "position_processors", ())) + tuple(processors)  # the model's own first
     job = DecodeJob(num_tokens, sampling, generator, processors, grid_width, callback, backend, compile, max_batch_size)
-    if strategy == "ar":
+    if config.strategy == "ar":
         return decode_ar(model, condition, job)
-    rule = acceptance if isinstance(acceptance, AcceptanceRule) else build_rule(
-        config.rule, codebook=codebook, embeddings=_token_embeddings(model) if config.rule.rule == "gsd" else None)
-    if strategy == "sd":
+    rule = build_rule(acceptance if isinstance(acceptance, AcceptanceRule) else config.rule, codebook=codebook,
+                      embeddings=lambda: _token_embeddings(model))
+    if config.strategy == "sd":
         return decode_sd(model, drafter, condition, job, config, rule)
-    return decode_sjd(model, condition, job, config, rule)
+    return decode_sjd(model, condition, job, config, rule, window_stats)
 
 
 def _token_embeddings(model) -> torch.Tensor:
@@ -99,4 +105,4 @@ def _token_embeddings(model) -> torch.Tensor:
 
 
 __all__ = ["AcceptanceConfig", "AcceptanceRule", "DecodeJob", "DecodeOutput", "DecodeProgress", "DecodeStats", "DecodingConfig",
-           "StepCallback", "build_rule", "decode", "decode_ar", "decode_sd", "decode_sjd", "split_specs"]
+           "StepCallback", "WindowStats", "build_rule", "decode", "decode_ar", "decode_sd", "decode_sjd", "split_specs"]

@@ -30,14 +30,15 @@ the distribution one verification actually outputs (draft ``x ~ q``, accepted or
 ``w = q - a`` the rejected mass and ``R_x`` the residual after rejecting ``x``. It is exactly 0
 for the exact rule, and at most ``δ``-ish for LANTERN (the paper's per-step bound).
 
-All operations take probability rows ``p, q: [R, V]`` (one-hot ``q`` for initialised drafts) and
-run batched in PyTorch.
+All operations take dense probability rows ``p, q: [R, V]`` (one-hot ``q`` for initialised drafts) and
+run batched in PyTorch. :func:`build_rule` builds every rule (LANTERN's neighbour tables come from a
+per-codebook cache, :mod:`vispec.decoding.neighbors`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -46,6 +47,7 @@ from vispec.checks import check_int, check_number
 from vispec.kernels import verify
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import Target
+from vispec.decoding.neighbors import NeighborTables, codebook_neighbors
 from vispec.kernels.verify import Drafts, SampleRequest
 from vispec.sampling import SamplingConfig, warp_logits
 
@@ -145,36 +147,15 @@ class AcceptanceConfig:
         return cls(**values)
 
 
-def codebook_neighbors(codebook: Tensor, k: int, normalize: bool = False, chunk: int = 4096) -> Tensor:
-    """``[V, k]`` int64: each codebook entry's ``k`` nearest other entries by L2 distance, nearest first.
-
-    LANTERN computes them on the raw VQ codebook weights (``normalize=False``); LlamaGen decodes
-    with L2-normalised codes, which ``normalize=True`` uses instead.
-    """
-    if codebook.dim() != 2:
-        raise ValueError(f"codebook must be [entries, dim], got shape {tuple(codebook.shape)}")
-    vocab = codebook.shape[0]
-    check_int("lantern_k", k, minimum=0, maximum=vocab - 1, hint=f" (codebook of {vocab} entries)")
-    weights = codebook.detach().double()
-    if normalize:
-        weights = torch.nn.functional.normalize(weights, dim=-1)
-    out = []
-    for lo in range(0, vocab, chunk):
-        dist = torch.cdist(weights[lo : lo + chunk], weights)
-        rows = torch.arange(lo, min(lo + chunk, vocab))
-        dist[rows - lo, rows] = float("inf")
-        out.append(dist.topk(k, dim=-1, largest=False).indices if k else torch.zeros(len(rows), 0, dtype=torch.long))
-    return torch.cat(out)
-
-
 class AcceptanceRule:
-    """The exact rule. Relaxed rules override the probability-level :meth:`accept`,
-    :meth:`residual_weights` and :meth:`output_tv`; this class runs them on a verification's rows.
+    """The exact rule, and the base of the relaxed ones, which override the probability-level :meth:`accept`,
+    :meth:`residual_weights` and :meth:`output_tv`.
 
-    Two levels: :meth:`accept_drafts` and :meth:`sample` verify the rows of a
-    :class:`~vispec.kernels.target.Target` (the exact rule dispatches to its kernels; a relaxed rule
-    works on :meth:`Target.probabilities` with the same keyed noise); :meth:`accept`,
-    :meth:`residual_weights` and :meth:`output_tv` define the rule on probability rows ``p, q [R, V]``.
+    Two levels: :meth:`accept`, :meth:`residual_weights` and :meth:`output_tv` define the rule on probability
+    rows ``p, q [R, V]``; :meth:`accept_drafts` and :meth:`sample` run it on the dense probability rows of a
+    :class:`~vispec.kernels.target.Target` (:meth:`Target.probabilities`) with the target's keyed noise.
+    The exact rule needs neither: :func:`vispec.decoding.speculative.verify_window` sends it straight to the
+    target's kernels (:meth:`Target.accept`, :meth:`Target.sample`).
     """
 
     config: AcceptanceConfig
@@ -186,12 +167,11 @@ class AcceptanceRule:
     def lossless(self) -> bool:
         return self.config.lossless
 
-    # ---- on a verification's rows --------------------------------------------------------------
+    # ---- on a verification's dense probability rows ----------------------------------------------
 
     def accept_drafts(self, target: Target, drafts: Drafts, draws: Tensor) -> Tensor:
-        """``[T]`` bool: which rows keep their draft; uniforms keyed by (seed, position, ACCEPT, ``draws``)."""
-        if self.lossless:
-            return target.accept(drafts, draws)
+        """``[T]`` bool: which rows keep their draft by :meth:`accept` on ``target``'s probability rows;
+        uniforms keyed by (seed, position, ACCEPT, ``draws``)."""
         drafts = drafts.checked(target.num_rows, target.vocab, target.validate)
         rows = ((drafts.tokens >= 0) & (target.row_sample >= 0)).nonzero().squeeze(1)
         p = target.probabilities()
@@ -202,9 +182,7 @@ class AcceptanceRule:
 
     def sample(self, target: Target, request: SampleRequest, drafts: Drafts) -> tuple[Tensor, Tensor]:
         """``(residual_tokens [T], fresh_tokens [T])``: rejected rows sample this rule's residual
-        (:meth:`residual_weights`), fresh rows sample ``p`` (:meth:`Target.sample`)."""
-        if self.lossless:
-            return target.sample(request, drafts)
+        (:meth:`residual_weights` of the probability rows), fresh rows sample ``p`` (:meth:`Target.sample`)."""
         request = request.checked(target.num_rows, target.vocab, target.device, target.validate)
         drafts = drafts.checked(target.num_rows, target.vocab, target.validate)
         rows = (request.residual & (target.row_sample >= 0) & (drafts.tokens >= 0)).nonzero().squeeze(1)
@@ -452,24 +430,39 @@ class LuminaRule(AcceptanceRule):
         return 0.5 * (out - p64).abs().sum(-1)
 
 
-def build_rule(config: Union[None, str, AcceptanceConfig], *, codebook: Optional[Tensor] = None,
-               embeddings: Optional[Tensor] = None, neighbors: Optional[Tensor] = None) -> AcceptanceRule:
-    """The rule for ``config``. LANTERN needs the VQ ``codebook`` (or a precomputed ``neighbors`` table);
-    GSD needs the AR model's input token ``embeddings``; Lumina-mGPT 2.0's rule needs nothing."""
+TensorSource = Union[None, Tensor, Callable[[], Tensor]]
+"""A tensor, or a function returning it (called only by the rule that needs it)."""
+
+
+def build_rule(config: Union[None, str, AcceptanceConfig, AcceptanceRule], *, codebook: TensorSource = None,
+               embeddings: TensorSource = None, neighbors: Optional[Tensor] = None,
+               tables: Optional[NeighborTables] = None) -> AcceptanceRule:
+    """The rule for ``config`` (a built rule is returned as it is): where every decoder and pipeline builds one.
+
+    LANTERN needs the VQ ``codebook`` ``[V, D]`` or a precomputed ``neighbors`` table; with ``tables`` the
+    codebook's table comes from that cache (:class:`vispec.decoding.neighbors.NeighborTables`, computed once
+    per codebook). GSD needs the AR model's input token ``embeddings`` ``[V, D]``; Lumina-mGPT 2.0's rule
+    needs nothing. ``codebook`` and ``embeddings`` may be functions, called only when the rule needs them
+    (a pipeline's weights may have to be materialised first)."""
+    if isinstance(config, AcceptanceRule):
+        return config
     config = AcceptanceConfig.parse(config)
     if config.rule == "lantern":
         if neighbors is None:
-            if codebook is None:
+            book = codebook() if callable(codebook) else codebook
+            if book is None:
                 raise ValueError("acceptance 'lantern' needs the tokenizer's codebook (a VQ model with quantize.embedding), "
                                  "or a precomputed neighbour table")
-            neighbors = codebook_neighbors(codebook, config.lantern_k, config.lantern_normalize)
+            neighbors = (tables.table(book, config.lantern_k, config.lantern_normalize) if tables is not None
+                         else codebook_neighbors(book, config.lantern_k, config.lantern_normalize))
         if config.lantern_k > neighbors.shape[1]:
             raise ValueError(f"lantern_k={config.lantern_k} exceeds the neighbour table's {neighbors.shape[1]} columns")
         return LanternRule(config, neighbors)
     if config.rule == "gsd":
-        if embeddings is None:
+        weights = embeddings() if callable(embeddings) else embeddings
+        if weights is None:
             raise ValueError("acceptance 'gsd' needs the AR model's input token embeddings")
-        return GSDRule(config, embeddings)
+        return GSDRule(config, weights)
     if config.rule == "lumina":
         return LuminaRule(config)
     return AcceptanceRule(config)

@@ -2,27 +2,36 @@
 
 A step is compiled with static shapes (``dynamic=False``): each (batch slots, padded window) pair is
 its own graph, which is also what CUDA graphs need, so windows come from a small fixed set
-(:func:`vispec.decoding.windows.window_set`) and the recompile limit is raised to hold them. Compiled
-steps read nothing back from the device; the decode loop does, once per step.
+(:func:`vispec.decoding.windows.window_set`). That is more graphs per step function than dynamo's
+default recompile limit holds, so the limit is raised to :data:`RECOMPILE_LIMIT` while a compiled step
+runs (``torch._dynamo.config.patch``) and only then: the process's own settings are left as they were.
+Compiled steps read nothing back from the device; the decode loop does, once per step.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from typing import Any, Callable
 
 import torch
 
-_COMPILED: dict[tuple[Callable, bool], Callable] = {}
 RECOMPILE_LIMIT = 64
 
 
 def compiled(step: Callable, fullgraph: bool = True) -> Callable:
-    """``step`` under ``torch.compile(fullgraph=fullgraph, dynamic=False)``, compiled once per process."""
-    key = (step, fullgraph)
-    if key not in _COMPILED:
+    """``step`` under ``torch.compile(fullgraph=fullgraph, dynamic=False)``, run with dynamo's recompile limit
+    at least :data:`RECOMPILE_LIMIT`; the same callable for the same ``(step, fullgraph)`` (one set of graphs)."""
+    return _compile(step, fullgraph)
+
+
+@functools.cache
+def _compile(step: Callable, fullgraph: bool) -> Callable:
+    graph = torch.compile(step, fullgraph=fullgraph, dynamic=False)
+
+    @functools.wraps(step)
+    def run(*args: Any, **kwargs: Any) -> Any:
         config = torch._dynamo.config
-        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
-            if hasattr(config, name):
-                setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-        _COMPILED[key] = torch.compile(step, fullgraph=fullgraph, dynamic=False)
-    return _COMPILED[key]
+        with config.patch(recompile_limit=max(config.recompile_limit, RECOMPILE_LIMIT)):
+            return graph(*args, **kwargs)
+
+    return run

@@ -14,16 +14,21 @@ e.g. ``"mc-sjd"``, ``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.
 so ``DecodingConfig.parse(config.name) == config``; :attr:`DecodingConfig.method` is the same
 without the sampling settings (the label statistics and tables show).
 
-A :class:`DecodingConfig` is a diffusers ``ConfigMixin`` (saved like a scheduler), so pipelines register
-it as a component and its acceptance rule and sampling defaults are saved with the model.
+A :class:`DecodingConfig` is a frozen dataclass, checked once when built. Pipelines register it as a
+component, so its acceptance rule and sampling defaults are saved with the model
+(``decoding_config/decoding_config.json``); :class:`PipelineComponent` is the thin adapter that lets
+diffusers' ``save_pretrained`` / ``from_pretrained`` write and read that file.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import json
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any, Optional, Union
 
-from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.schedulers.scheduling_utils import SchedulerMixin
+import diffusers
+from diffusers import SchedulerMixin  # diffusers' loader looks this base up in this module (PipelineComponent)
 
 from vispec.checks import check_int
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule
@@ -49,8 +54,56 @@ SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], 
              "gsd[:half_width=..], lumina)")
 
 
-class DecodingConfig(SchedulerMixin, ConfigMixin):
-    """How image tokens are decoded (module docstring for the spec grammar).
+class PipelineComponent(SchedulerMixin):
+    """The thin adapter through which diffusers saves and loads a frozen settings dataclass as a pipeline component.
+
+    diffusers' ``save_pretrained`` saves a component whose class derives from one of its loadable bases, and
+    ``from_pretrained`` loads one by looking that base's name up in the module ``model_index.json`` names (here
+    ``vispec.decoding.config``, which therefore imports ``SchedulerMixin``, the lightest such base). Nothing else
+    of diffusers is used: the settings are the dataclass's fields, written as JSON to :attr:`config_name` in
+    the component's folder with diffusers' ``_class_name`` and ``_diffusers_version`` keys (ignored on loading).
+    """
+
+    config_name = "decoding_config.json"
+
+    def settings(self) -> dict[str, Any]:
+        """The fields, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def save_pretrained(self, save_directory: Union[str, os.PathLike], **kwargs: Any) -> None:
+        """Write the settings to ``save_directory/<config_name>`` (diffusers' saving keywords are ignored)."""
+        os.makedirs(save_directory, exist_ok=True)
+        data = {"_class_name": type(self).__name__, "_diffusers_version": diffusers.__version__, **self.settings()}
+        with open(os.path.join(save_directory, self.config_name), "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], subfolder: Optional[str] = None,
+                        **kwargs: Any):
+        """Read a local folder's ``<config_name>`` (in ``subfolder`` if given); settings it lacks keep their
+        defaults, and an unknown one is a ``ValueError`` (a file from a newer version)."""
+        path = os.path.join(os.fspath(pretrained_model_name_or_path), subfolder or "", cls.config_name)
+        try:
+            with open(path) as handle:
+                data = json.load(handle)
+        except FileNotFoundError:
+            raise ValueError(f"{path} not found: {cls.__name__}.from_pretrained needs a local folder holding "
+                             f"{cls.config_name}") from None
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path} is not a readable JSON file: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in data if not k.startswith("_") and k not in known)
+        if unknown:
+            raise ValueError(f"{path} has settings {unknown} that {cls.__name__} does not know (expected {sorted(known)})")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True, repr=False)
+class DecodingConfig(PipelineComponent):
+    """How image tokens are decoded (module docstring for the spec grammar). Checked once, when built.
 
     Args:
         strategy: ``"ar"`` (one token per forward), ``"sjd"`` (Speculative Jacobi Decoding,
@@ -67,7 +120,7 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
             ``"vertical"`` (copy the token one row above; horizontal on the first row).
         coupling: ``"none"`` for SJD; ``"maximal"`` (verify every slot, keep each slot's coupled output
             as its next draft) or ``"gumbel"`` (drafts by Gumbel-max with noise fixed per absolute
-            position) for MC-SJD. ``None`` picks the strategy's default.
+            position) for MC-SJD. ``None`` picks the strategy's default (stored resolved).
         acceptance: the acceptance rule, ``"exact"`` (default) or a lossy one (``"lantern"``, ``"gsd"``, with
             options, or ``"lumina"``, Lumina-mGPT 2.0's biased rule; :mod:`vispec.decoding.acceptance`). Stored in
             canonical form.
@@ -76,70 +129,58 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
             its model was evaluated with; call arguments override them.
     """
 
-    config_name = "decoding_config.json"
+    strategy: str = "sjd"
+    window: Union[int, str] = DEFAULT_WINDOW
+    init: str = "horizontal"
+    coupling: Optional[str] = None
+    acceptance: str = "exact"
+    guidance_scale: float = SamplingConfig.guidance_scale  # the sampling defaults are SamplingConfig's
+    temperature: float = SamplingConfig.temperature
+    top_k: int = SamplingConfig.top_k
+    top_p: float = SamplingConfig.top_p
+    cfg_interval: int = SamplingConfig.cfg_interval
 
-    @register_to_config
-    def __init__(
-        self,
-        strategy: str = "sjd",
-        window: Union[int, str] = DEFAULT_WINDOW,
-        init: str = "horizontal",
-        coupling: Optional[str] = None,
-        acceptance: str = "exact",
-        guidance_scale: float = 1.0,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        cfg_interval: int = -1,
-    ):
+    def __post_init__(self) -> None:
+        strategy, window = self.strategy, self.window
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if window != AUTO_WINDOW:
             check_int("window", window, minimum=1, hint=" or 'auto' (chosen per pass by cost)")
         if window == AUTO_WINDOW and strategy not in ("sjd", "mc-sjd"):
             raise ValueError(f"window='auto' applies to sjd and mc-sjd, not {strategy!r}; give an integer window")
-        if init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {init!r}")
-        coupling = COUPLINGS[strategy][0] if coupling is None else coupling
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        coupling = COUPLINGS[strategy][0] if self.coupling is None else self.coupling
         if coupling not in COUPLINGS[strategy]:
             raise ValueError(f"coupling for strategy {strategy!r} must be one of {COUPLINGS[strategy]}, got {coupling!r}")
-        rule = AcceptanceConfig.parse(acceptance)
+        rule = AcceptanceConfig.parse(self.acceptance)
         if strategy == "ar" and not rule.lossless:
             raise ValueError(f"acceptance {rule.name!r} needs a speculative decoder (sjd, mc-sjd, sd), not 'ar'")
-        self.register_to_config(coupling=coupling, acceptance=rule.name)
+        object.__setattr__(self, "coupling", coupling)  # stored resolved and canonical, so equal configs compare equal
+        object.__setattr__(self, "acceptance", rule.name)
         self.sampling()  # validates the sampling defaults
 
     # ---- views ---------------------------------------------------------------------------------
-
-    def settings(self) -> dict:
-        """The registered settings (diffusers' bookkeeping keys left out)."""
-        return {k: v for k, v in self.config.items() if not k.startswith("_")}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DecodingConfig) and self.settings() == other.settings()
-
-    def __hash__(self) -> int:
-        return hash(self.name)
 
     def __repr__(self) -> str:
         return f"DecodingConfig({self.name!r})"
 
     def sampling(self, **overrides) -> SamplingConfig:
         """The default :class:`SamplingConfig`, with ``None``-valued overrides ignored."""
-        values = {k: self.config[k] for k in SAMPLING_KEYS}
+        values = {k: getattr(self, k) for k in SAMPLING_KEYS}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingConfig(**values)
 
     @property
     def largest_window(self) -> int:
         """The window, or with ``window="auto"`` the largest one the chooser may pick (:data:`DEFAULT_WINDOW`)."""
-        window = self.config.window
+        window = self.window
         return DEFAULT_WINDOW if window == AUTO_WINDOW else window
 
     @property
     def rule(self) -> AcceptanceConfig:
         """The acceptance rule's settings."""
-        return AcceptanceConfig.parse(self.config.acceptance)
+        return AcceptanceConfig.parse(self.acceptance)
 
     @property
     def name(self) -> str:
@@ -152,13 +193,13 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         return self._label(())
 
     def _label(self, sampling_keys: tuple[str, ...]) -> str:
-        c = self.config
-        variant = {"ar": "ar", "sd": "sd", "sjd": f"sjd-{c.init}", "mc-sjd": f"mc-sjd-{c.coupling}"}[c.strategy]
-        defaults = DecodingConfig.parse(variant).config
-        keys = ("window",) + (("init",) if c.strategy != "sjd" else ()) + sampling_keys
-        options = [f"{k}={c[k]!r}" if isinstance(c[k], float) else f"{k}={c[k]}" for k in keys if c[k] != defaults[k]]
+        variant = {"ar": "ar", "sd": "sd", "sjd": f"sjd-{self.init}", "mc-sjd": f"mc-sjd-{self.coupling}"}[self.strategy]
+        values, defaults = self.settings(), DecodingConfig.parse(variant).settings()
+        keys = ("window",) + (("init",) if self.strategy != "sjd" else ()) + sampling_keys
+        options = [f"{k}={values[k]!r}" if isinstance(values[k], float) else f"{k}={values[k]}" for k in keys
+                   if values[k] != defaults[k]]
         label = variant + (":" + ",".join(options) if options else "")
-        return label if c.acceptance == "exact" else f"{label}+{c.acceptance}"
+        return label if self.acceptance == "exact" else f"{label}+{self.acceptance}"
 
     # ---- parsing -------------------------------------------------------------------------------
 
@@ -171,8 +212,7 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
         rule (``exact`` when it has none). Keyword ``overrides`` win over both.
         """
         if isinstance(value, DecodingConfig):
-            return cls(**{**value.settings(), **overrides}) if overrides else value  # not from_config: it would
-            # restore the defaults diffusers lists in "_use_default_values" over the overrides
+            return replace(value, **overrides) if overrides else value
         if not isinstance(value, str):
             raise ValueError(f"decoding must be a DecodingConfig or a string, got {type(value).__name__}")
         decoder, _, rule = value.strip().partition("+")
@@ -199,17 +239,21 @@ class DecodingConfig(SchedulerMixin, ConfigMixin):
                 acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule] = None) -> "DecodingConfig":
         """The config a call runs: ``decoding`` (default ``base``) with an ``acceptance`` given on its own.
 
-        Naming a lossy rule both in ``decoding`` and as a different ``acceptance`` is an error."""
+        Naming a lossy rule both in ``decoding`` and as a different ``acceptance`` is an error. A config that
+        already names the given rule is returned as it is (a pipeline resolves once and hands :func:`decode`
+        the result with its built rule)."""
         if decoding is None and base is None:
             raise ValueError(f"decoding is required: {SPEC_HELP}")
         config = base if decoding is None else cls.parse(decoding, base=base)
         if acceptance is None:
             return config
         name = AcceptanceConfig.parse(acceptance.config if isinstance(acceptance, AcceptanceRule) else acceptance).name
-        if decoding is not None and config.config.acceptance not in ("exact", name):
-            raise ValueError(f"decoding {config.name!r} already names the acceptance rule {config.config.acceptance!r}; "
+        if name == config.acceptance:
+            return config
+        if decoding is not None and config.acceptance != "exact":
+            raise ValueError(f"decoding {config.name!r} already names the acceptance rule {config.acceptance!r}; "
                              f"give it either in decoding or as acceptance={name!r}, not both")
-        return cls.parse(config, acceptance=name)
+        return replace(config, acceptance=name)
 
 
 def _variant(value: str, label: str) -> tuple[str, str]:

@@ -85,25 +85,24 @@ def decode_sd(model: SpeculativeARModel, drafter: SpeculativeARModel, condition:
     ``stats.nfe`` counts target forwards (the prefill included); ``stats.extra["drafter_nfe"]`` the
     drafter's. ``rule`` as in :func:`vispec.decoding.sjd.decode_sjd`.
     """
-    cfg = decoding.config
-    if cfg.strategy != "sd":
-        raise ValueError(f"decode_sd needs strategy 'sd', got {cfg.strategy!r}")
+    if decoding.strategy != "sd":
+        raise ValueError(f"decode_sd needs strategy 'sd', got {decoding.strategy!r}")
     if not isinstance(drafter, SpeculativeARModel):
         raise ValueError(f"drafter must implement prefill/forward_window/rollback/select, got {type(drafter).__name__}")
     if drafter.image_vocab_size != model.image_vocab_size:
         raise ValueError(f"drafter vocabulary ({drafter.image_vocab_size}) differs from the target's ({model.image_vocab_size})")
-    gamma = cfg.window - 1
+    gamma = decoding.window - 1
     if gamma < 1:
-        raise ValueError(f"draft-model decoding needs window >= 2 (at least one drafted token), got {cfg.window}")
+        raise ValueError(f"draft-model decoding needs window >= 2 (at least one drafted token), got {decoding.window}")
     if job.compile:
         raise ValueError("compile=True supports decoding 'ar', 'sjd' and 'mc-sjd'; 'sd' runs its drafter rounds eagerly "
                          "(use compile=False)")
     num_tokens, sampling = job.num_tokens, job.sampling
-    start = start_decoding(model, condition, job, window=cfg.window, grid_width=num_tokens)
+    start = start_decoding(model, condition, job, window=decoding.window, grid_width=num_tokens)
     first = condition if start.requests == start.batch else select_condition(condition, torch.arange(start.batch))
-    d_state, _ = drafter.prefill(first, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=cfg.window)
+    d_state, _ = drafter.prefill(first, guidance=sampling.uses_guidance, max_new_tokens=num_tokens, window=decoding.window)
     zeros = torch.zeros(start.batch, dtype=torch.long, device=start.device)
-    batch = RaggedBatch(start, job, num_tokens, cfg.window + 1,
+    batch = RaggedBatch(start, job, num_tokens, decoding.window + 1,
                         caches={"target": (model, start.state), "drafter": (drafter, d_state)},
                         state={"cached": zeros, "drafter_nfe": zeros}, reported=("drafter_nfe",))
     tv = TVTracker(start.requests, start.device) if not rule.lossless else None

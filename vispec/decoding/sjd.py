@@ -28,7 +28,7 @@ Step 6 is where the variants differ (MC-SJD, So et al., arXiv 2510.24211):
   its arg-max is stable under the new context. Verification uniforms stay fresh per pass.
 
 All three are exact: every committed token is distributed as ``p(. | committed prefix)``
-(tests/test_exactness.py checks the joint distribution against enumeration).
+(tests/exactness/test_exactness.py checks the joint distribution against enumeration).
 
 Batching: windows are padded to the widest sample; every sample has its own ``n``, drafts, cache
 length and noise counters (pass index), and finished samples leave the batch or hand their slot to a
@@ -55,7 +55,7 @@ from vispec.decoding.compiled import compiled
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
 from vispec.decoding.speculative import GUMBEL, JACOBI, MAXIMAL, Coupling, RaggedBatch, verify_window
-from vispec.decoding.windows import WindowChooser, cost_key, round_up, window_set
+from vispec.decoding.windows import WindowChooser, WindowStats, cost_key, round_up, window_set
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import window_target
 from vispec.kernels.verify import SampleRequest
@@ -149,16 +149,17 @@ def single_token_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest
     return target.status
 
 
-def _chooser(model: SpeculativeARModel, slots: int, job: DecodeJob, decoding: DecodingConfig) -> WindowChooser:
-    """The window chooser of a decode over ``slots`` batch slots: step times per (model, slots, compile),
-    acceptance per (model, spec)."""
-    return WindowChooser(decoding.largest_window, cost_key(model, slots, job.compile),
-                         tokens_key=(cost_key(model, 0, False), decoding.name), slots=slots)
+def _chooser(model: SpeculativeARModel, slots: int, job: DecodeJob, decoding: DecodingConfig,
+             stats: Optional[WindowStats]) -> WindowChooser:
+    """The window chooser of a decode over ``slots`` batch slots, measuring into ``stats``: step times per
+    (device, dtype, slots, compile), acceptance per spec."""
+    return WindowChooser(decoding.largest_window, stats, cost_key(model, slots, job.compile), tokens_key=decoding.name,
+                         slots=slots)
 
 
 @torch.no_grad()
 def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decoding: DecodingConfig,
-               rule: AcceptanceRule) -> DecodeOutput:
+               rule: AcceptanceRule, window_stats: Optional[WindowStats] = None) -> DecodeOutput:
     """Decode ``job.num_tokens`` tokens per sample with SJD or MC-SJD (module docstring).
 
     ``rule``: the built acceptance rule of ``decoding.acceptance`` (:mod:`vispec.decoding.acceptance`);
@@ -166,19 +167,21 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     verification's output from the target (``stats.tv_mean``, ``stats.tv_max``; measured on the first
     draft of up to ``TV_SAMPLES_PER_STEP`` samples per pass). ``stats.windows`` counts the passes run
     with each window. With ``window="auto"`` and an exact rule, a decode the chooser's measurements give
-    to AR (:meth:`~vispec.decoding.windows.WindowChooser.prefers_ar`) runs :func:`decode_ar`."""
-    cfg = decoding.config
-    if cfg.strategy not in ("sjd", "mc-sjd"):
-        raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {cfg.strategy!r}")
-    auto = cfg.window == "auto"
+    to AR (:meth:`~vispec.decoding.windows.WindowChooser.prefers_ar`) runs :func:`decode_ar`.
+    ``window_stats``: the chooser's measurements, kept by the caller between decodes (default: this
+    decode's own)."""
+    if decoding.strategy not in ("sjd", "mc-sjd"):
+        raise ValueError(f"decode_sjd needs strategy 'sjd' or 'mc-sjd', got {decoding.strategy!r}")
+    auto = decoding.window == "auto"
+    stats = WindowStats() if auto and window_stats is None else window_stats
     window = decoding.largest_window
     if auto and rule.lossless:
         slots = min(condition_size(condition), job.max_batch_size or condition_size(condition))
-        if _chooser(model, slots, job, decoding).prefers_ar(job.num_tokens):  # no window beats AR here (exact either way)
+        if _chooser(model, slots, job, decoding, stats).prefers_ar(job.num_tokens):  # no window beats AR here (exact either way)
             out = decode_ar(model, condition, job)
             out.method = decoding.method
             return out
-    grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width, cfg.init)
+    grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width, decoding.init)
     start = start_decoding(model, condition, job, window=window, grid_width=grid_width)
     q_dtype = torch.float64 if start.logits.cond.dtype == torch.float64 else torch.float32
     zeros = torch.zeros(start.batch, dtype=torch.long, device=start.device)
@@ -188,11 +191,11 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
                                                       device=start.device)},  # q of the draft at position n + i
                         fixed=job.compile)
     tv = TVTracker(start.requests, start.device) if not rule.lossless else None
-    step = SJDStep(model, job, rule, COUPLINGS[cfg.coupling], cfg.init, grid_width, start.vocab, window, tv)
+    step = SJDStep(model, job, rule, COUPLINGS[decoding.coupling], decoding.init, grid_width, start.vocab, window, tv)
     run = compiled(sjd_step, fullgraph=rule.lossless) if job.compile else sjd_step
     run_single = compiled(single_token_step) if job.compile else single_token_step
     windows = window_set(window)
-    chooser = _chooser(model, start.batch, job, decoding) if auto else None
+    chooser = _chooser(model, start.batch, job, decoding, stats) if auto else None
     steps = {window: step}  # per window: the step whose windows are at most that wide
     used: dict[int, int] = {}
 
@@ -203,7 +206,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
             chosen = round_up(chosen, windows)
         width_pad = chosen
         if chosen not in steps:
-            steps[chosen] = SJDStep(model, job, rule, step.coupling, cfg.init, grid_width, start.vocab, chosen, tv)
+            steps[chosen] = SJDStep(model, job, rule, step.coupling, decoding.init, grid_width, start.vocab, chosen, tv)
         before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)] if chooser else None  # for record()
         status = (run_single if width_pad == 1 else run)(steps[chosen], batch, width_pad, None if job.compile else batch.longest())
         # window 1 commits exactly one token per live sample: nothing to read back unless a sample

@@ -8,7 +8,9 @@
 * :func:`verify_window` verifies every sample's window of drafts against one target forward
   (Leviathan et al. 2023; SJD, arXiv 2410.01699; MC-SJD, arXiv 2510.24211). For sample ``b`` with
   ``D_b`` drafts, row ``j`` of the window is the target ``P_j`` that verifies draft ``d_{j+1}``
-  (``j < D_b``); row ``D_b`` gives the bonus token. Steps: accept (:mod:`vispec.decoding.acceptance`)
+  (``j < D_b``); row ``D_b`` gives the bonus token. Steps: accept (the exact rule by the target's
+  kernels, :meth:`vispec.kernels.target.Target.accept`; a relaxed rule of :mod:`vispec.decoding.acceptance`
+  on the dense probability rows)
   → measure the TV of lossy rules → first rejection ``m`` → residual and fresh samples
   (:class:`Coupling`) → the committed token ``x_{m+1}``: the residual sample at the first rejection, or
   the bonus sample when every draft was accepted.
@@ -112,7 +114,10 @@ def verify_window(
     row_drafts = Drafts(drafts.reshape(-1), None if q is None else q.reshape(-1, q.shape[-1]),
                         None if dense_rows is None else dense_rows.reshape(-1))
 
-    accepted = rule.accept_drafts(target, row_drafts, flat_draws).view(batch, slots)
+    # the exact rule goes straight to the target's kernels; a relaxed one works on its dense probability rows
+    exact = rule.lossless
+    accepted = (target.accept(row_drafts, flat_draws) if exact else rule.accept_drafts(target, row_drafts, flat_draws))
+    accepted = accepted.view(batch, slots)
     if tv is not None:
         tv.measure(target, rule, ids, num_drafts, slots, row_drafts)
     m = target.first_rejection(accepted.reshape(-1), sample[:, 0] * slots, num_drafts, width=slots)
@@ -133,7 +138,7 @@ def verify_window(
         later = (slot[None, :] > m[:, None]) & (slot[None, :] < width[:, None])
         rows = torch.where(later, sample * store_q.shape[1] + slot[None, :] - m[:, None] - 1, torch.full_like(drafts, -1))
         request.store_rows, request.store_out = rows.reshape(-1), store_q.view(-1, store_q.shape[-1])
-    residual_tokens, fresh_tokens = rule.sample(target, request, row_drafts)
+    residual_tokens, fresh_tokens = target.sample(request, row_drafts) if exact else rule.sample(target, request, row_drafts)
 
     coupled = torch.where(accepted, drafts, residual_tokens.view(batch, slots))
     fresh_tokens = fresh_tokens.view(batch, slots)

@@ -9,8 +9,8 @@ beat it by :attr:`WindowChooser.margin`, so by its own measurements the chooser 
 slower than AR.
 
 * ``t(B, W, L)``: wall time of whole decode steps (forward, verification, the step's read-back),
-  measured as the decoder runs them, kept per (model, device, dtype, compile, B) for the process
-  (:data:`STEP_COSTS`; the first step of a shape, which compiles or warms up, is dropped). Eager
+  measured as the decoder runs them, kept per (device, dtype, compile, B) in a :class:`WindowStats`
+  (the first step of a shape, which compiles or warms up, is dropped). Eager
   attention reads ``L`` cached tokens, so a step's cost grows with ``L``: the estimate at ``L`` is a
   robust line (:func:`_line`) through the window's samples once they span :data:`SPAN` positions;
   before, their median, scaled by the relative growth of the window whose samples span the most
@@ -19,8 +19,8 @@ slower than AR.
 * ``T(W)``: committed tokens per live sample per pass, measured while ``W`` runs a block of passes
   (drafts need passes to mature after the window changes: the first ``max(settle, W // maturity)``
   passes of a block that changes the window are not counted, the next :attr:`WindowChooser.block` are),
-  kept per (model, decoding spec) for the process (:data:`TOKENS_PER_PASS`).
-* The ramp: those first passes commit fewer tokens, ``S(from, W)`` per pass (:data:`RAMP_TOKENS`). A decode
+  kept per decoding spec in the :class:`WindowStats`.
+* The ramp: those first passes commit fewer tokens, ``S(from, W)`` per pass (:attr:`WindowStats.ramp_tokens`). A decode
   of few tokens spends much of itself ramping (GPT-L, 64 tokens, window 16: 8 of 14 passes), so windows
   are compared by the time to finish: a batch whose slowest sample lacks ``R`` tokens finishes at ``W``
   after ``r + (R - r S) / T`` passes, ``r`` the ramp passes still ahead (none if ``W`` is running and
@@ -29,7 +29,7 @@ slower than AR.
 
 Exploration climbs: window 1 first, then the next wider window while it could beat the best so far:
 its extra rows add tokens only for samples that accepted every draft of the widest measured window
-(:data:`ALL_ACCEPTED`), and it costs at least as much. So where speculation does not pay only one
+(:attr:`WindowStats.all_accepted`), and it costs at least as much. So where speculation does not pay only one
 block of window 2 is spent. Every :attr:`refresh` passes the
 neighbours of the best window are re-measured, if their last rate was within :attr:`near` of the best;
 each re-measurement that confirms the best doubles the interval.
@@ -37,8 +37,13 @@ each re-measurement that confirms the best doubles the interval.
 Where the measurements say no window beats AR, a whole decode runs as plain AR
 (:meth:`WindowChooser.prefers_ar`; every :attr:`~WindowChooser.recheck`-th such decode runs the chooser).
 
+Measurements belong to one model, so they live in an explicit :class:`WindowStats` that its owner keeps
+between decodes: a pipeline keeps one for its transformer (a new transformer starts a new one), and
+:func:`vispec.decoding.decode` takes one (``window_stats=``; without it the measurements last one decode).
+No decode writes process-wide state.
+
 The window only decides which drafts a pass verifies; every verification stays exact, so the output
-distribution is the AR one whatever the choices (tests/test_exactness.py runs the chooser). The tokens
+distribution is the AR one whatever the choices (tests/exactness/test_exactness.py runs the chooser). The tokens
 a seed gives do depend on the choices, hence on the machine's timings and on the rest of the batch.
 """
 
@@ -46,21 +51,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import defaultdict
-from typing import Any, Callable, Hashable, Optional
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Hashable, Mapping, Optional
 
-STEP_COSTS: dict[Hashable, dict[int, list[tuple[int, float]]]] = defaultdict(dict)
-"""Step times ``(L, seconds)`` per cost key (:func:`cost_key`) and window (the last :data:`KEEP`)."""
-TOKENS_PER_PASS: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
-"""Committed tokens per live sample per pass, per (model, decoding spec) and window (the last :data:`KEEP`)."""
-RAMP_TOKENS: dict[Hashable, dict[tuple[int, int], list[float]]] = defaultdict(dict)
-"""Committed tokens per live sample per pass over a block's first (settling) passes, per (model, decoding
-spec) and ``(from, window)``: ``from`` is the window the drafts were made with, 0 when there were none
-(the decode's start, or after window 1, which keeps no drafts)."""
-ALL_ACCEPTED: dict[Hashable, dict[int, list[float]]] = defaultdict(dict)
-"""Share of live samples whose every draft was accepted, per (model, decoding spec) and window."""
-AR_HANDOVERS: dict[Hashable, int] = defaultdict(int)
-"""Per cost key: consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`)."""
+STEP_COSTS: Mapping[Hashable, dict[int, list[tuple[int, float]]]] = MappingProxyType({})
+"""Starting step times ``(L, seconds)`` per cost key (:func:`cost_key`) and window, copied into a new
+:class:`WindowStats` when it first meets the key (empty: measured from scratch; read-only, no decode writes here)."""
+TOKENS_PER_PASS: Mapping[Hashable, dict[int, list[float]]] = MappingProxyType({})
+"""Starting committed tokens per live sample per pass, per decoding spec and window (as :data:`STEP_COSTS`)."""
+RAMP_TOKENS: Mapping[Hashable, dict[tuple[int, int], list[float]]] = MappingProxyType({})
+"""Starting ramp tokens per decoding spec and ``(from, window)`` (as :data:`STEP_COSTS`)."""
+ALL_ACCEPTED: Mapping[Hashable, dict[int, list[float]]] = MappingProxyType({})
+"""Starting shares of samples that accepted every draft, per decoding spec and window (as :data:`STEP_COSTS`)."""
 KEEP = 64
 SPAN = 32  # cached-token range over which step times are fitted by a line rather than a median
 
@@ -80,10 +83,52 @@ def round_up(width: int, windows: list[int]) -> int:
 
 
 def cost_key(model: Any, slots: int, compiled: bool) -> Hashable:
-    """What a step time depends on besides the window and the cache length."""
+    """What a step time depends on besides the model, the window and the cache length."""
     param = next(model.parameters(), None) if hasattr(model, "parameters") else None
     where = (str(param.device), str(param.dtype)) if param is not None else ("?", "?")
-    return (type(model).__name__, id(model), where, slots, compiled)
+    return (where, slots, compiled)
+
+
+def _started(prior: Mapping[Hashable, dict], key: Hashable) -> dict:
+    """A copy of ``prior[key]``'s lists (an empty table where ``prior`` has none)."""
+    try:
+        table = prior[key]
+    except KeyError:
+        return {}
+    return {window: list(values) for window, values in table.items()}
+
+
+@dataclass
+class WindowStats:
+    """The window chooser's measurements of one model's decodes (module docstring), kept by their owner.
+
+    ``step_costs[cost key][W]``: ``(L, seconds)`` step times; ``tokens_per_pass[spec][W]``: committed tokens
+    per live sample per pass; ``ramp_tokens[spec][(from, W)]``: the same over a block's settling passes
+    (``from``: the window the drafts were made with, 0 when there were none: the decode's start, or after
+    window 1, which keeps no drafts);
+    ``all_accepted[spec][W]``: shares of samples that accepted every draft; ``ar_handovers[cost key]``:
+    consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`). Each list keeps the last
+    :data:`KEEP` values; a key met for the first time starts from the module's read-only starting tables."""
+
+    step_costs: dict[Hashable, dict[int, list[tuple[int, float]]]] = field(default_factory=dict)
+    tokens_per_pass: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
+    ramp_tokens: dict[Hashable, dict[tuple[int, int], list[float]]] = field(default_factory=dict)
+    all_accepted: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
+    ar_handovers: dict[Hashable, int] = field(default_factory=dict)
+
+    def costs(self, key: Hashable) -> dict[int, list[tuple[int, float]]]:
+        """Step times of cost key ``key``, by window."""
+        if key not in self.step_costs:
+            self.step_costs[key] = _started(STEP_COSTS, key)
+        return self.step_costs[key]
+
+    def acceptance(self, spec: Hashable) -> tuple[dict, dict, dict]:
+        """``(tokens per pass, ramp tokens, all-accepted shares)`` of decoding spec ``spec``, by window."""
+        for table, prior in ((self.tokens_per_pass, TOKENS_PER_PASS), (self.ramp_tokens, RAMP_TOKENS),
+                             (self.all_accepted, ALL_ACCEPTED)):
+            if spec not in table:
+                table[spec] = _started(prior, spec)
+        return self.tokens_per_pass[spec], self.ramp_tokens[spec], self.all_accepted[spec]
 
 
 def _append(table: dict[int, list], window: int, value: Any) -> None:
@@ -124,10 +169,9 @@ class WindowChooser:
 
     Args:
         largest: the largest window.
-        key: the cost key (:func:`cost_key`); ``tokens_key``: what acceptance depends on (model, spec).
-        costs, tokens, ramp, all_accepted: tables to use instead of the process-wide :data:`STEP_COSTS`,
-            :data:`TOKENS_PER_PASS`, :data:`RAMP_TOKENS`, :data:`ALL_ACCEPTED` (given ``tokens``, the last two
-            start empty unless given).
+        stats: the measurements to use and extend (:class:`WindowStats`; default: a new, empty one).
+        key: the cost key (:func:`cost_key`); ``tokens_key``: what acceptance depends on (the decoding spec;
+            default ``key``).
         clock: seconds, for step times (``time.perf_counter``).
         slots: the batch slots; step times are recorded only while every slot is live (a batch that
             sheds finished samples runs cheaper passes near its end, which would flatter the windows that
@@ -143,19 +187,13 @@ class WindowChooser:
     refresh = 64  # passes between re-measuring neighbours of the best window (doubles on each confirmation)
     recheck = 8  # of the decodes handed to AR (prefers_ar), every recheck-th runs the chooser instead
 
-    def __init__(self, largest: int, key: Hashable, costs: Optional[dict] = None, tokens_key: Hashable = None,
-                 tokens: Optional[dict] = None, clock: Callable[[], float] = time.perf_counter,
-                 slots: Optional[int] = None, ramp: Optional[dict] = None, all_accepted: Optional[dict] = None):
+    def __init__(self, largest: int, stats: Optional[WindowStats] = None, key: Hashable = "", tokens_key: Hashable = None,
+                 clock: Callable[[], float] = time.perf_counter, slots: Optional[int] = None):
         self.windows, self.clock, self.key, self.slots = window_set(largest), clock, key, slots
         self._live = slots
-        self.costs = (STEP_COSTS if costs is None else costs)[key]
-        tokens_key = tokens_key if tokens_key is not None else key
-        self.tokens = (TOKENS_PER_PASS if tokens is None else tokens)[tokens_key]
-        def table(given: Optional[dict], shared: dict) -> dict:  # given tokens: the others start empty
-            return given if given is not None else shared if tokens is None else defaultdict(dict)
-
-        self.all_accepted = table(all_accepted, ALL_ACCEPTED)[tokens_key]
-        self.ramp = table(ramp, RAMP_TOKENS)[tokens_key]
+        self.stats = WindowStats() if stats is None else stats
+        self.costs = self.stats.costs(key)
+        self.tokens, self.ramp, self.all_accepted = self.stats.acceptance(key if tokens_key is None else tokens_key)
         self.history: list[int] = []
         self.passes = 0
         self._current: Optional[int] = None
@@ -268,9 +306,10 @@ class WindowChooser:
         if max(measured, key=lambda w: scores[w]) != 1 or (
                 wider is not None and self._ceiling(widest, wider, num_tokens, at, growth) > scores[1]):
             return False
-        AR_HANDOVERS[self.key] += 1
-        if AR_HANDOVERS[self.key] >= self.recheck:
-            AR_HANDOVERS[self.key] = 0
+        handovers = self.stats.ar_handovers
+        handovers[self.key] = handovers.get(self.key, 0) + 1
+        if handovers[self.key] >= self.recheck:
+            handovers[self.key] = 0
             return False
         return True
 

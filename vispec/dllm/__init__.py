@@ -2,14 +2,24 @@
 
 :func:`decode` speaks the image half's vocabulary (:mod:`vispec.outputs`): it returns a
 :class:`vispec.outputs.DecodeOutput`, reports :class:`vispec.outputs.DecodeProgress` to its step callback
-and takes ``guidance_scale`` (1 = off; LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``).
+and takes ``guidance_scale`` (1 = off; LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``). Its options are
+one :class:`UnmaskingOptions` (or the same names as keywords).
+
+Where things live: :mod:`~vispec.dllm.decode` (the entry point and the checks that need the model),
+:mod:`~vispec.dllm.loop` (the block loop), :mod:`~vispec.dllm.caches` (one class per cache mode),
+:mod:`~vispec.dllm.schedulers` / :mod:`~vispec.dllm.dream` / :mod:`~vispec.dllm.learned` (the policies),
+:mod:`~vispec.dllm.blocks` (fixed blocks, AdaBlock), :mod:`~vispec.dllm.eotp` and :mod:`~vispec.dllm.prophet` (the
+after-step rules), :mod:`~vispec.dllm.options`, :mod:`~vispec.dllm.tokens`, :mod:`~vispec.dllm.callback`.
 """
 
 from vispec.dllm.blocks import AdaptiveBlocks
-from vispec.dllm.decode import CACHES, StopDecoding, check_decode_args, count_tokens, decode
+from vispec.dllm.callback import StopDecoding
+from vispec.dllm.decode import check_decode_inputs, decode
+from vispec.dllm.loop import count_tokens
 from vispec.dllm.dream import DreamScheduler
-from vispec.dllm.early_commit import ProphetRule
 from vispec.dllm.learned import LearnedFilterScheduler, ParallelDecodeFilter
+from vispec.dllm.options import CACHES, UnmaskingOptions
+from vispec.dllm.prophet import ProphetRule
 from vispec.dllm.schedulers import (
     SCHEDULERS,
     ContiguousScheduler,
@@ -25,6 +35,6 @@ from vispec.dllm.schedulers import (
 
 __all__ = [
     "CACHES", "SCHEDULERS", "AdaptiveBlocks", "ProphetRule", "ContiguousScheduler", "DreamScheduler", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "LearnedFilterScheduler", "ParallelDecodeFilter", "StopDecoding", "ThresholdScheduler",
-    "UnmaskNoise", "UnmaskSchedulerOutput", "UnmaskingScheduler", "check_decode_args", "count_tokens", "decode",
-    "make_scheduler",
+    "UnmaskNoise", "UnmaskSchedulerOutput", "UnmaskingOptions", "UnmaskingScheduler", "check_decode_inputs", "count_tokens",
+    "decode", "make_scheduler",
 ]

@@ -1,5 +1,5 @@
 """What a step callback of :func:`vispec.dllm.decode` may do besides watching: stop decoding
-(:class:`StopDecoding`) or return an edit of the canvas and the guidance scale (:func:`_apply_edit`)."""
+(:class:`StopDecoding`) or return an edit of the canvas and the guidance scale (:func:`apply_edit`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from vispec.checks import check_number
-from vispec.dllm.forward import _GUIDANCE_HINT, _Forward
+from vispec.dllm.caches import Guidance
+from vispec.dllm.options import GUIDANCE_HINT
 from vispec.outputs import UNDECIDED
 
 
@@ -18,17 +19,17 @@ class StopDecoding(Exception):
     mask id where undecided), the statistics of the forwards run, and ``labels["interrupted"] = True``."""
 
 
-def _apply_edit(edit: Any, x: Tensor, prompt_len: int, mask_id: int, vocab: int, forward: _Forward) -> None:
+def apply_edit(edit: Any, x: Tensor, prompt_len: int, mask_id: int, vocab: int, guidance: Guidance) -> None:
     """Apply a step callback's edit (:func:`vispec.dllm.decode`'s ``callback``) to the canvas ``x`` and the guidance
-    scale."""
+    scale (shared by every cache of the decode)."""
     if not isinstance(edit, dict) or set(edit) - {"tokens", "guidance_scale"}:
         raise ValueError(f"a step callback returns None or a dict with 'tokens' and / or 'guidance_scale', got {edit!r}")
     if "guidance_scale" in edit:
-        scale = check_number("guidance_scale", edit["guidance_scale"], minimum=1, hint=_GUIDANCE_HINT)
-        if not forward.guided:
+        scale = check_number("guidance_scale", edit["guidance_scale"], minimum=1, hint=GUIDANCE_HINT)
+        if not guidance.guided:
             raise ValueError("guidance_scale can change during decoding only when decoding started with guidance "
                              "(guidance_scale != 1): the unconditional branch is set up at the start")
-        forward.guidance_scale = float(scale)
+        guidance.scale = float(scale)
     if "tokens" not in edit:
         return
     canvas = x[:, prompt_len:]

@@ -8,13 +8,13 @@ the block has no mask left. Steps that would commit nothing because a row's bloc
 complete are skipped (LLaDA's reference spends forwards on them when ``steps / K`` exceeds the
 block's masks; the tokens are the same).
 
-Caches (``cache=``; :mod:`vispec.dllm.forward` runs the forwards and keeps the caches): ``"none"``, a
+Caches (``cache=``; :mod:`vispec.dllm.caches`, one class per mode): ``"none"``, a
 full forward every step; ``"prefix"`` and ``"dual"`` (Fast-dLLM, Wu et al., arXiv 2505.22618, §3.1; spec
 ``dllm.md`` §4.3), where the block's first step is a full forward that caches every position's K/V and the
 later steps forward ``x[block_start:]``, or only the block, against the cache; ``"dkv"`` (dKV-Cache-Decode,
 Ma et al., arXiv 2505.15781, spec ``dllm.md`` §11), which caches a committed token's K/V from the step after
 the one that commits it and refreshes the whole cache every ``cache_reload_steps`` forwards of a block.
-``compile=True`` runs every forward through ``torch.compile`` with static shapes (:mod:`vispec.dllm.forward`;
+``compile=True`` runs every forward through ``torch.compile`` with static shapes (:mod:`vispec.dllm.caches`;
 not with ``"dkv"``).
 
 Every forward counts one NFE for every row it serves, the cache-refreshing full forward included.
@@ -35,10 +35,10 @@ Rules that end rows early or move block boundaries (all off by default; they com
 with every policy and every cache, and keep every row's tokens and NFE those it gets alone; how the block
 loop runs them: :mod:`vispec.dllm.loop`):
 
-* ``eotp=True``: end-of-text prediction (Learn2PD, arXiv 2509.25188; :mod:`vispec.dllm.early_commit`).
+* ``eotp=True``: end-of-text prediction (Learn2PD, arXiv 2509.25188; :mod:`vispec.dllm.eotp`).
   After each step a row's canvas may be cut after an EOS; the dropped tail reads as EOS and is never
   computed again.
-* ``early_commit=ProphetRule(...)``: Prophet (arXiv 2508.19982). A row whose mean top-2 logit gap over
+* ``early_commit=ProphetRule(...)``: Prophet (arXiv 2508.19982; :mod:`vispec.dllm.prophet`). A row whose mean top-2 logit gap over
   its answer region clears the progress-dependent threshold commits all its masked positions (every
   block) to this forward's candidates and stops. It adds no forward.
 * ``adaptive_block=AdaptiveBlocks(...)``: AdaBlock (arXiv 2509.26432; :mod:`vispec.dllm.blocks`). Each
@@ -55,6 +55,10 @@ diffusers' ``LLaDA2Pipeline``, which applies a block its step-end callback retur
 to end early with what is done. Logits with NaN raise ``ValueError`` at the end of their block (one
 read-back per block) instead of leaving the canvas masked.
 
+The options are one frozen :class:`vispec.dllm.options.UnmaskingOptions`, checked once when built (``decode`` builds
+it from its keywords, or takes ``options=``); the checks that need the model run once, before the block loop
+(:func:`check_decode_inputs`).
+
 Model protocol: ``model(input_ids, attention_mask).logits`` (``[B, N, V]``) and ``model.config`` with
 ``mask_token_id`` (and ``eos_token_id``, ``eot_token_id``, ``vocab_size``, ``max_sequence_length``
 when present); the caches also need ``compute_kv_cache`` / ``forward_span`` and a cache with
@@ -69,63 +73,13 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from vispec.checks import check_int, check_number
-from vispec.dllm.blocks import AdaptiveBlocks
-from vispec.dllm.callback import StopDecoding  # noqa: F401 (re-exported: raised by step callbacks)
-from vispec.dllm.early_commit import ProphetRule
-from vispec.dllm.forward import _GUIDANCE_HINT, _config_id, _Forward
-from vispec.dllm.loop import _BlockLoop, _Cuts
-from vispec.dllm.loop import _fill_after_eos, count_tokens  # noqa: F401 (re-exported)
+from vispec.dllm.caches import CACHE_CLASSES
+from vispec.dllm.loop import BlockLoop
+from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.schedulers import UnmaskingScheduler
+from vispec.dllm.tokens import TokenIds, config_id
 from vispec.kernels.philox import GeneratorArg, per_sample_seeds
 from vispec.outputs import DecodeOutput, StepCallback
-
-CACHES = ("none", "prefix", "dual", "dkv")
-
-
-def check_decode_args(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], gen_length: int, block_length: int,
-                      temperature: float, guidance_scale: float, cache: str, mask_token_id: Optional[int],
-                      compile: bool = False, cache_reload_steps: int = 8) -> int:
-    """Validate :func:`decode`'s arguments (errors name the argument); returns the mask id."""
-    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
-        raise ValueError(f"input_ids must be a LongTensor [batch, prompt_length >= 1], got "
-                         f"{tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__}")
-    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
-        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
-    check_int("gen_length", gen_length, minimum=1)
-    check_int("block_length", block_length, minimum=1)
-    if gen_length % block_length:
-        raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
-    check_number("temperature", temperature, minimum=0, hint=" (0 means arg-max candidates)")
-    check_number("guidance_scale", guidance_scale, minimum=1, hint=_GUIDANCE_HINT)
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if cache != "none" and not hasattr(model, "compute_kv_cache"):
-        raise ValueError(f"cache={cache!r} needs a model with compute_kv_cache/forward_span, got {type(model).__name__}")
-    if not isinstance(compile, bool):
-        raise ValueError(f"compile must be True or False, got {compile!r}")
-    if compile and not hasattr(model, "compiled_core"):
-        raise ValueError(f"compile=True needs a model with static, compilable forwards (compiled_core), "
-                         f"got {type(model).__name__}")
-    check_int("cache_reload_steps", cache_reload_steps, minimum=1,
-              hint=" (cache='dkv': a full forward refreshes every cached K/V every that many steps of a block)")
-    if cache == "dkv":
-        if not hasattr(model, "forward_positions"):
-            raise ValueError(f"cache='dkv' needs a model with compute_kv_cache/forward_positions, got {type(model).__name__}")
-        if compile:
-            raise ValueError("compile=True does not support cache='dkv': its set of recomputed positions changes size "
-                             "every step (no static shapes); pass compile=False")
-    mask_id = mask_token_id if mask_token_id is not None else _config_id(model, "mask_token_id")
-    if mask_id is None:
-        raise ValueError("mask_token_id is needed (the model config has none)")
-    pad_id = _config_id(model, "pad_token_id")
-    if pad_id is not None and pad_id == mask_id:
-        raise ValueError(f"the model's pad_token_id equals mask_token_id ({mask_id}); padding would read as masks")
-    context = _config_id(model, "max_sequence_length")
-    if context is not None and input_ids.shape[1] + gen_length > context:
-        raise ValueError(f"prompt length {input_ids.shape[1]} + gen_length {gen_length} exceeds the model's context "
-                         f"of {context} tokens")
-    return mask_id
 
 
 @torch.no_grad()
@@ -133,39 +87,25 @@ def decode(
     model: Any,
     input_ids: Tensor,
     attention_mask: Optional[Tensor] = None,
+    options: Optional[UnmaskingOptions] = None,
     *,
     scheduler: UnmaskingScheduler,
-    gen_length: int = 128,
-    block_length: int = 128,
-    steps: Optional[int] = None,
-    temperature: float = 0.0,
-    guidance_scale: float = 1.0,
-    cache: str = "none",
-    mask_token_id: Optional[int] = None,
-    eos_token_id: Optional[int] = None,
-    eot_token_id: Optional[int] = None,
-    logits_eos_inf: bool = False,
-    confidence_eos_eot_inf: bool = False,
-    early_stop_eos: bool = False,
-    suppress_mask_token: bool = True,
     generator: GeneratorArg = None,
     callback: Optional[StepCallback] = None,
-    compile: bool = False,
-    cache_reload_steps: int = 8,
-    eotp: bool = False,
-    early_commit: Optional[ProphetRule] = None,
-    adaptive_block: Optional[AdaptiveBlocks] = None,
+    **option_keywords: Any,
 ) -> DecodeOutput:
     """Decode ``gen_length`` tokens after each prompt (module docstring).
 
     Args:
         input_ids: ``[B, P]`` left-padded prompts; ``attention_mask [B, P]`` marks real tokens.
+        options: an :class:`~vispec.dllm.options.UnmaskingOptions`, or None to build one from the keywords (the
+            fields below; an unknown keyword is a ``ValueError`` naming it). Not both.
         scheduler: the unmasking policy; ``steps`` (total over blocks) is required by fixed-step ones.
         temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
         guidance_scale: unsupervised CFG scale ``s >= 1``, ``ℓ = ℓ_u + s (ℓ_c - ℓ_u)``; 1 = off. LLaDA's
             ``cfg_scale = w`` is ``guidance_scale = w + 1``.
         cache: ``"none"``, ``"prefix"``, ``"dual"`` (Fast-dLLM) or ``"dkv"`` (dKV-Cache-Decode; module docstring,
-            :mod:`vispec.dllm.forward`).
+            :mod:`vispec.dllm.caches`).
         logits_eos_inf: never propose EOS. ``confidence_eos_eot_inf``: rank EOS/EoT proposals last.
         early_stop_eos: fill the masked positions after a committed EOS with EOS.
         suppress_mask_token: never propose the mask token (nor padded embedding columns).
@@ -182,7 +122,7 @@ def decode(
             next cache refresh, as Fast-dLLM's approximation has it. Raising :class:`StopDecoding` ends decoding
             with what is done (``labels["interrupted"] = True``).
         compile: run the model's forwards through ``torch.compile(fullgraph=True)`` with static shapes
-            (:mod:`vispec.dllm.forward`: every forward takes the whole batch; ``"prefix"`` spans are compiled with
+            (:mod:`vispec.dllm.caches`: every forward takes the whole batch; ``"prefix"`` spans are compiled with
             ``dynamic=True`` since they shrink block after block). The graphs are cached on the model: the
             first call compiles (about a minute per graph on a CPU), later calls reuse them. Tokens and NFE
             equal the eager loop's up to float rounding of the fused kernels. Eager (False) is the default.
@@ -196,7 +136,7 @@ def decode(
             ``canvas_length [R]`` after the step. The dropped positions of a row's block read to the policy as
             an EOS decided with probability 1 (Learn2PD's filter sees confidence 1 there), whether or not the
             forward computed them.
-        early_commit: None or a :class:`vispec.dllm.early_commit.ProphetRule` (module docstring). Stats gain
+        early_commit: None or a :class:`vispec.dllm.prophet.ProphetRule` (module docstring). Stats gain
             ``early_committed`` (1 where the rule finished the row), labels ``"early_commit": "prophet"``.
         adaptive_block: None or a :class:`vispec.dllm.blocks.AdaptiveBlocks` (module docstring; delimiter ids
             come from the tokenizer); ``block_length`` is the initial block size ``B`` (``gen_length`` stays a
@@ -210,53 +150,55 @@ def decode(
         :class:`vispec.outputs.DecodeOutput`: ``tokens [B, gen_length]``, per-row ``stats``, ``method`` (the
         scheduler's strategy name) and ``labels`` ``{"scheduler": class name, "cache": cache}``.
     """
-    mask_id = check_decode_args(model, input_ids, attention_mask, gen_length, block_length, temperature, guidance_scale,
-                                cache, mask_token_id, compile, cache_reload_steps)
-    eos_id = eos_token_id if eos_token_id is not None else _config_id(model, "eos_token_id")
-    eot_id = eot_token_id if eot_token_id is not None else _config_id(model, "eot_token_id")
-    for flag, name in ((early_stop_eos, "early_stop_eos"), (logits_eos_inf, "logits_eos_inf")):
-        if flag and eos_id is None:
-            raise ValueError(f"{name} needs an eos_token_id (the model config has none)")
-    _check_rules(model, scheduler, eotp, early_commit, adaptive_block, eos_id, mask_id, gen_length, compile)
-    scheduler.set_timesteps(steps, gen_length, block_length)
-    device = input_ids.device
-    batch, prompt_len = input_ids.shape
-    x = torch.cat([input_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long, device=device)], dim=1)
-    prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.to(device).bool()
-    key_mask = torch.cat([prompt_mask, torch.ones(batch, gen_length, dtype=torch.bool, device=device)], dim=1)
-    if bool(prompt_mask.all()):  # the one read-back about padding, before the loop: unpadded forwards take no mask
-        key_mask = None
-    seeds = per_sample_seeds(generator, batch, device)
-    forward = _Forward(model, prompt_len, key_mask, float(guidance_scale), mask_id, cache, compile, cache_reload_steps)
-    loop = _BlockLoop(x, forward, scheduler, seeds, model=model, gen_length=gen_length, block_length=block_length,
-                      temperature=temperature, mask_id=mask_id, eos_id=eos_id, eot_id=eot_id,
-                      logits_eos_inf=logits_eos_inf, confidence_eos_eot_inf=confidence_eos_eot_inf,
-                      suppress_mask_token=suppress_mask_token, early_stop_eos=early_stop_eos, callback=callback,
-                      cuts=_Cuts(prompt_mask, gen_length) if eotp else None, early_commit=early_commit,
-                      adaptive_block=adaptive_block)
+    if options is None:
+        options = UnmaskingOptions.from_keywords(**option_keywords)
+    elif option_keywords:
+        raise ValueError(f"pass options or keyword options, not both (got options and {sorted(option_keywords)})")
+    elif not isinstance(options, UnmaskingOptions):
+        raise ValueError(f"options must be an UnmaskingOptions, got {type(options).__name__}")
+    ids = check_decode_inputs(model, input_ids, attention_mask, options, scheduler)
+    scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
+    seeds = per_sample_seeds(generator, input_ids.shape[0], input_ids.device)
+    loop = BlockLoop(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback)
     loop.run()
-    return loop.output(scheduler, cache)
+    return loop.output()
 
 
-def _check_rules(model: Any, scheduler: UnmaskingScheduler, eotp: bool, early_commit: Optional[ProphetRule],
-                 adaptive_block: Optional[AdaptiveBlocks], eos_id: Optional[int], mask_id: int, gen_length: int,
-                 compile: bool) -> None:
-    """Validate :func:`decode`'s ``eotp``, ``early_commit`` and ``adaptive_block`` (errors name the argument)."""
-    if not isinstance(eotp, bool):
-        raise ValueError(f"eotp must be True or False, got {eotp!r}")
-    if eotp and eos_id is None:
-        raise ValueError("eotp needs an eos_token_id (the model config has none)")
-    if early_commit is not None:
-        if not isinstance(early_commit, ProphetRule):
-            raise ValueError(f"early_commit must be None or a ProphetRule, got {type(early_commit).__name__}")
-        early_commit.check_length(gen_length)
-    if adaptive_block is not None:
-        if not isinstance(adaptive_block, AdaptiveBlocks):
-            raise ValueError(f"adaptive_block must be None or an AdaptiveBlocks, got {type(adaptive_block).__name__}")
-        adaptive_block.check_ids(_config_id(model, "vocab_size"), mask_id)
+def check_decode_inputs(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], options: UnmaskingOptions,
+                 scheduler: UnmaskingScheduler) -> TokenIds:
+    """The checks of :func:`decode` that need the model, the prompts or the policy (the options checked themselves when
+    built); errors name the argument. Returns the mask, EOS and EoT ids (the options', else the model config's)."""
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be a LongTensor [batch, prompt_length >= 1], got "
+                         f"{tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__}")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
+    if not isinstance(scheduler, UnmaskingScheduler):
+        raise ValueError(f"scheduler must be an UnmaskingScheduler (vispec.dllm.SCHEDULERS), got {type(scheduler).__name__}")
+    CACHE_CLASSES[options.cache].check_model(model)
+    if options.compile and not hasattr(model, "compiled_core"):
+        raise ValueError(f"compile=True needs a model with static, compilable forwards (compiled_core), "
+                         f"got {type(model).__name__}")
+    mask_id = options.mask_token_id if options.mask_token_id is not None else config_id(model, "mask_token_id")
+    if mask_id is None:
+        raise ValueError("mask_token_id is needed (the model config has none)")
+    pad_id = config_id(model, "pad_token_id")
+    if pad_id is not None and pad_id == mask_id:
+        raise ValueError(f"the model's pad_token_id equals mask_token_id ({mask_id}); padding would read as masks")
+    context = config_id(model, "max_sequence_length")
+    if context is not None and input_ids.shape[1] + options.gen_length > context:
+        raise ValueError(f"prompt length {input_ids.shape[1]} + gen_length {options.gen_length} exceeds the model's "
+                         f"context of {context} tokens")
+    eos_id = options.eos_token_id if options.eos_token_id is not None else config_id(model, "eos_token_id")
+    eot_id = options.eot_token_id if options.eot_token_id is not None else config_id(model, "eot_token_id")
+    for name in ("early_stop_eos", "logits_eos_inf", "eotp"):
+        if getattr(options, name) and eos_id is None:
+            raise ValueError(f"{name} needs an eos_token_id (the model config has none)")
+    if options.confidence_eos_eot_inf and eos_id is None and eot_id is None:
+        raise ValueError("confidence_eos_eot_inf needs eos_token_id or eot_token_id")
+    if options.adaptive_block is not None:
+        options.adaptive_block.check_ids(config_id(model, "vocab_size"), mask_id)
         if getattr(scheduler, "strategy", "") == "learn2pd":
             raise ValueError("adaptive_block cannot run with the learn2pd policy: its filter reads exactly "
                              "block_length confidences per block")
-    if compile and (eotp or adaptive_block is not None):
-        raise ValueError("compile=True needs static shapes; eotp (the canvas shrinks) and adaptive_block (blocks "
-                         "change length) need compile=False")
+    return TokenIds(mask_id, eos_id, eot_id)

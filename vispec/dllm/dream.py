@@ -61,7 +61,7 @@ from diffusers.configuration_utils import register_to_config
 from torch import Tensor
 
 from vispec.checks import check_int, check_number
-from vispec.dllm.schedulers import SCHEDULERS, UnmaskingScheduler, UnmaskNoise, UnmaskSchedulerOutput, top_n_by
+from vispec.dllm.schedulers import SCHEDULERS, Proposal, UnmaskingScheduler, UnmaskNoise, top_n_by
 from vispec.kernels.philox import Stream, uniforms
 from vispec.kernels.unmask import RowNoise, unmask_candidates
 
@@ -151,6 +151,8 @@ class DreamScheduler(UnmaskingScheduler):
         top_k: ``None`` or ``0`` disables; otherwise the number of tokens kept.
 
     The temperature is :func:`vispec.dllm.decode`'s ``temperature``; ``steps`` (total over blocks) is required.
+    Only the candidates (:meth:`propose`) and the commit set (:meth:`select`) are Dream's; :meth:`step` is the base
+    class's. ``noise`` is needed for ``temperature > 0``, ``alg="origin"`` and ``alg_temp > 0``.
     """
 
     strategy = "dream"
@@ -190,46 +192,11 @@ class DreamScheduler(UnmaskingScheduler):
         ratio = self.transfer_ratios[timestep].to(num_masked.device)
         return (num_masked.to(torch.float32) * ratio).floor().long()
 
-    def step(
-        self,
-        model_output: Tensor,
-        timestep: int,
-        sample: Tensor,
-        *,
-        mask_token_id: int,
-        temperature: float = 0.0,
-        noise: Optional[UnmaskNoise] = None,
-        num_masked_at_block_start: Optional[Tensor] = None,
-        proposal_mask: Optional[Tensor] = None,
-        confidence_mask: Optional[Tensor] = None,
-        return_dict: bool = True,
-    ) -> "UnmaskSchedulerOutput | tuple":
-        """One step of Dream's rule on the block ``sample [B, Lb]`` from ``model_output [B, Lb, V]`` (module docstring).
-
-        ``num_masked_at_block_start`` is not used (Dream counts the masks at every step). ``noise`` is needed for
-        ``temperature > 0``, ``alg="origin"`` and ``alg_temp > 0``.
-        """
-        if self.transfer_ratios is None:
-            raise ValueError("call set_timesteps(steps, gen_length, block_length) before step")
-        if not isinstance(sample, Tensor) or sample.dim() != 2 or sample.dtype.is_floating_point:
-            raise ValueError(f"sample must be an integer tensor [B, Lb], got "
-                             f"{tuple(sample.shape) if isinstance(sample, Tensor) else type(sample).__name__}")
-        if (not isinstance(model_output, Tensor) or not model_output.dtype.is_floating_point
-                or model_output.dim() != 3 or model_output.shape[:2] != sample.shape):
-            got = tuple(model_output.shape) if isinstance(model_output, Tensor) else type(model_output).__name__
-            raise ValueError(f"model_output must be float logits [B, Lb, V] matching sample {tuple(sample.shape)}, got {got}")
-        check_int("timestep", timestep, minimum=0, maximum=self.steps_per_block - 1,
-                  hint=f" (the step index within the block; {self.steps_per_block} steps per block)")
-        check_number("temperature", temperature, minimum=0, hint=" (0 means arg-max candidates)")
-        if (temperature > 0 or self.uses_remask_noise) and noise is None:
-            raise ValueError("noise is needed for temperature > 0, alg='origin' and alg_temp > 0")
-        vocab = model_output.shape[-1]
-        for name, token_mask in (("proposal_mask", proposal_mask), ("confidence_mask", confidence_mask)):
-            if token_mask is not None and (not isinstance(token_mask, Tensor) or token_mask.dtype != torch.bool
-                                           or token_mask.shape != (vocab,)):
-                raise ValueError(f"{name} must be None or a bool tensor of shape ({vocab},)")
+    def propose(self, model_output: Tensor, masked: Tensor, *, temperature: float, noise: Optional[UnmaskNoise],
+                proposal_mask: Optional[Tensor], confidence_mask: Optional[Tensor]) -> Proposal:
+        """Dream's candidates and confidences for the ``masked`` positions (module docstring,
+        :func:`dream_candidates`); with ``confidence_mask``, EOS / EoT proposals rank below every other position."""
         config = self.config
-        masked = sample == mask_token_id
         b, j = masked.nonzero(as_tuple=True)
         row_noise = None
         if temperature > 0:
@@ -237,20 +204,18 @@ class DreamScheduler(UnmaskingScheduler):
         cand_tokens, cand_conf = dream_candidates(model_output[b, j], float(temperature), config.alg, top_p=config.top_p,
                                                   top_k=config.top_k, proposal_mask=proposal_mask, noise=row_noise)
         if confidence_mask is not None:  # EOS / EoT proposals rank below every other masked position
-            floor = torch.full_like(cand_conf, -(math.log(vocab) + 1.0))
+            floor = torch.full_like(cand_conf, -(math.log(model_output.shape[-1]) + 1.0))
             cand_conf = torch.where(confidence_mask[cand_tokens], floor, cand_conf)
-        tokens = torch.full_like(sample, -1)
-        tokens[b, j] = cand_tokens.to(sample.dtype)
-        confidence = torch.full(sample.shape, float("-inf"), dtype=torch.float64, device=sample.device)
+        tokens = torch.full(masked.shape, -1, dtype=torch.long, device=masked.device)
+        tokens[b, j] = cand_tokens
+        confidence = torch.full(masked.shape, float("-inf"), dtype=torch.float64, device=masked.device)
         confidence[b, j] = cand_conf
-        transfer = self._transfer(confidence, masked, timestep, noise)
-        prev = torch.where(transfer, tokens, sample)
-        if not return_dict:
-            return prev, transfer, tokens, confidence
-        return UnmaskSchedulerOutput(prev_sample=prev, transfer_index=transfer, sampled_tokens=tokens, confidence=confidence)
+        return Proposal(tokens, confidence)
 
-    def _transfer(self, confidence: Tensor, masked: Tensor, timestep: int, noise: Optional[UnmaskNoise]) -> Tensor:
-        """``[B, Lb]`` bool commit set: all masks on the last step, coins (``origin``) or the top-``n`` (or Gumbel-top-``n``)."""
+    def select(self, confidence: Tensor, entropy: Optional[Tensor], masked: Tensor, timestep: int,
+               num_masked_at_block_start: Optional[Tensor], noise: Optional[UnmaskNoise]) -> Tensor:
+        """``[B, Lb]`` bool commit set: all masks on the last step, coins (``origin``) or the top-``n`` (or
+        Gumbel-top-``n``) of the row's own mask count at this step (``num_masked_at_block_start`` is not used)."""
         if timestep == self.steps_per_block - 1:
             return masked
         if self.config.alg == "origin":
@@ -262,10 +227,6 @@ class DreamScheduler(UnmaskingScheduler):
             keys = (confidence / self.config.alg_temp - torch.log(-torch.log(coins))).clamp(min=-torch.finfo(torch.float64).max)
             score = torch.where(masked, keys, torch.full_like(keys, float("-inf")))
         return top_n_by(score, self.num_transfer(masked.sum(dim=-1), timestep)) & masked
-
-    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
-        """Not used: :meth:`step` is overridden (Dream's candidates come from the processed probabilities)."""
-        return self._transfer(confidence, masked, timestep, noise)
 
 
 SCHEDULERS["dream"] = DreamScheduler

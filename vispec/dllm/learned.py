@@ -16,7 +16,8 @@ The filter is trained on the base model's own decodes (:mod:`vispec.eval.train.f
 ``y*``, with a binary cross-entropy loss. It is a diffusers ``ModelMixin`` saved as the pipeline's
 ``filter`` component beside the model it was trained for.
 
-:class:`LearnedFilterScheduler` is the policy (strategy ``"learn2pd"``); it reports the accepted positions
+:class:`LearnedFilterScheduler` is the policy (strategy ``"learn2pd"``: ``select`` is the floor, ``accept`` the
+filter); it reports the accepted positions
 in :attr:`vispec.dllm.UnmaskSchedulerOutput.accepted`, which end-of-text prediction reads (an accepted EOS
 truncates the canvas after it).
 """
@@ -31,7 +32,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import Tensor, nn
 
 from vispec.checks import check_int, check_number
-from vispec.dllm.schedulers import SCHEDULERS, UnmaskingScheduler, UnmaskSchedulerOutput, most_confident
+from vispec.dllm.schedulers import SCHEDULERS, UnmaskingScheduler, most_confident
 
 
 class ParallelDecodeFilter(ModelMixin, ConfigMixin):
@@ -98,27 +99,21 @@ class LearnedFilterScheduler(UnmaskingScheduler):
                              f"({self.filter.config.block_length}): the filter reads one confidence per block position")
         super().set_timesteps(num_inference_steps, gen_length, block_length, device)
 
-    def step(self, model_output: Tensor, timestep: int, sample: Tensor, *, mask_token_id: int,
-             proposal_mask: Optional[Tensor] = None, return_dict: bool = True, **kwargs) -> "UnmaskSchedulerOutput | tuple":
-        """The base step commits the floor (the most confident masked position); the filter's accepted masked
-        positions are committed with it, from the same candidates."""
+    def check_step(self, *args) -> None:
+        """As the base class, and the filter must exist."""
         if self.filter is None:
             raise ValueError("LearnedFilterScheduler needs a trained filter (filter=)")
-        out = super().step(model_output, timestep, sample, mask_token_id=mask_token_id, proposal_mask=proposal_mask,
-                           **kwargs)
-        masked = sample == mask_token_id
+        super().check_step(*args)
+
+    def select(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+        """The floor: the most confident masked position (the filter's accepted positions are committed with it)."""
+        return most_confident(confidence)
+
+    def accept(self, model_output: Tensor, masked: Tensor, proposal_mask: Optional[Tensor]) -> Tensor:
+        """The masked positions with ``σ(f_θ(c)) > τ`` (module docstring), committed from the same candidates."""
         with torch.no_grad():
             logits = self.filter.to(model_output.device)(block_features(model_output, proposal_mask))
-        accepted = masked & (torch.sigmoid(logits.float()) > self.config.threshold)
-        transfer = out.transfer_index | accepted
-        prev = torch.where(transfer, out.sampled_tokens, sample)
-        if not return_dict:
-            return prev, transfer, out.sampled_tokens, out.confidence
-        return UnmaskSchedulerOutput(prev_sample=prev, transfer_index=transfer, sampled_tokens=out.sampled_tokens,
-                                     confidence=out.confidence, accepted=accepted)
-
-    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
-        return most_confident(confidence)
+        return masked & (torch.sigmoid(logits.float()) > self.config.threshold)
 
 
 SCHEDULERS["learn2pd"] = LearnedFilterScheduler

@@ -27,7 +27,10 @@ commit set, no Python loop over rows):
   at least one.
 
 ``step`` follows diffusers' ``BlockRefinementScheduler.step`` (model output, timestep = step index in
-the block, current block tokens) and returns :class:`UnmaskSchedulerOutput`.
+the block, current block tokens) and returns :class:`UnmaskSchedulerOutput`. It is two parts a policy overrides:
+``propose`` (a candidate and a confidence for every masked position; Dream's own candidates,
+:mod:`vispec.dllm.dream`) and ``select`` (which positions to commit); a learned filter adds ``accept``
+(:mod:`vispec.dllm.learned`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from diffusers.utils import BaseOutput
 from torch import Tensor
 
 from vispec.checks import check_int, check_number
+from vispec.dllm.options import check_blocks
 from vispec.kernels.philox import Stream, uniforms
 from vispec.kernels.unmask import RowNoise, unmask_candidates
 
@@ -68,6 +72,22 @@ class UnmaskSchedulerOutput(BaseOutput):
 
 
 @dataclass
+class Proposal:
+    """A step's candidates for the masked positions of a block (:meth:`UnmaskingScheduler.propose`).
+
+    Args:
+        tokens: ``[B, Lb]`` candidates (``-1`` where the position was not masked).
+        confidence: ``[B, Lb]`` float64 confidences the policy ranks by (``-inf`` where not masked).
+        entropy: ``[B, Lb]`` float64 entropies of the candidates' distributions (``+inf`` where not masked), or None
+            when the proposal does not compute them.
+    """
+
+    tokens: Tensor
+    confidence: Tensor
+    entropy: Optional[Tensor] = None
+
+
+@dataclass
 class UnmaskNoise:
     """The counter-based key of a step's randomness: Philox keyed by (row seed, absolute position, stream, draw).
 
@@ -82,7 +102,8 @@ class UnmaskNoise:
 
 
 class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
-    """Base class: candidate proposal and the batched commit step; subclasses choose the commit set.
+    """Base class: candidate proposal (:meth:`propose`) and the batched commit step; subclasses choose the commit set
+    (:meth:`select`).
 
     ``fixed_steps`` is True for policies with a step budget per block (the block loop runs exactly
     ``steps_per_block`` steps); adaptive policies run until the block has no masked position.
@@ -103,11 +124,7 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
     def set_timesteps(self, num_inference_steps: Optional[int], gen_length: int, block_length: int,
                       device: "torch.device | str | None" = None) -> None:
         """Validate the canvas split; fixed-step policies also need ``num_inference_steps`` (total over blocks)."""
-        check_int("gen_length", gen_length, minimum=1)
-        check_int("block_length", block_length, minimum=1)
-        if gen_length % block_length:
-            raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
-        self.num_blocks = gen_length // block_length
+        self.num_blocks = check_blocks(gen_length, block_length)
         if self.fixed_steps:
             steps = check_int("steps", num_inference_steps, minimum=1,
                               hint=f" (the total over all blocks; {type(self).__name__} runs a fixed number per block)")
@@ -134,50 +151,95 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
         confidence_mask: Optional[Tensor] = None,
         return_dict: bool = True,
     ) -> "UnmaskSchedulerOutput | tuple":
-        """Propose candidates for the masked positions of ``sample [B, Lb]`` from ``model_output [B, Lb, V]`` and commit.
+        """One unmasking step on the block ``sample [B, Lb]`` from ``model_output [B, Lb, V]``: :meth:`propose` a
+        candidate for every masked position, :meth:`select` the positions to commit (plus those a learned filter
+        :meth:`accept` s), and commit them.
 
         Args:
             timestep: step index within the block (``0, 1, ...``).
-            noise: the randomness key; needed for ``temperature > 0`` and random remasking.
+            noise: the randomness key; needed for ``temperature > 0`` and random commits.
             num_masked_at_block_start: ``[B]`` masked positions when the block started (quota policies).
             proposal_mask, confidence_mask: ``[V]`` bool token masks (:mod:`vispec.kernels.unmask`).
         """
-        if model_output.shape[:2] != sample.shape:
-            raise ValueError(f"model_output must be [B, Lb, V] matching sample {tuple(sample.shape)}, got {tuple(model_output.shape)}")
-        if (temperature > 0 or self.uses_remask_noise) and noise is None:
-            raise ValueError("noise is needed for temperature > 0 and for random remasking")
+        self.check_step(model_output, timestep, sample, temperature, noise, proposal_mask, confidence_mask)
         masked = sample == mask_token_id
+        proposal = self.propose(model_output, masked, temperature=temperature, noise=noise,
+                                proposal_mask=proposal_mask, confidence_mask=confidence_mask)
+        accepted = self.accept(model_output, masked, proposal_mask)
+        transfer = self.select(proposal.confidence, proposal.entropy, masked, timestep, num_masked_at_block_start,
+                               noise) & masked
+        if accepted is not None:
+            transfer = transfer | accepted
+        tokens = proposal.tokens.to(sample.dtype)
+        prev = torch.where(transfer, tokens, sample)
+        if not return_dict:
+            return prev, transfer, tokens, proposal.confidence
+        return UnmaskSchedulerOutput(prev_sample=prev, transfer_index=transfer, sampled_tokens=tokens,
+                                     confidence=proposal.confidence, accepted=accepted)
+
+    def check_step(self, model_output: Tensor, timestep: int, sample: Tensor, temperature: float,
+                   noise: Optional[UnmaskNoise], proposal_mask: Optional[Tensor], confidence_mask: Optional[Tensor]) -> None:
+        """:meth:`step`'s inputs (errors name the argument), before any work."""
+        if self.fixed_steps and self.steps_per_block is None:
+            raise ValueError("call set_timesteps(steps, gen_length, block_length) before step")
+        if not isinstance(sample, Tensor) or sample.dim() != 2 or sample.dtype.is_floating_point:
+            raise ValueError(f"sample must be an integer tensor [B, Lb], got "
+                             f"{tuple(sample.shape) if isinstance(sample, Tensor) else type(sample).__name__}")
+        if (not isinstance(model_output, Tensor) or not model_output.dtype.is_floating_point
+                or model_output.dim() != 3 or model_output.shape[:2] != sample.shape):
+            got = tuple(model_output.shape) if isinstance(model_output, Tensor) else type(model_output).__name__
+            raise ValueError(f"model_output must be float logits [B, Lb, V] matching sample {tuple(sample.shape)}, got {got}")
+        if self.fixed_steps:
+            check_int("timestep", timestep, minimum=0, maximum=self.steps_per_block - 1,
+                      hint=f" (the step index within the block; {self.steps_per_block} steps per block)")
+        else:
+            check_int("timestep", timestep, minimum=0, hint=" (the step index within the block)")
+        check_number("temperature", temperature, minimum=0, hint=" (0 means arg-max candidates)")
+        if (temperature > 0 or self.uses_remask_noise) and noise is None:
+            raise ValueError(f"noise is needed for temperature > 0 and for random commits ({type(self).__name__})")
+        vocab = model_output.shape[-1]
+        for name, token_mask in (("proposal_mask", proposal_mask), ("confidence_mask", confidence_mask)):
+            if token_mask is not None and (not isinstance(token_mask, Tensor) or token_mask.dtype != torch.bool
+                                           or token_mask.shape != (vocab,)):
+                raise ValueError(f"{name} must be None or a bool tensor of shape ({vocab},)")
+
+    def propose(self, model_output: Tensor, masked: Tensor, *, temperature: float, noise: Optional[UnmaskNoise],
+                proposal_mask: Optional[Tensor], confidence_mask: Optional[Tensor]) -> Proposal:
+        """A candidate, its confidence and its entropy for every ``masked`` position (:class:`Proposal`): the kernel's
+        arg-max or float64 Gumbel-max (:func:`vispec.kernels.unmask.unmask_candidates`), ranked by
+        :meth:`ranking_confidence`."""
         # the masked positions as row indices into model_output viewed as [B * Lb, V]: the kernel reads
         # them in place, and draws their Gumbel noise from the Philox keys (no [R, V] uniforms)
         rows = masked.reshape(-1).nonzero().squeeze(-1)
-        b, j = rows // sample.shape[1], rows % sample.shape[1]
+        b, j = rows // masked.shape[1], rows % masked.shape[1]
         row_noise = None
         if temperature > 0:
             row_noise = RowNoise(noise.seeds[b], noise.positions[b, j], noise.draws[b])
         cand = unmask_candidates(model_output, temperature, None, proposal_mask, confidence_mask,
                                  noise=row_noise, rows=rows)
-        tokens = torch.full_like(sample, -1)
+        tokens = torch.full(masked.shape, -1, dtype=torch.long, device=masked.device)
         tokens[b, j] = cand.tokens
-        confidence = torch.full(sample.shape, float("-inf"), dtype=torch.float64, device=sample.device)
+        confidence = torch.full(masked.shape, float("-inf"), dtype=torch.float64, device=masked.device)
         confidence[b, j] = self.ranking_confidence(model_output.reshape(-1, model_output.shape[-1]), rows, cand,
                                                    confidence_mask)
-        entropy = torch.full(sample.shape, float("inf"), dtype=torch.float64, device=sample.device)
+        entropy = torch.full(masked.shape, float("inf"), dtype=torch.float64, device=masked.device)
         entropy[b, j] = cand.entropy
-        transfer = self.transfer_index(confidence, entropy, masked, timestep, num_masked_at_block_start, noise) & masked
-        prev = torch.where(transfer, tokens, sample)
-        if not return_dict:
-            return prev, transfer, tokens, confidence
-        return UnmaskSchedulerOutput(prev_sample=prev, transfer_index=transfer, sampled_tokens=tokens, confidence=confidence)
+        return Proposal(tokens, confidence, entropy)
 
     def ranking_confidence(self, logits: Tensor, rows: Tensor, cand, confidence_mask: Optional[Tensor]) -> Tensor:
         """``[R]`` float64 confidences the policy ranks by, for the masked ``rows`` of ``logits [B * Lb, V]``:
         the kernel's float64 ``softmax(ℓ)[x̂]`` (subclasses may compute it as their reference code does)."""
         return cand.confidence
 
-    def transfer_index(self, confidence: Tensor, entropy: Tensor, masked: Tensor, timestep: int,
-                       num_masked_at_block_start: Optional[Tensor], noise: Optional[UnmaskNoise]) -> Tensor:
+    def select(self, confidence: Tensor, entropy: Optional[Tensor], masked: Tensor, timestep: int,
+               num_masked_at_block_start: Optional[Tensor], noise: Optional[UnmaskNoise]) -> Tensor:
         """``[B, Lb]`` bool commit set (subclasses). ``confidence`` is ``-inf`` and ``entropy`` ``+inf`` off ``masked``."""
         raise NotImplementedError
+
+    def accept(self, model_output: Tensor, masked: Tensor, proposal_mask: Optional[Tensor]) -> Optional[Tensor]:
+        """``[B, Lb]`` bool masked positions a learned filter accepts (committed besides :meth:`select`'s), or None
+        for policies without one (:class:`vispec.dllm.learned.LearnedFilterScheduler`)."""
+        return None
 
 
 def top_n_by(score: Tensor, n: Tensor) -> Tensor:
@@ -229,7 +291,7 @@ class LLaDAScheduler(UnmaskingScheduler):
             picked = picked.masked_fill(confidence_mask, float("-inf"))
         return torch.softmax(picked, dim=-1).gather(-1, cand.tokens[:, None]).squeeze(-1).to(torch.float64)
 
-    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+    def select(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         if num_masked_at_block_start is None:
             raise ValueError("LLaDAScheduler.step needs num_masked_at_block_start")
         score = confidence
@@ -249,7 +311,7 @@ class ThresholdScheduler(UnmaskingScheduler):
         super().__init__()
         check_number("threshold", threshold, minimum=0, maximum=1, exclusive_minimum=True)
 
-    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+    def select(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         return (masked & (confidence >= self.config.threshold)) | most_confident(confidence)
 
 
@@ -272,7 +334,7 @@ class FactorScheduler(UnmaskingScheduler):
         if not isinstance(commit_last_rank, bool):
             raise ValueError(f"commit_last_rank must be a bool, got {commit_last_rank!r}")
 
-    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+    def select(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         sorted_conf, order = confidence.sort(dim=-1, descending=True, stable=True)
         rank = torch.arange(1, confidence.shape[-1] + 1, device=confidence.device, dtype=torch.float64)
         passes = (rank + 1) * (1 - sorted_conf) <= self.config.factor
@@ -302,7 +364,7 @@ class EntropyBoundScheduler(UnmaskingScheduler):
         if order_by not in ("entropy", "confidence"):
             raise ValueError(f"order_by must be 'entropy' or 'confidence', got {order_by!r}")
 
-    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+    def select(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         score = -entropy if self.config.order_by == "entropy" else confidence
         order = score.argsort(dim=-1, descending=True, stable=True)
         h = entropy.gather(-1, order).masked_fill(~masked.gather(-1, order), 0.0)
@@ -329,7 +391,7 @@ class ContiguousScheduler(UnmaskingScheduler):
         super().__init__()
         check_number("threshold", threshold, minimum=0, maximum=1, exclusive_minimum=True)
 
-    def transfer_index(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
+    def select(self, confidence, entropy, masked, timestep, num_masked_at_block_start, noise):
         confident = masked & (confidence >= self.config.threshold)
         blocked = (masked & ~confident).long().cumsum(dim=-1) > 0  # at or after the first unconfident mask
         run = confident & ~blocked

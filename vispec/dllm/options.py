@@ -1,0 +1,113 @@
+"""The options of one masked-diffusion decode (:func:`vispec.dllm.decode`), checked once when built.
+
+:class:`UnmaskingOptions` holds everything about a decode that is not the model, the prompts, the policy
+(the scheduler), the seeds or the step callback. Its checks need nothing but the values, so they run once, in
+``__post_init__``; the checks that need the model (its config's ids, context length, cache support) run once at
+the start of :func:`vispec.dllm.decode`. The pipeline maps its user and LLaDA2 argument names into one of these.
+
+Guidance is vispec's one convention (:mod:`vispec.outputs`, as the image half): ``guidance_scale = s`` mixes
+``ℓ = ℓ_u + s (ℓ_c - ℓ_u)`` and ``s = 1`` means no guidance; LLaDA's ``cfg_scale = w`` is ``guidance_scale = w + 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+from vispec.checks import check_int, check_number
+from vispec.dllm.blocks import AdaptiveBlocks
+from vispec.dllm.prophet import ProphetRule
+
+CACHES = ("none", "prefix", "dual", "dkv")
+GUIDANCE_HINT = " (1 disables guidance; LLaDA's cfg_scale w is guidance_scale w + 1)"
+_FLAGS = ("logits_eos_inf", "confidence_eos_eot_inf", "early_stop_eos", "suppress_mask_token", "compile", "eotp")
+
+
+def check_blocks(gen_length: int, block_length: int) -> int:
+    """``K = gen_length / block_length`` semi-autoregressive blocks; ``ValueError`` naming the argument otherwise."""
+    check_int("gen_length", gen_length, minimum=1)
+    check_int("block_length", block_length, minimum=1)
+    if gen_length % block_length:
+        raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
+    return gen_length // block_length
+
+
+@dataclass(frozen=True)
+class UnmaskingOptions:
+    """How :func:`vispec.dllm.decode` decodes (its docstring explains every field; the defaults are its defaults).
+
+    Args:
+        gen_length, block_length: the generated canvas ``L`` and the semi-AR block ``Lb`` (``L`` a multiple of ``Lb``).
+        steps: total steps over all blocks, for fixed-step policies (``None`` for adaptive ones).
+        temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
+        guidance_scale: unsupervised CFG scale ``s >= 1`` (module docstring).
+        cache: one of :data:`CACHES` (:mod:`vispec.dllm.caches`); ``cache_reload_steps``: dKV's refresh period.
+        mask_token_id, eos_token_id, eot_token_id: override the model config's ids.
+        logits_eos_inf, confidence_eos_eot_inf, early_stop_eos, suppress_mask_token: LLaDA's EOS options and the
+            mask-token suppression.
+        compile: static, compiled forwards (not with ``"dkv"``, ``eotp`` or ``adaptive_block``).
+        eotp: end-of-text prediction (:mod:`vispec.dllm.eotp`); ``early_commit``: a
+            :class:`~vispec.dllm.prophet.ProphetRule`; ``adaptive_block``: an :class:`~vispec.dllm.blocks.AdaptiveBlocks`.
+    """
+
+    gen_length: int = 128
+    block_length: int = 128
+    steps: Optional[int] = None
+    temperature: float = 0.0
+    guidance_scale: float = 1.0
+    cache: str = "none"
+    cache_reload_steps: int = 8
+    mask_token_id: Optional[int] = None
+    eos_token_id: Optional[int] = None
+    eot_token_id: Optional[int] = None
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+    early_stop_eos: bool = False
+    suppress_mask_token: bool = True
+    compile: bool = False
+    eotp: bool = False
+    early_commit: Optional[ProphetRule] = None
+    adaptive_block: Optional[AdaptiveBlocks] = None
+
+    def __post_init__(self) -> None:
+        check_blocks(self.gen_length, self.block_length)
+        if self.steps is not None:
+            check_int("steps", self.steps, minimum=1, hint=" (the total over all blocks)")
+        check_number("temperature", self.temperature, minimum=0, hint=" (0 means arg-max candidates)")
+        check_number("guidance_scale", self.guidance_scale, minimum=1, hint=GUIDANCE_HINT)
+        if self.cache not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, got {self.cache!r}")
+        check_int("cache_reload_steps", self.cache_reload_steps, minimum=1,
+                  hint=" (cache='dkv': a full forward refreshes every cached K/V every that many steps of a block)")
+        for name in ("mask_token_id", "eos_token_id", "eot_token_id"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), minimum=0)
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.early_commit is not None:
+            if not isinstance(self.early_commit, ProphetRule):
+                raise ValueError(f"early_commit must be None or a ProphetRule, got {type(self.early_commit).__name__}")
+            self.early_commit.check_length(self.gen_length)
+        if self.adaptive_block is not None and not isinstance(self.adaptive_block, AdaptiveBlocks):
+            raise ValueError(f"adaptive_block must be None or an AdaptiveBlocks, got {type(self.adaptive_block).__name__}")
+        if self.compile and self.cache == "dkv":
+            raise ValueError("compile=True does not support cache='dkv': its set of recomputed positions changes size "
+                             "every step (no static shapes); pass compile=False")
+        if self.compile and (self.eotp or self.adaptive_block is not None):
+            raise ValueError("compile=True needs static shapes; eotp (the canvas shrinks) and adaptive_block (blocks "
+                             "change length) need compile=False")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @classmethod
+    def from_keywords(cls, **options) -> "UnmaskingOptions":
+        """Options from :func:`vispec.dllm.decode`'s keywords; an unknown keyword is a ``ValueError`` naming it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown decoding option(s) {unknown}; the options are {sorted(known)} "
+                             f"(vispec.dllm.UnmaskingOptions)")
+        return cls(**options)
