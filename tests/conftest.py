@@ -2,7 +2,17 @@
 keyed CPU noise eagerly (``VISPEC_FUSED_NOISE=0``, bit-identical to the fused path): no test process, nor any
 process a test starts (README examples, torchrun workers, remote-code loads inherit the environment), pays the
 fused noise's compile; ``tests/kernels/test_race.py`` switches the fused path on for its own tests. Set the variable
-before running pytest to choose otherwise."""
+before running pytest to choose otherwise.
+
+Layout: one folder per layer (``kernels``, ``decoding``, ``dllm``, ``models``, ``pipelines``, ``cli``, ``eval``), the
+statistical certificates together in ``exactness``, and project-wide checks (import layering, README examples,
+the ``kernels`` name probe) in ``project``. Helpers shared between test files live beside this file
+(``helpers.py``: tiny models, exact joints, dummy pipelines; ``unified_helpers.py``; ``*_reference.py``:
+independent reference implementations; ``pinned_*.py``) and import by name (``pythonpath`` in ``pyproject.toml``);
+no test file imports another test file.
+
+``slow``: statistical and long tests. Whole files are marked here (:data:`SLOW_FILES`), single tests where they
+are defined; ``pytest -m "not slow"`` is the fast inner loop, ``make test`` runs everything."""
 
 import copy
 import os
@@ -12,6 +22,23 @@ os.environ.setdefault("VISPEC_FUSED_NOISE", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# test files that are statistical certificates or run for minutes (relative to tests/)
+SLOW_FILES = (
+    "exactness/",  # chi-square certificates against exact joints: tens of thousands of decodes each
+    "dllm/test_compiled_loop.py",  # torch.compile of every cache mode
+    "eval/test_distributed_jobs.py",  # torchrun jobs of two processes
+    "project/test_readme.py",  # every README example in a fresh process
+    "project/test_readme_examples.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        path = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        if path.startswith(SLOW_FILES):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

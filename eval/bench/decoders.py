@@ -303,20 +303,23 @@ def _compiled_steps_uncounted():
     acceptance rules) are left as they are: they may break their graph, so they are counted (and recompiled)."""
     from vispec.decoding import compiled as compiled_steps
 
-    saved = dict(compiled_steps._COMPILED)
+    original = compiled_steps.compile_step
 
-    def suspended(step):
-        def run(*args, **kwargs):
+    def uncounted(step, fullgraph):
+        run = original(step, fullgraph)
+        if not fullgraph:
+            return run
+
+        def suspended(*args, **kwargs):
             with torch.overrides._pop_mode_temporarily():
-                return step(*args, **kwargs)
-        return run
+                return run(*args, **kwargs)
+        return suspended
 
-    compiled_steps._COMPILED.update({(fn, fullgraph): suspended(step) for (fn, fullgraph), step in saved.items() if fullgraph})
+    compiled_steps.compile_step = uncounted
     try:
         yield
     finally:
-        compiled_steps._COMPILED.clear()
-        compiled_steps._COMPILED.update(saved)
+        compiled_steps.compile_step = original
 
 
 def _median(xs: list[float]) -> float:

@@ -21,11 +21,12 @@ RECOMPILE_LIMIT = 64
 def compiled(step: Callable, fullgraph: bool = True) -> Callable:
     """``step`` under ``torch.compile(fullgraph=fullgraph, dynamic=False)``, run with dynamo's recompile limit
     at least :data:`RECOMPILE_LIMIT`; the same callable for the same ``(step, fullgraph)`` (one set of graphs)."""
-    return _compile(step, fullgraph)
+    return compile_step(step, fullgraph)
 
 
 @functools.cache
-def _compile(step: Callable, fullgraph: bool) -> Callable:
+def compile_step(step: Callable, fullgraph: bool) -> Callable:
+    """The one cached compile behind :func:`compiled` (benchmarks may wrap it to run steps under other modes)."""
     graph = torch.compile(step, fullgraph=fullgraph, dynamic=False)
 
     @functools.wraps(step)
