@@ -58,7 +58,7 @@ import torch
 from vispec.checks import check_number
 from vispec.models.checkpoints import check_state_dict, diffusers_load_kwargs, read_json_object, safetensors_header
 from vispec.models.llada import LLaDAModelLM
-from vispec.models.llada_checkpoint import _shard_files, read_sharded_safetensors
+from vispec.models.llada_checkpoint import shard_files, read_sharded_safetensors
 
 # The architecture keys of Dream-v0-{Base,Instruct}-7B (Qwen2.5-7B shapes; the folders' config.json also sets
 # max_position_embeddings, which the loader reads from the file: Dream was trained with a 2048-token context)
@@ -216,7 +216,7 @@ def load_dream_checkpoint(path: str | os.PathLike, *, dtype: Optional[torch.dtyp
         with torch.device("meta"):
             model = LLaDAModelLM(**kwargs)
         shapes: dict[str, torch.Tensor] = {}  # from the headers: a config that does not fit fails before any load
-        for shard in _shard_files(folder):
+        for shard in shard_files(folder):
             shapes.update(safetensors_header(shard)[0])
         check_state_dict(_DreamNamed(model), shapes, folder)  # type: ignore[arg-type]  (reads state_dict() only)
         tensors = read_sharded_safetensors(folder)

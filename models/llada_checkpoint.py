@@ -66,7 +66,7 @@ def llada_kwargs_from_config(config: dict[str, Any], overrides: Optional[dict[st
     return kwargs
 
 
-def _shard_files(folder: str) -> list[str]:
+def shard_files(folder: str) -> list[str]:
     """The safetensors files of an official folder, checked against ``model.safetensors.index.json`` from their
     headers alone (the index's ``weight_map`` must agree with the shards' contents)."""
     index_path = os.path.join(folder, INDEX_NAME)
@@ -102,7 +102,7 @@ def read_sharded_safetensors(folder: str | os.PathLike) -> dict[str, torch.Tenso
     """All tensors of an official folder: the shards named by ``model.safetensors.index.json`` (whose
     ``weight_map`` must agree with the shards' contents), or a single ``model.safetensors``."""
     state_dict: dict[str, torch.Tensor] = {}
-    for path in _shard_files(os.fspath(folder)):
+    for path in shard_files(os.fspath(folder)):
         state_dict.update(read_checkpoint(path)[0])
     return state_dict
 
@@ -127,7 +127,7 @@ def load_llada(path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None, 
         with torch.device("meta"):
             model = LLaDAModelLM(**kwargs)
         shapes = {}  # the files' shapes from their headers: a config that does not fit fails before any load
-        for shard in _shard_files(folder):
+        for shard in shard_files(folder):
             shapes.update(safetensors_header(shard)[0])
         check_state_dict(model, shapes, folder)
         state_dict = read_sharded_safetensors(folder)

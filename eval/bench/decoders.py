@@ -219,7 +219,7 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> 
 # ---- batch sweep ---------------------------------------------------------------------------------
 
 
-def _graphs() -> int:
+def compiled_graph_count() -> int:
     """Graphs dynamo has compiled so far in this process (to catch a compilation inside a timed run)."""
     from torch._dynamo.utils import counters
 
@@ -264,9 +264,9 @@ class _Contender:
         return time.perf_counter() - start, outs
 
     def timed_round(self) -> None:
-        graphs = _graphs()
+        graphs = compiled_graph_count()
         seconds, outs = self.run()
-        self.compiles_in_timed += _graphs() - graphs
+        self.compiles_in_timed += compiled_graph_count() - graphs
         self.round_s.append(seconds)
         for out in outs:
             self.nfe += out.stats.nfe.double().tolist()
@@ -344,9 +344,9 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
             progress(f"B={batch}: warm-up {con.method}{' (compiled)' if con.compiled else ''} ...")
             warmup[con] = []
             for _ in range(WARMUP_RUNS):
-                graphs = _graphs()
+                graphs = compiled_graph_count()
                 warmup[con].append(con.run()[0])
-                if _graphs() == graphs:
+                if compiled_graph_count() == graphs:
                     break
         progress(f"B={batch}: {cfg.rounds} timed round(s) of {len(contenders)} contenders, {images} image(s) each ...")
         for _ in range(cfg.rounds):  # interleaved: A B C ... A B C ...

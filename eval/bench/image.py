@@ -397,7 +397,7 @@ def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: 
     per method and compile setting (``task``: :class:`vispec.eval.bench.image_tasks.ImageTask`)."""
     import statistics
 
-    from vispec.eval.bench.decoders import WARMUP_RUNS, _graphs
+    from vispec.eval.bench.decoders import WARMUP_RUNS, compiled_graph_count
 
     conditions = task.conditions(images)
     seeds = [cfg.seed * SEED_STRIDE + i for i in range(images)]
@@ -415,18 +415,18 @@ def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: 
             if attempt:
                 bar.total += images
                 bar.refresh()
-            graphs = _graphs()
+            graphs = compiled_graph_count()
             warmup[con].append(run(*con))
-            if _graphs() == graphs:
+            if compiled_graph_count() == graphs:
                 break
     say(f"B={batch}: {cfg.rounds} timed round(s) of {len(contenders)} contenders, {images} image(s) each ...")
     round_s: dict = {con: [] for con in contenders}
     compiles = dict.fromkeys(contenders, 0)
     for _ in range(cfg.rounds):  # interleaved: A B C ... A B C ...
         for con in contenders:
-            graphs = _graphs()
+            graphs = compiled_graph_count()
             round_s[con].append(run(*con))
-            compiles[con] += _graphs() - graphs
+            compiles[con] += compiled_graph_count() - graphs
     rows = []
     for method, compiled in contenders:
         times = round_s[(method, compiled)]

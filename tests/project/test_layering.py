@@ -123,3 +123,26 @@ def test_negative_controls_are_reported(tmp_path, folder, line, problem):
     (tmp_path / folder / "bad_import.py").write_text(f"def f():\n    {line}\n")
     found = violations(tmp_path)
     assert any("bad_import.py" in v or problem in v for v in found) and any(problem.split()[-1] in v for v in found), found
+
+
+def private_imports(root: pathlib.Path) -> list[str]:
+    """``from vispec... import _name`` anywhere in the sources: a private name crossing a module border."""
+    found = []
+    for folder in SOURCES.values():
+        for path in (root / folder).rglob("*.py"):
+            if "pretrained" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vispec"):
+                    for alias in node.names:
+                        if alias.name.startswith("_") and not alias.name.startswith("__"):
+                            found.append(f"{path.relative_to(root)}:{node.lineno} imports private {node.module}.{alias.name}")
+    return found
+
+
+def test_no_private_name_crosses_a_module_border(tmp_path):
+    assert not private_imports(ROOT), "\n".join(private_imports(ROOT))
+    bad = tmp_path / "vispec" / "bad.py"  # negative control
+    bad.parent.mkdir(parents=True)
+    bad.write_text("from vispec.dllm.loop import _secret\n")
+    assert private_imports(tmp_path) == ["vispec/bad.py:1 imports private vispec.dllm.loop._secret"]
