@@ -23,6 +23,12 @@ os.environ.setdefault("VISPEC_FUSED_NOISE", "0")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Under pytest-xdist (``make test`` runs one worker per core) each worker computes on one thread unless
+# OMP_NUM_THREADS says otherwise: the tiny models' ops are too small to share between cores, and two workers
+# with two threads each on two cores spend more CPU time than they gain. Tests that depend on the count set it.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(1)
+
 # test files that are statistical certificates or run for minutes (relative to tests/)
 SLOW_FILES = (
     "exactness/",  # chi-square certificates against exact joints: tens of thousands of decodes each

@@ -18,7 +18,7 @@ instead of the residual ``max(0, p - q)`` (the bias of Lumina-mGPT 2.0's SJD).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from typing import Optional
 
 import pytest
 import torch
@@ -27,6 +27,7 @@ from scipy import stats
 import vispec.decoding.windows as windows_module
 import vispec.kernels.verify as verify_module
 from vispec.decoding import DecodingConfig, decode
+from vispec.decoding.windows import WindowStats
 from vispec.kernels.verify import Drafts, accept_reference, noise_race, sample_reference
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
@@ -139,23 +140,23 @@ def _residual_from_target(p, q):
 AUTO_COSTS = {1: [(0, 1.0)], 2: [(0, 1.5)], 4: [(0, 2.4)], 8: [(0, 4.0)], 16: [(0, 7.0)]}
 
 
-def _switch_every_pass(monkeypatch) -> None:
-    """Fixed step costs, fresh acceptance tables and one-pass blocks: the chooser decides every pass from
-    the acceptance it has seen so far."""
-    monkeypatch.setattr(windows_module, "STEP_COSTS", defaultdict(lambda: {w: list(c) for w, c in AUTO_COSTS.items()}))
-    monkeypatch.setattr(windows_module, "TOKENS_PER_PASS", defaultdict(dict))
-    monkeypatch.setattr(windows_module, "RAMP_TOKENS", defaultdict(dict))
+def _switch_every_pass(monkeypatch) -> WindowStats:
+    """Fixed step costs (the returned measurements start from them), fresh acceptance tables and one-pass
+    blocks: the chooser decides every pass from the acceptance it has seen so far."""
     monkeypatch.setattr(windows_module.WindowChooser, "block", 1)
     monkeypatch.setattr(windows_module.WindowChooser, "settle", 0)
     monkeypatch.setattr(windows_module.WindowChooser, "maturity", 10**9)
     monkeypatch.setattr(windows_module.WindowChooser, "margin", 0.0)
+    return WindowStats(starting_costs=AUTO_COSTS)
 
 
-def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None) -> tuple[torch.Tensor, dict]:
+def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None,
+                    window_stats: Optional[WindowStats] = None) -> tuple[torch.Tensor, dict]:
     """Like :func:`sample_sequences` but with the spec's own window (``auto``) and optional streaming."""
     condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
     out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=method,
-                 generator=torch.Generator().manual_seed(seed), grid_width=3, max_batch_size=max_batch_size)
+                 generator=torch.Generator().manual_seed(seed), grid_width=3, max_batch_size=max_batch_size,
+                 window_stats=window_stats)
     return out.tokens, out.stats.windows
 
 
@@ -164,8 +165,8 @@ def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None) 
 def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size, monkeypatch):
     """Windows chosen per pass from running acceptance, and requests streamed through fewer slots, stay exact."""
     model, joint, n = setup
-    _switch_every_pass(monkeypatch)
-    tokens, windows = sample_adaptive(model, method, n, seed=4321, max_batch_size=max_batch_size)
+    stats = _switch_every_pass(monkeypatch)
+    tokens, windows = sample_adaptive(model, method, n, seed=4321, max_batch_size=max_batch_size, window_stats=stats)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\n{method} (slots {max_batch_size or n}): n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} windows={windows}")
     if "auto" in method:
@@ -178,8 +179,8 @@ def test_negative_control_fails(setup, method, monkeypatch):
     model, joint, n = setup
     monkeypatch.setattr(verify_module, "residual_weights", _residual_from_target)  # the one exact residual
     if "auto" in method:
-        _switch_every_pass(monkeypatch)
-        tokens, _ = sample_adaptive(model, method, n, seed=1234)
+        stats = _switch_every_pass(monkeypatch)
+        tokens, _ = sample_adaptive(model, method, n, seed=1234, window_stats=stats)
     else:
         tokens, _ = sample_sequences(model, method, n, seed=1234)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)

@@ -69,13 +69,9 @@ IMAGE_ARGS = ["class_labels", "guidance_scale", "temperature", "top_k", "top_p",
 
 @pytest.fixture(scope="module")
 def image_pipe():
-    from test_pipeline_llamagen import get_dummy_components
+    from helpers import image_pipe as dummy_image_pipe
 
-    from vispec.pipelines import LlamaGenPipeline
-
-    pipeline = LlamaGenPipeline(**get_dummy_components())
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+    return dummy_image_pipe(drafter=False)
 
 
 def _or_any(valid):

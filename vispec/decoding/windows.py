@@ -52,18 +52,8 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Callable, Hashable, Mapping, Optional
+from typing import Any, Callable, Hashable, Optional
 
-STEP_COSTS: Mapping[Hashable, dict[int, list[tuple[int, float]]]] = MappingProxyType({})
-"""Starting step times ``(L, seconds)`` per cost key (:func:`cost_key`) and window, copied into a new
-:class:`WindowStats` when it first meets the key (empty: measured from scratch; read-only, no decode writes here)."""
-TOKENS_PER_PASS: Mapping[Hashable, dict[int, list[float]]] = MappingProxyType({})
-"""Starting committed tokens per live sample per pass, per decoding spec and window (as :data:`STEP_COSTS`)."""
-RAMP_TOKENS: Mapping[Hashable, dict[tuple[int, int], list[float]]] = MappingProxyType({})
-"""Starting ramp tokens per decoding spec and ``(from, window)`` (as :data:`STEP_COSTS`)."""
-ALL_ACCEPTED: Mapping[Hashable, dict[int, list[float]]] = MappingProxyType({})
-"""Starting shares of samples that accepted every draft, per decoding spec and window (as :data:`STEP_COSTS`)."""
 KEEP = 64
 SPAN = 32  # cached-token range over which step times are fitted by a line rather than a median
 
@@ -89,15 +79,6 @@ def cost_key(model: Any, slots: int, compiled: bool) -> Hashable:
     return (where, slots, compiled)
 
 
-def _started(prior: Mapping[Hashable, dict], key: Hashable) -> dict:
-    """A copy of ``prior[key]``'s lists (an empty table where ``prior`` has none)."""
-    try:
-        table = prior[key]
-    except KeyError:
-        return {}
-    return {window: list(values) for window, values in table.items()}
-
-
 @dataclass
 class WindowStats:
     """The window chooser's measurements of one model's decodes (module docstring), kept by their owner.
@@ -108,26 +89,26 @@ class WindowStats:
     window 1, which keeps no drafts);
     ``all_accepted[spec][W]``: shares of samples that accepted every draft; ``ar_handovers[cost key]``:
     consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`). Each list keeps the last
-    :data:`KEEP` values; a key met for the first time starts from the module's read-only starting tables."""
+    :data:`KEEP` values. ``starting_costs``: the step times ``{W: [(L, seconds), ...]}`` a cost key met for the
+    first time starts from (a copy; by default none: measured from scratch)."""
 
     step_costs: dict[Hashable, dict[int, list[tuple[int, float]]]] = field(default_factory=dict)
     tokens_per_pass: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
     ramp_tokens: dict[Hashable, dict[tuple[int, int], list[float]]] = field(default_factory=dict)
     all_accepted: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
     ar_handovers: dict[Hashable, int] = field(default_factory=dict)
+    starting_costs: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
     def costs(self, key: Hashable) -> dict[int, list[tuple[int, float]]]:
         """Step times of cost key ``key``, by window."""
         if key not in self.step_costs:
-            self.step_costs[key] = _started(STEP_COSTS, key)
+            self.step_costs[key] = {window: list(values) for window, values in self.starting_costs.items()}
         return self.step_costs[key]
 
     def acceptance(self, spec: Hashable) -> tuple[dict, dict, dict]:
         """``(tokens per pass, ramp tokens, all-accepted shares)`` of decoding spec ``spec``, by window."""
-        for table, prior in ((self.tokens_per_pass, TOKENS_PER_PASS), (self.ramp_tokens, RAMP_TOKENS),
-                             (self.all_accepted, ALL_ACCEPTED)):
-            if spec not in table:
-                table[spec] = _started(prior, spec)
+        for table in (self.tokens_per_pass, self.ramp_tokens, self.all_accepted):
+            table.setdefault(spec, {})
         return self.tokens_per_pass[spec], self.ramp_tokens[spec], self.all_accepted[spec]
 
 
