@@ -36,7 +36,7 @@ from vispec.checks import check_int
 from vispec.models.checkpoints import CheckedFromPretrained
 from vispec.models.layers import RMSNorm, apply_rope_interleaved, rope_cache_2d
 from vispec.models.offload import weight_device
-from vispec.protocol import WindowLogits
+from vispec.protocol import WindowLogits, check_path, check_tree, keep_path, tree_ancestors, tree_depths, window_visibility
 
 MAX_BLOCK_SIZE = 1 << 18
 """The most image tokens a model may declare (a 512 x 512 token grid; official LlamaGen models have 256 to
@@ -521,8 +521,10 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
 
     @apply_forward_hook  # decoders call this, not forward: offload hooks must fire here too
     @torch.no_grad()
-    def forward_window(self, state: LlamaGenDecodeState, tokens: Tensor, longest: Optional[int] = None) -> WindowLogits:
-        """Append ``tokens [B, W]`` after each sample's cached prefix; logits ``[B, W, V]``.
+    def forward_window(self, state: LlamaGenDecodeState, tokens: Tensor, longest: Optional[int] = None,
+                       parents: Optional[Tensor] = None) -> WindowLogits:
+        """Append ``tokens [B, W]`` after each sample's cached prefix; logits ``[B, W, V]``. ``parents [B, W]``:
+        the window is a token tree (:mod:`vispec.protocol`): tree attention mask, 2-D RoPE by depth.
 
         ``longest``: the most image tokens any sample has cached (a decoder that tracks lengths on the
         host passes it); attention then reads ``cls_token_num + longest + W`` positions. Without it, a
@@ -543,19 +545,30 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
         if kv_length > state.capacity:
             raise ValueError(f"window of {width} tokens overflows the cache (capacity {state.capacity})")
         tokens = tokens.to(self.device)
+        ancestors = None
+        if parents is not None:
+            check_tree(parents, state.batch_size, width, state.validate)
+            parents = parents.to(self.device)
+            ancestors = tree_ancestors(torch.cat([parents, parents]) if state.guidance else parents)
         if state.guidance:
             tokens = torch.cat([tokens, tokens])
         positions = state.rows_lengths()[:, None] + torch.arange(width, device=self.device)
-        logits = self._run(state.keys, state.values, state.cond_mask, self.tok_embeddings(tokens), positions, kv_length)
+        logits = self._run(state.keys, state.values, state.cond_mask, self.tok_embeddings(tokens), positions, kv_length,
+                           ancestors=ancestors)
         state.last_window = width
         return self._split(state, logits)
 
-    def rollback(self, state: LlamaGenDecodeState, keep: Tensor) -> None:
-        """Keep the first ``keep[b]`` tokens of the last window for each sample."""
+    def rollback(self, state: LlamaGenDecodeState, keep: Tensor, path: Optional[Tensor] = None) -> None:
+        """Keep the first ``keep[b]`` tokens of the last window for each sample; after a tree window, the
+        slots ``path[b, :keep[b]]`` (root first), whose keys and values move into place."""
         if keep.shape != state.lengths.shape:
             raise ValueError(f"keep must be a [{state.batch_size}] tensor, got shape {tuple(keep.shape)}")
         if state.validate and (int(keep.min()) < 0 or int(keep.max()) > state.last_window):
             raise ValueError(f"keep must be a [{state.batch_size}] tensor with values in [0, {state.last_window}]")
+        if path is not None:
+            check_path(path, state.batch_size, state.last_window, state.validate)
+            path = path.to(self.device)
+            keep_path((*state.keys, *state.values), state.rows_lengths(), torch.cat([path, path]) if state.guidance else path)
         state.lengths += keep.to(state.lengths)
         state.last_window = 0
 
@@ -591,22 +604,29 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
         return WindowLogits(cond, uncond)
 
     def _run(self, keys: list[Tensor], values: list[Tensor], cond_mask: Optional[Tensor], h: Tensor, positions: Tensor,
-             kv_len: int, rows: Optional[Tensor] = None) -> Tensor:
+             kv_len: int, rows: Optional[Tensor] = None, ancestors: Optional[Tensor] = None) -> Tensor:
         """Run all layers on ``h [R, W, d]`` written at sequence ``positions [R, W]`` of cache ``rows`` (all by default).
 
         Attention reads cache positions ``< kv_len``: key ``t`` is visible to a query at position ``s``
-        iff ``t <= s`` (and, for caption tokens, ``cond_mask``; a token always sees its own key)."""
+        iff ``t <= s`` (and, for caption tokens, ``cond_mask``; a token always sees its own key). With
+        ``ancestors [R, W, W]`` (a tree window, :func:`vispec.protocol.tree_ancestors`) a query sees the
+        prefix and its ancestors in the window, and its RoPE position is ``prefix + depth``."""
         cls = self.config.cls_token_num
         read_rows = rows
         rows = torch.arange(h.shape[0], device=self.device) if rows is None else rows
         keys_at = torch.arange(kv_len, device=self.device)
-        visible = keys_at[None, None, :] <= positions[:, :, None]
+        if ancestors is None:
+            visible = keys_at[None, None, :] <= positions[:, :, None]
+            rope_positions = positions
+        else:
+            visible = window_visibility(positions[:, 0], ancestors, kv_len)
+            rope_positions = positions[:, :1] + tree_depths(ancestors)
         if cond_mask is not None:
             is_cond = keys_at[None, :] < cls
             cond_visible = cond_mask.gather(1, keys_at.clamp(max=cls - 1)[None].expand(h.shape[0], -1).contiguous())
             visible = visible & ((~is_cond | cond_visible)[:, None, :] | (keys_at[None, None, :] == positions[:, :, None]))
         mask = visible[:, None]
-        rope = self._rope(positions)
+        rope = self._rope(rope_positions)
         for layer, k, v in zip(self.layers, keys, values):
             h = layer(h, rope, mask, _LayerCache(k, v, rows[:, None], positions, kv_len, read_rows))
         return self.output(self.norm(h)).float()

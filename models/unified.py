@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from vispec.checks import check_int
 from vispec.processors import PeriodicForcedToken
-from vispec.protocol import WindowLogits
+from vispec.protocol import WindowLogits, check_path, check_tree, keep_path, tree_ancestors, tree_depths, window_visibility
 
 CFG_MODES = ("image_start", "negative", "pad")
 
@@ -407,28 +407,40 @@ class UnifiedTokenModel(nn.Module):
         return WindowLogits(last[:k], last[k:] if state.guidance else None)
 
     @torch.no_grad()
-    def forward_window(self, state: UnifiedDecodeState, tokens: Tensor, longest: Optional[int] = None) -> WindowLogits:
+    def forward_window(self, state: UnifiedDecodeState, tokens: Tensor, longest: Optional[int] = None,
+                       parents: Optional[Tensor] = None) -> WindowLogits:
         """Append ``tokens [B, W]`` (decoder vocabulary) after each row's cached prefix; logits ``[B, W, V]``.
-        Attention reads the whole capacity through the mask, so nothing is read back."""
+        Attention reads the whole capacity through the mask, so nothing is read back. ``parents [B, W]``: the
+        window is a token tree (:mod:`vispec.protocol`): a 4-D tree mask, position ids by depth."""
         if tokens.dim() != 2 or tokens.shape[0] != state.batch_size or tokens.shape[1] < 1:
             raise ValueError(f"tokens must have shape [{state.batch_size}, W>=1], got {tuple(tokens.shape)}")
         width = tokens.shape[1]
         if state.validate and int(state.lengths.max()) + width > state.cache.capacity:
             raise ValueError(f"window of {width} tokens overflows the cache (capacity {state.cache.capacity})")
         tokens = tokens.to(self.device)
+        ancestors = None
+        if parents is not None:
+            check_tree(parents, state.batch_size, width, state.validate)
+            parents = parents.to(self.device)
+            ancestors = tree_ancestors(torch.cat([parents, parents]) if state.guidance else parents)
         if state.guidance:
             tokens = torch.cat([tokens, tokens])
         positions = state.lengths[:, None] + torch.arange(width, device=self.device)
-        hidden = self._run(state, self.backbone.embed_image(tokens), positions, None)
+        hidden = self._run(state, self.backbone.embed_image(tokens), positions, None, ancestors)
         state.last_window = width
         return self._split(state, self.backbone.image_head(hidden).float())
 
-    def rollback(self, state: UnifiedDecodeState, keep: Tensor) -> None:
-        """Keep the first ``keep[b]`` tokens of the last window for each sample."""
+    def rollback(self, state: UnifiedDecodeState, keep: Tensor, path: Optional[Tensor] = None) -> None:
+        """Keep the first ``keep[b]`` tokens of the last window for each sample; after a tree window, the
+        slots ``path[b, :keep[b]]`` (root first), whose keys and values move into place."""
         if keep.shape != (state.batch_size,):
             raise ValueError(f"keep must be a [{state.batch_size}] tensor, got shape {tuple(keep.shape)}")
         if state.validate and (int(keep.min()) < 0 or int(keep.max()) > state.last_window):
             raise ValueError(f"keep must hold values in [0, {state.last_window}]")
+        if path is not None:
+            check_path(path, state.batch_size, state.last_window, state.validate)
+            path = path.to(self.device)
+            keep_path((*state.cache.keys, *state.cache.values), state.lengths, torch.cat([path, path]) if state.guidance else path)
         keep = keep.to(state.lengths)
         state.lengths += torch.cat([keep, keep]) if state.guidance else keep
         state.last_window = 0
@@ -472,16 +484,23 @@ class UnifiedTokenModel(nn.Module):
         hidden = hidden.gather(1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))
         return self.backbone.image_head(hidden).float()
 
-    def _run(self, state: UnifiedDecodeState, embeds: Tensor, positions: Tensor, rows: Optional[Tensor]) -> Tensor:
+    def _run(self, state: UnifiedDecodeState, embeds: Tensor, positions: Tensor, rows: Optional[Tensor],
+             ancestors: Optional[Tensor] = None) -> Tensor:
         """Run the layers on ``embeds [R, W, D]`` written at cache ``positions [R, W]`` (also the RoPE positions);
-        a query sees the cached positions below its own."""
+        a query sees the cached positions below its own. With ``ancestors [R, W, W]`` (a tree window) a query
+        sees the prefix and its ancestors, and its position id is ``prefix + depth``."""
         cache = state.cache
         cache.write_at, cache.rows_index = positions, rows
-        slots = torch.arange(cache.capacity, device=self.device)
-        visible = slots[None, None, :] <= positions[:, :, None]
+        if ancestors is None:
+            slots = torch.arange(cache.capacity, device=self.device)
+            visible = slots[None, None, :] <= positions[:, :, None]
+            position_ids = positions
+        else:
+            visible = window_visibility(positions[:, 0], ancestors, cache.capacity)
+            position_ids = positions[:, :1] + tree_depths(ancestors)
         mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=self.device)
         mask = mask.masked_fill(~visible, torch.finfo(embeds.dtype).min)[:, None]
-        out = self.backbone.body(inputs_embeds=embeds, position_ids=positions, attention_mask=mask,
+        out = self.backbone.body(inputs_embeds=embeds, position_ids=position_ids, attention_mask=mask,
                                  use_cache=True, **{self.backbone.cache_keyword: cache})
         cache.write_at = cache.rows_index = None
         return out.last_hidden_state

@@ -18,7 +18,7 @@ Reported per row: the median images per second and seconds per image, the speed-
 same compile setting and over eager AR (medians of the per-round ratios, so slow drifts of the
 machine cancel), the step compression, host synchronisations per decode step
 (:class:`vispec.profiling.HostSyncCounter` over one decode, divided by its steps; compiled steps run
-with the counter suspended, see :func:`_compiled_steps_uncounted`), aten ops per step
+with the counter suspended, see :func:`vispec.decoding.compiled.outside_torch_function_mode`), aten ops per step
 (``torch.profiler`` events named ``aten::*``, nested ones included, over one decode) and the windows the
 passes ran with (``stats.windows``). The sync and op counts come from separate untimed decodes run after
 the timed rounds. A step is one decode pass after the prefill: ``sum(stats.windows.values())``.
@@ -34,7 +34,6 @@ up to make distributions peaked, which is still no substitute for a trained mode
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
@@ -44,6 +43,7 @@ from typing import Optional
 
 import torch
 
+from vispec.decoding.compiled import outside_torch_function_mode
 from vispec.decoding import DecodingConfig, WindowStats, decode
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
@@ -279,7 +279,7 @@ class _Contender:
 
     def counts(self) -> tuple[float, float, dict]:
         """Host syncs per step and aten ops per step, each over one untimed decode of one batch."""
-        with HostSyncCounter() as syncs, _compiled_steps_uncounted():
+        with HostSyncCounter() as syncs, outside_torch_function_mode():
             out = self.decode_batch(0)
         sync_steps = max(sum(out.stats.windows.values()), 1)
         from torch.profiler import ProfilerActivity, profile
@@ -289,37 +289,6 @@ class _Contender:
         ops = sum(1 for event in prof.events() if event.name.startswith("aten::"))
         op_steps = max(sum(out.stats.windows.values()), 1)
         return syncs.total / sync_steps, ops / op_steps, dict(syncs.by_name)
-
-
-@contextlib.contextmanager
-def _compiled_steps_uncounted():
-    """Compiled decode steps run with the innermost torch-function mode (the sync counter) suspended.
-
-    Dynamo guards on the mode stack, so calling a compiled step under :class:`HostSyncCounter` would
-    recompile every step graph once more (minutes on a CPU, and towards the recompile limit) only to
-    find what ``fullgraph=True`` already guarantees: a compiled step has no graph break, so it reads
-    nothing back (its opaque custom ops are single calls either way). The read-backs of the decode loop
-    around the steps are counted as in eager decoding. Steps compiled without ``fullgraph`` (lossy
-    acceptance rules) are left as they are: they may break their graph, so they are counted (and recompiled)."""
-    from vispec.decoding import compiled as compiled_steps
-
-    original = compiled_steps.compile_step
-
-    def uncounted(step, fullgraph):
-        run = original(step, fullgraph)
-        if not fullgraph:
-            return run
-
-        def suspended(*args, **kwargs):
-            with torch.overrides._pop_mode_temporarily():
-                return run(*args, **kwargs)
-        return suspended
-
-    compiled_steps.compile_step = uncounted
-    try:
-        yield
-    finally:
-        compiled_steps.compile_step = original
 
 
 def _median(xs: list[float]) -> float:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vispec.decoding import decode, decode_ar
-from vispec.decoding.windows import WindowChooser, WindowStats, cost_key, predict_cost, window_set
+from vispec.decoding.windows import ChooserSettings, WindowChooser, WindowStats, cost_key, predict_cost, window_set
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.profiling import HostSyncCounter
 from vispec.sampling import SamplingConfig
@@ -126,16 +126,12 @@ class FakeClock:
         return self.now
 
 
-class _NoRefresh(WindowChooser):
-    refresh = 10**9
-
-
-def _simulate(costs, accepted, passes: int = 80, chooser_class=_NoRefresh) -> WindowChooser:
+def _simulate(costs, accepted, passes: int = 80, refresh: int = 10**9) -> WindowChooser:
     """A chooser over ``passes`` passes whose step at window w takes ``costs(w, at)`` seconds (or ``costs[w]``)
     with ``at`` cached tokens and accepts ``accepted(w)`` drafts per sample (4 samples)."""
     clock = FakeClock()
     cost = costs if callable(costs) else (lambda w, at: costs[w])
-    chooser = chooser_class(16, WindowStats(), "k", clock=clock)
+    chooser = WindowChooser(16, WindowStats(settings=ChooserSettings(refresh=refresh)), "k", clock=clock)
     at = 0
     for _ in range(passes):
         w = chooser.choose(16, at, live=4)
@@ -151,7 +147,7 @@ def test_window_chooser_prefers_ar_when_speculation_does_not_pay():
     assert chooser.expected_tokens(1) == 1.0 and chooser.expected_tokens(2) == 2.0
     # exploration climbs from window 1 while a wider window could pay: window 2 accepted every draft, so
     # window 4 might have; it accepted no more, so window 8 cannot pay and is never run
-    assert set(chooser.history) == {1, 2, 4} and chooser.history.count(2) == chooser.settle + chooser.block
+    assert set(chooser.history) == {1, 2, 4} and chooser.history.count(2) == chooser.settings.settle + chooser.settings.block
     chooser = _simulate({1: 1.0, 2: 2.5, 4: 5.0, 8: 9.0, 16: 17.0}, lambda w: 0)  # no draft is ever accepted
     assert set(chooser.history) == {1, 2}  # one block of window 2 is all it costs
 
@@ -198,11 +194,8 @@ def test_window_chooser_compares_costs_at_the_same_cache_length():
 
 
 def test_window_chooser_re_measures_close_neighbours_less_and_less_often():
-    class Refreshing(WindowChooser):
-        refresh = 20
-
     chooser = _simulate({1: 1.0, 2: 1.6, 4: 3.0, 8: 6.0, 16: 12.0}, lambda w: min(w - 1, 1), passes=300,
-                        chooser_class=Refreshing)  # window 2: 2 tokens for 1.6x, the best; window 1 is close
+                        refresh=20)  # window 2: 2 tokens for 1.6x, the best; window 1 is close
     assert chooser.history[-1] == 2
     starts = [i for i in range(1, len(chooser.history)) if chooser.history[i] == 1 and chooser.history[i - 1] != 1]
     gaps = [b - a for a, b in zip(starts, starts[1:])]
@@ -216,7 +209,7 @@ def test_window_chooser_runs_blocks_and_caps_at_need():
     assert chooser.must_sync()  # its first step warms up and is left out of the costs: it ends with a read-back
     chooser.record(first, [0], [1])
     assert chooser.choose(3) == 1 and not chooser.must_sync()  # a window runs a block of passes
-    for _ in range(chooser.block - 2):
+    for _ in range(chooser.settings.block - 2):
         chooser.record(1, [0], [1], synced=False)
         chooser.choose(3)
     assert chooser.must_sync()  # the block's last pass reads back: its run of passes is timed
@@ -276,19 +269,19 @@ def test_window_chooser_times_only_passes_of_a_full_batch():
 AUTO_SPEC = "mc-sjd-maximal:window=auto"
 
 
-def _measured(model, costs: dict, tokens: dict, all_accepted: Optional[dict] = None) -> WindowStats:
+def _measured(model, costs: dict, tokens: dict, all_accepted: Optional[dict] = None,
+              settings: ChooserSettings = ChooserSettings()) -> WindowStats:
     """Measurements of ``model`` as a 2-slot eager decode of :data:`AUTO_SPEC` would keep them."""
     return WindowStats(step_costs={cost_key(model, 2, False): costs}, tokens_per_pass={AUTO_SPEC: tokens},
-                       all_accepted={AUTO_SPEC: all_accepted or {}})
+                       all_accepted={AUTO_SPEC: all_accepted or {}}, settings=settings)
 
 
-def test_auto_window_one_passes_read_nothing_back(monkeypatch):
+def test_auto_window_one_passes_read_nothing_back():
     """Where speculation does not pay, auto runs window 1 like AR: its passes read nothing back but the
     one ending each block (timed for the chooser)."""
-    monkeypatch.setattr(WindowChooser, "block", 8)
-    monkeypatch.setattr(WindowChooser, "recheck", 1)  # the chooser runs (no AR handover)
     model = _model()
-    stats = _measured(model, {1: [(0, 1.0)], 2: [(0, 100.0)]}, {2: [2.0]})
+    stats = _measured(model, {1: [(0, 1.0)], 2: [(0, 100.0)]}, {2: [2.0]},
+                      settings=ChooserSettings(block=8, recheck=1))  # recheck 1: the chooser runs (no AR handover)
     with HostSyncCounter() as syncs:
         out = _run(model, AUTO_SPEC, requests=2, num_tokens=16, window_stats=stats)
     assert out.stats.windows == {1: 15}
@@ -299,13 +292,12 @@ def test_auto_window_one_passes_read_nothing_back(monkeypatch):
 def test_auto_hands_whole_decodes_to_ar_where_no_window_pays(monkeypatch):
     """Measured: window 2 costs 100x window 1 and no sample ever accepted its draft. The decode runs as plain
     AR (the same tokens as ``"ar"``), except every ``recheck``-th such decode, which runs the chooser."""
-    monkeypatch.setattr(WindowChooser, "recheck", 3)
     import vispec.decoding.sjd as sjd
 
     handed = []
     monkeypatch.setattr(sjd, "decode_ar", lambda *args: handed.append(1) or decode_ar(*args))
     model = _model()
-    stats = _measured(model, {1: [(0, 1.0)], 2: [(0, 100.0)]}, {2: [1.0]}, {2: [0.0]})
+    stats = _measured(model, {1: [(0, 1.0)], 2: [(0, 100.0)]}, {2: [1.0]}, {2: [0.0]}, settings=ChooserSettings(recheck=3))
     ar = _run(model, "ar", requests=2, num_tokens=16)
     runs = [_run(model, AUTO_SPEC, requests=2, num_tokens=16, window_stats=stats) for _ in range(3)]
     assert len(handed) == 2  # the third ran the chooser (which stayed at window 1: the same tokens, as the
@@ -342,3 +334,10 @@ def test_compiled_steps_are_fullgraph_and_match_eager():
         compiled = _run(model, spec, requests=3, num_tokens=8, compile=True)  # fullgraph=True: a graph break raises
         assert torch.equal(eager.tokens, compiled.tokens), spec
         assert torch.equal(eager.stats.nfe, compiled.stats.nfe), spec
+
+
+@pytest.mark.parametrize("kwargs,name", [({"block": 0}, "block"), ({"settle": -1}, "settle"), ({"margin": -0.1}, "margin"),
+                                         ({"recheck": 1.5}, "recheck")])
+def test_chooser_settings_are_checked(kwargs, name):
+    with pytest.raises(ValueError, match=f"ChooserSettings.{name}"):
+        ChooserSettings(**kwargs)

@@ -24,10 +24,9 @@ import pytest
 import torch
 from scipy import stats
 
-import vispec.decoding.windows as windows_module
 import vispec.kernels.verify as verify_module
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.windows import WindowStats
+from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.kernels.verify import Drafts, accept_reference, noise_race, sample_reference
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
@@ -140,14 +139,10 @@ def _residual_from_target(p, q):
 AUTO_COSTS = {1: [(0, 1.0)], 2: [(0, 1.5)], 4: [(0, 2.4)], 8: [(0, 4.0)], 16: [(0, 7.0)]}
 
 
-def _switch_every_pass(monkeypatch) -> WindowStats:
+def _switch_every_pass() -> WindowStats:
     """Fixed step costs (the returned measurements start from them), fresh acceptance tables and one-pass
     blocks: the chooser decides every pass from the acceptance it has seen so far."""
-    monkeypatch.setattr(windows_module.WindowChooser, "block", 1)
-    monkeypatch.setattr(windows_module.WindowChooser, "settle", 0)
-    monkeypatch.setattr(windows_module.WindowChooser, "maturity", 10**9)
-    monkeypatch.setattr(windows_module.WindowChooser, "margin", 0.0)
-    return WindowStats(starting_costs=AUTO_COSTS)
+    return WindowStats(starting_costs=AUTO_COSTS, settings=ChooserSettings(block=1, settle=0, maturity=10**9, margin=0.0))
 
 
 def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None,
@@ -162,10 +157,10 @@ def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None,
 
 @pytest.mark.parametrize("method,max_batch_size", [("sjd-random:window=auto", None), ("mc-sjd-maximal:window=auto", None),
                                                    ("mc-sjd-gumbel:window=auto", 300), ("sjd-horizontal:window=3", 257)])
-def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size, monkeypatch):
+def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size):
     """Windows chosen per pass from running acceptance, and requests streamed through fewer slots, stay exact."""
     model, joint, n = setup
-    stats = _switch_every_pass(monkeypatch)
+    stats = _switch_every_pass()
     tokens, windows = sample_adaptive(model, method, n, seed=4321, max_batch_size=max_batch_size, window_stats=stats)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\n{method} (slots {max_batch_size or n}): n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} windows={windows}")
@@ -179,7 +174,7 @@ def test_negative_control_fails(setup, method, monkeypatch):
     model, joint, n = setup
     monkeypatch.setattr(verify_module, "residual_weights", _residual_from_target)  # the one exact residual
     if "auto" in method:
-        stats = _switch_every_pass(monkeypatch)
+        stats = _switch_every_pass()
         tokens, _ = sample_adaptive(model, method, n, seed=1234, window_stats=stats)
     else:
         tokens, _ = sample_sequences(model, method, n, seed=1234)

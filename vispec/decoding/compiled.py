@@ -10,29 +10,49 @@ Compiled steps read nothing back from the device; the decode loop does, once per
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator
 
 import torch
 
 RECOMPILE_LIMIT = 64
 
+_graphs: dict[tuple[Callable, bool], Callable] = {}  # one compiled callable per (step, fullgraph)
+_outside_mode = contextvars.ContextVar("vispec_compiled_steps_outside_mode", default=False)
+
 
 def compiled(step: Callable, fullgraph: bool = True) -> Callable:
     """``step`` under ``torch.compile(fullgraph=fullgraph, dynamic=False)``, run with dynamo's recompile limit
     at least :data:`RECOMPILE_LIMIT`; the same callable for the same ``(step, fullgraph)`` (one set of graphs)."""
-    return compile_step(step, fullgraph)
+    key = (step, fullgraph)
+    if key not in _graphs:
+        graph = torch.compile(step, fullgraph=fullgraph, dynamic=False)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            config = torch._dynamo.config
+            with config.patch(recompile_limit=max(config.recompile_limit, RECOMPILE_LIMIT)):
+                if fullgraph and _outside_mode.get():
+                    with torch.overrides._pop_mode_temporarily():
+                        return graph(*args, **kwargs)
+                return graph(*args, **kwargs)
+
+        _graphs[key] = run
+    return _graphs[key]
 
 
-@functools.cache
-def compile_step(step: Callable, fullgraph: bool) -> Callable:
-    """The one cached compile behind :func:`compiled` (benchmarks may wrap it to run steps under other modes)."""
-    graph = torch.compile(step, fullgraph=fullgraph, dynamic=False)
+@contextlib.contextmanager
+def outside_torch_function_mode() -> Iterator[None]:
+    """Within this context (this thread or task only), ``fullgraph`` compiled steps run with the innermost
+    torch-function mode suspended.
 
-    @functools.wraps(step)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        config = torch._dynamo.config
-        with config.patch(recompile_limit=max(config.recompile_limit, RECOMPILE_LIMIT)):
-            return graph(*args, **kwargs)
-
-    return run
+    For counting host syncs (:class:`vispec.profiling.HostSyncCounter` is such a mode): dynamo guards on
+    the mode stack, so a compiled step called under the counter would recompile every step graph once
+    more only to find what ``fullgraph=True`` already guarantees (no graph break, so nothing read back).
+    Steps compiled without ``fullgraph`` (lossy acceptance rules) may break their graph, so they stay
+    under the mode (counted, and recompiled)."""
+    token = _outside_mode.set(True)
+    try:
+        yield
+    finally:
+        _outside_mode.reset(token)

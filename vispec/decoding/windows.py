@@ -5,7 +5,7 @@ A pass with window ``W`` over ``B`` batch slots whose longest sample has ``L`` c
 :class:`WindowChooser` runs the window with the best ``T(W) / t(B, W, L)`` from a small fixed set
 (powers of two up to the largest, so compiled steps have few shapes). ``W = 1`` is plain AR
 (``T = 1``; the decoder runs it without reading anything back, as AR does), and a wider window must
-beat it by :attr:`WindowChooser.margin`, so by its own measurements the chooser never runs a window
+beat it by :attr:`ChooserSettings.margin`, so by its own measurements the chooser never runs a window
 slower than AR.
 
 * ``t(B, W, L)``: wall time of whole decode steps (forward, verification, the step's read-back),
@@ -18,7 +18,7 @@ slower than AR.
   Window-1 passes that read nothing back are timed as a run, up to the read-back that ends it.
 * ``T(W)``: committed tokens per live sample per pass, measured while ``W`` runs a block of passes
   (drafts need passes to mature after the window changes: the first ``max(settle, W // maturity)``
-  passes of a block that changes the window are not counted, the next :attr:`WindowChooser.block` are),
+  passes of a block that changes the window are not counted, the next :attr:`ChooserSettings.block` are),
   kept per decoding spec in the :class:`WindowStats`.
 * The ramp: those first passes commit fewer tokens, ``S(from, W)`` per pass (:attr:`WindowStats.ramp_tokens`). A decode
   of few tokens spends much of itself ramping (GPT-L, 64 tokens, window 16: 8 of 14 passes), so windows
@@ -30,12 +30,12 @@ slower than AR.
 Exploration climbs: window 1 first, then the next wider window while it could beat the best so far:
 its extra rows add tokens only for samples that accepted every draft of the widest measured window
 (:attr:`WindowStats.all_accepted`), and it costs at least as much. So where speculation does not pay only one
-block of window 2 is spent. Every :attr:`refresh` passes the
-neighbours of the best window are re-measured, if their last rate was within :attr:`near` of the best;
+block of window 2 is spent. Every :attr:`~ChooserSettings.refresh` passes the
+neighbours of the best window are re-measured, if their last rate was within :attr:`~ChooserSettings.near` of the best;
 each re-measurement that confirms the best doubles the interval.
 
 Where the measurements say no window beats AR, a whole decode runs as plain AR
-(:meth:`WindowChooser.prefers_ar`; every :attr:`~WindowChooser.recheck`-th such decode runs the chooser).
+(:meth:`WindowChooser.prefers_ar`; every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser).
 
 Measurements belong to one model, so they live in an explicit :class:`WindowStats` that its owner keeps
 between decodes: a pipeline keeps one for its transformer (a new transformer starts a new one), and
@@ -79,6 +79,30 @@ def cost_key(model: Any, slots: int, compiled: bool) -> Hashable:
     return (where, slots, compiled)
 
 
+@dataclass(frozen=True)
+class ChooserSettings:
+    """How :class:`WindowChooser` explores (module docstring); part of a :class:`WindowStats`, so a test or a
+    benchmark tunes one chooser's behaviour without touching any other."""
+
+    block: int = 4  # counted passes per block, at least ...
+    samples: int = 16  # ... and enough for this many sample-passes (a batch of 1 needs more passes for a mean)
+    settle: int = 2  # uncounted passes at the start of a block, at least ...
+    maturity: int = 2  # ... and W // maturity (wide windows' drafts take longer to mature)
+    margin: float = 0.03  # a wider window must beat window 1's rate by this share
+    near: float = 0.8  # neighbours re-measured only if their rate was at least this share of the best
+    refresh: int = 64  # passes between re-measuring neighbours of the best window (doubles on each confirmation)
+    recheck: int = 8  # of the decodes handed to AR (prefers_ar), every recheck-th runs the chooser instead
+
+    def __post_init__(self) -> None:
+        for name in ("block", "samples", "maturity", "refresh", "recheck"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"ChooserSettings.{name} must be a positive int, got {getattr(self, name)!r}")
+        if not isinstance(self.settle, int) or self.settle < 0:
+            raise ValueError(f"ChooserSettings.settle must be an int >= 0, got {self.settle!r}")
+        if not self.margin >= 0 or not 0 <= self.near <= 1:
+            raise ValueError(f"ChooserSettings.margin must be >= 0 and near in [0, 1], got {self.margin!r}, {self.near!r}")
+
+
 @dataclass
 class WindowStats:
     """The window chooser's measurements of one model's decodes (module docstring), kept by their owner.
@@ -90,7 +114,8 @@ class WindowStats:
     ``all_accepted[spec][W]``: shares of samples that accepted every draft; ``ar_handovers[cost key]``:
     consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`). Each list keeps the last
     :data:`KEEP` values. ``starting_costs``: the step times ``{W: [(L, seconds), ...]}`` a cost key met for the
-    first time starts from (a copy; by default none: measured from scratch)."""
+    first time starts from (a copy; by default none: measured from scratch). ``settings``: how the chooser
+    explores (:class:`ChooserSettings`)."""
 
     step_costs: dict[Hashable, dict[int, list[tuple[int, float]]]] = field(default_factory=dict)
     tokens_per_pass: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
@@ -98,6 +123,7 @@ class WindowStats:
     all_accepted: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
     ar_handovers: dict[Hashable, int] = field(default_factory=dict)
     starting_costs: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    settings: ChooserSettings = field(default_factory=ChooserSettings)
 
     def costs(self, key: Hashable) -> dict[int, list[tuple[int, float]]]:
         """Step times of cost key ``key``, by window."""
@@ -159,20 +185,12 @@ class WindowChooser:
             ran then, as tokens are counted per live sample).
     """
 
-    block = 4  # counted passes per block, at least ...
-    samples = 16  # ... and enough for this many sample-passes (a batch of 1 needs more passes for a mean)
-    settle = 2  # uncounted passes at the start of a block, at least ...
-    maturity = 2  # ... and W // maturity (wide windows' drafts take longer to mature)
-    margin = 0.03  # a wider window must beat window 1's rate by this share
-    near = 0.8  # neighbours re-measured only if their rate was at least this share of the best
-    refresh = 64  # passes between re-measuring neighbours of the best window (doubles on each confirmation)
-    recheck = 8  # of the decodes handed to AR (prefers_ar), every recheck-th runs the chooser instead
-
     def __init__(self, largest: int, stats: Optional[WindowStats] = None, key: Hashable = "", tokens_key: Hashable = None,
                  clock: Callable[[], float] = time.perf_counter, slots: Optional[int] = None):
         self.windows, self.clock, self.key, self.slots = window_set(largest), clock, key, slots
         self._live = slots
         self.stats = WindowStats() if stats is None else stats
+        self.settings = self.stats.settings
         self.costs = self.stats.costs(key)
         self.tokens, self.ramp, self.all_accepted = self.stats.acceptance(key if tokens_key is None else tokens_key)
         self.history: list[int] = []
@@ -180,8 +198,8 @@ class WindowChooser:
         self._current: Optional[int] = None
         self._left = 0  # passes left in the current block
         self._in_block = 0
-        self._interval = self.refresh
-        self._next_refresh = self.refresh
+        self._interval = self.settings.refresh
+        self._next_refresh = self.settings.refresh
         self._refreshing: Optional[int] = None  # the best window while a neighbour is re-measured
         self._at = 0
         self._remaining: Optional[int] = None  # tokens the slowest live sample lacks (None: unbounded)
@@ -243,7 +261,7 @@ class WindowChooser:
         return passes, (statistics.fmean(values) if values else 1.0)
 
     def _settle_passes(self, window: int) -> int:
-        return 0 if window == 1 else max(self.settle, window // self.maturity)
+        return 0 if window == 1 else max(self.settings.settle, window // self.settings.maturity)
 
     def _drafts_from(self) -> int:
         """The window the drafts a new block starts from were made with (0: none)."""
@@ -289,14 +307,14 @@ class WindowChooser:
             return False
         handovers = self.stats.ar_handovers
         handovers[self.key] = handovers.get(self.key, 0) + 1
-        if handovers[self.key] >= self.recheck:
+        if handovers[self.key] >= self.settings.recheck:
             handovers[self.key] = 0
             return False
         return True
 
     def _score(self, window: int, need: int, at: int, growth: float) -> Optional[float]:
         rate = self.rate(window, need, at, growth, self._remaining)
-        return None if rate is None else rate / (1 + self.margin if window > 1 else 1)
+        return None if rate is None else rate / (1 + self.settings.margin if window > 1 else 1)
 
     def _ceiling(self, window: int, wider: int, need: int, at: int, growth: float) -> float:
         """The best score ``wider`` could have, from ``window``'s measurements: its extra draft rows help only
@@ -305,7 +323,7 @@ class WindowChooser:
         share = self.all_accepted.get(window)
         share = 1.0 if window == 1 else (statistics.fmean(share) if share else 1.0)
         tokens = min(self.expected_tokens(window) + share * (wider - window), need)
-        return tokens / self.cost(window, at, growth) / (1 + self.margin)
+        return tokens / self.cost(window, at, growth) / (1 + self.settings.margin)
 
     def _pick(self, candidates: list[int], need: int, at: int) -> int:
         growth = self._growth()
@@ -327,7 +345,7 @@ class WindowChooser:
             return wider  # climbing: the next wider window could beat the best so far
         if self.passes >= self._next_refresh:
             neighbours = [candidates[i] for i in (at_best + 1, at_best - 1) if 0 <= i < len(candidates) and i != at_best]
-            close = [w for w in neighbours if scores[w] is None or scores[w] >= self.near * scores[best]]
+            close = [w for w in neighbours if scores[w] is None or scores[w] >= self.settings.near * scores[best]]
             if close:
                 self._refreshing = best
                 return close[self.passes // self._interval % len(close)]
@@ -337,7 +355,7 @@ class WindowChooser:
     def _start_block(self, window: int, live: int) -> None:
         """A block of ``window``: its settling passes (none if the window continues), then counted ones."""
         settle = 0 if window == self._current else self._settle_passes(window)
-        counted = self.block if window == 1 else max(self.block, -(-self.samples // max(live, 1)))
+        counted = self.settings.block if window == 1 else max(self.settings.block, -(-self.settings.samples // max(live, 1)))
         self._from = self._from if window == self._current else self._drafts_from()
         self._current, self._left, self._in_block = window, settle + counted, 0
         self._settle = settle
