@@ -26,7 +26,9 @@ import torch  # noqa: E402
 # Under pytest-xdist (``make test`` runs one worker per core) each worker computes on one thread unless
 # OMP_NUM_THREADS says otherwise: the tiny models' ops are too small to share between cores, and two workers
 # with two threads each on two cores spend more CPU time than they gain. Tests that depend on the count set it.
+# The processes tests start (README examples, CLI runs, torchrun jobs) inherit the setting through the environment.
 if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
 # test files that are statistical certificates or run for minutes (relative to tests/)
@@ -34,17 +36,22 @@ SLOW_FILES = (
     "exactness/",  # chi-square certificates against exact joints: tens of thousands of decodes each
     "dllm/test_compiled_loop.py",  # torch.compile of every cache mode
     "eval/test_distributed_jobs.py",  # torchrun jobs of two processes
+    "eval/test_bench_image_t2i.py",  # text-to-image benchmarks on tiny-t2i (a minute to set up)
+    "eval/test_tiny_c2i_training.py",  # trains tiny-c2i's parts
     "project/test_readme.py",  # every README example in a fresh process
     "project/test_readme_examples.py",
 )
 
 
 def pytest_collection_modifyitems(config, items):
+    """Marks :data:`SLOW_FILES`, then puts the slow tests first (a stable sort): under xdist the long tests
+    then start early and the short ones fill the gaps, instead of one long test running alone at the end."""
     root = os.path.dirname(os.path.abspath(__file__))
     for item in items:
         path = os.path.relpath(str(item.path), root).replace(os.sep, "/")
         if path.startswith(SLOW_FILES):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from vispec.cli import main
 from vispec.version import __version__
 
@@ -32,6 +34,7 @@ def test_bench_decoders_writes_table_and_json(tmp_path, capsys):
     assert result["methods"]["ar"]["step_compression"] == 1.0
 
 
+@pytest.mark.slow
 def test_bench_decoders_batch_sweep_eager_and_compiled(tmp_path, capsys):
     """--batch-sizes and --compile: one row per batch size, compile setting and method, with the ratios and counts."""
     path = tmp_path / "sweep.json"

@@ -151,6 +151,7 @@ def test_bench_image_keeps_quality_rows_and_shows_progress(tiny_pipeline, tmp_pa
     assert "bench image" in bar and "3/5" in bar and "img" in bar  # 1 + 2 images of ar done, 2 reseeds to go
 
 
+@pytest.mark.slow
 def test_bench_image_quality_does_not_depend_on_the_batch_size():
     """Measuring quality once is sound: with per-image keyed noise a method's tokens are the same at any batch
     size (an exact rule with a Jacobi window; a lossy rule with a drafter), on the trained tiny-c2i. (The VQ

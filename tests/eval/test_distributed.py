@@ -128,6 +128,7 @@ def test_run_json_is_written_once_and_readable(tmp_path):
     assert json.loads((tmp_path / "r" / "run.json").read_text()) == {"a": [1, 2], "b": None}
 
 
+@pytest.mark.slow
 def test_generate_image_resumes_only_with_the_same_settings(tmp_path, monkeypatch, capsys):
     from vispec.cli import main
     from vispec.pipelines import LlamaGenPipeline

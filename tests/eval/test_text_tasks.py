@@ -148,6 +148,7 @@ def test_low_confidence_decoding_commits_one_token_per_step(tokenizer):
     assert counts == list(range(16, 0, -1))  # every row: one commit per forward
 
 
+@pytest.mark.slow
 def test_train_mdlm_runs_reproducibly_and_saves_everything(tmp_path):
     cfg = dict(steps=3, batch_size=4, d_model=32, n_layers=1, n_heads=2, mlp_hidden_size=48, log_every=1, warmup=2,
                eval_every=2, eval_n=2, final_eval_n=2, tokenizer_corpus=200, answer_length=24,

@@ -105,6 +105,7 @@ def test_fid_features_plug_into_torchmetrics():
     assert abs(same) < 1e-2 < float(fid.compute())
 
 
+@pytest.mark.slow
 def test_assemble_and_bench_image_on_the_trained_parts(trained, tmp_path):
     from vispec.eval.bench.image import ImageBenchConfig, format_image_table, run_image_bench
     from vispec.eval.train.assemble import AssembleConfig, assemble

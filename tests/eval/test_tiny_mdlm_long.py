@@ -31,6 +31,7 @@ def tiny_mdlm():
     return MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
 
 
+@pytest.mark.slow
 def test_blocks_and_stop_ids_keep_the_decoded_text(tiny_mdlm):
     model, tok = tiny_mdlm.model, tiny_mdlm.tokenizer
     items = split_items("arithmetic", "test", 3)
@@ -45,6 +46,7 @@ def test_blocks_and_stop_ids_keep_the_decoded_text(tiny_mdlm):
         decode_low_confidence(model, ids, mask, 32, block_length=5)
 
 
+@pytest.mark.slow
 def test_init_from_and_length_mix(tmp_path, tiny_mdlm):
     cfg = MDLMTrainConfig(out=str(tmp_path / "run"), init_from="vispec/tiny-mdlm", d_model=32, steps=3, batch_size=2,
                           warmup=1, log_every=1, eval_every=2, eval_n=1, eval_all_tasks=True, long_answer_length=64,
@@ -77,6 +79,7 @@ def test_bad_training_options(tmp_path, kwargs, words):
         train_mdlm(MDLMTrainConfig(out=str(tmp_path / "bad"), steps=1, batch_size=1, final_eval_n=0, threads=0, **kwargs))
 
 
+@pytest.mark.slow
 def test_assembled_card_and_record_follow_every_fine_tuning_stage(tmp_path):
     """A model fine-tuned in stages (each from the previous run's folder) is assembled with every stage on its card,
     every stage's record and every stage's loss log."""

@@ -41,6 +41,7 @@ def test_loads_offline_by_name_with_its_clip_and_config():
     assert type(generic).__name__ == "UnifiedImagePipeline"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoding", ["ar", "sjd", "mc-sjd"])
 def test_generates_both_trained_sizes(pipe, decoding):
     prompts = ["two red circles", "a blue square left of a yellow triangle"]
@@ -57,6 +58,7 @@ def test_generates_both_trained_sizes(pipe, decoding):
                 assert stats["nfe"] < tokens  # speculation accepted more than one token per forward somewhere
 
 
+@pytest.mark.slow
 def test_same_seed_same_tokens_whatever_the_batch(pipe):
     one = pipe("three green triangles", height=64, width=96, decoding="mc-sjd", output_type="latent",
                generator=torch.Generator().manual_seed(7)).images
@@ -86,6 +88,7 @@ def test_cli_generates_a_wide_image_from_a_prompt(tmp_path, capsys):
     assert "NFE" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_demo_section_writes_grid_and_scores(tmp_path, monkeypatch):
     from vispec.eval import demo
 

@@ -335,6 +335,7 @@ def _chisquare(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(stats.chisquare(counts.double().numpy(), expected.numpy()).pvalue)
 
 
+@pytest.mark.slow
 def test_acceptance_rate_residual_and_coupled_output_through_the_kernels():
     n = 1500
     p = torch.softmax(P_LOGITS, -1)
@@ -364,6 +365,7 @@ def test_acceptance_rate_residual_and_coupled_output_through_the_kernels():
 # ---- decoders: same tokens on both backends ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoding", ["ar", "sjd", "mc-sjd", "mc-sjd-gumbel"])
 def test_decoders_give_the_same_tokens_on_both_backends(decoding):
     from helpers import tiny_gpt
@@ -437,6 +439,7 @@ def test_bad_inputs_name_the_argument():
 # ---- compile for real GPUs without one -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_kernel_configuration_compiles_for_cuda_80_and_90(tmp_path):
     """In a subprocess: the interpreter (on in this process) replaces kernels before they can be compiled."""
     import json

@@ -166,6 +166,7 @@ def test_from_pipe_keeps_every_component(ipipe, tpipe):
     assert isinstance(other.scheduler, ThresholdScheduler) and other.model is tpipe.model
 
 
+@pytest.mark.slow
 def test_generic_loader_in_a_fresh_process(ipipe, tpipe, tmp_path):
     """``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)``, in a process that never imported
     vispec, resolves the pipeline class and every component (drafter, LANTERN table, tokenizer, scheduler)."""

@@ -30,6 +30,7 @@ print(json.dumps({"origin": spec and spec.origin, "transformers": transformers_k
 """
 
 
+@pytest.mark.slow
 def test_probe_in_the_repository_root_imports_no_vispec():
     try:
         pytest.skip(f"Hugging Face's kernels {importlib.metadata.version('kernels')} is installed: the next test's case")
