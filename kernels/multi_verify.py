@@ -118,7 +118,6 @@ from torch import Tensor
 
 from vispec.kernels import race
 from vispec.kernels.philox import Stream
-from vispec.kernels.philox import uniforms as philox_uniforms
 from vispec.kernels.verify import as_long, race_argmax
 
 __all__ = ["rrs_noise", "rrs_reference", "without_replacement"]
@@ -317,9 +316,10 @@ def rrs_noise(seeds: Tensor, positions: Tensor, num_candidates: int, vocab: int,
         draws = as_long(draws, "draws", (rows,))
     else:
         draws = torch.full((rows,), _count(draws, "draws", 0), dtype=torch.int64, device=seeds.device)
+    streams = torch.full_like(seeds, int(Stream.ACCEPT))
     if ranks:
-        u = philox_uniforms(seeds, positions[:, None], Stream.ACCEPT, draws, vocab_size=ranks)[:, 0]
+        u = race.words_for(seeds, positions, streams, draws, ranks)
     else:
         u = torch.zeros(rows, 0, dtype=torch.float32, device=seeds.device)
-    e = race.keyed_exponentials(seeds, positions, int(Stream.RESIDUAL), draws, vocab)
+    e = race.exponentials_for(seeds, positions, torch.full_like(seeds, int(Stream.RESIDUAL)), draws, vocab)
     return u, e

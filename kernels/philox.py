@@ -42,6 +42,7 @@ class Stream(IntEnum):
     UNMASK = 6  # dLLM candidate sampling (float64 Gumbel-max over the vocabulary)
     REMASK = 7  # dLLM random remasking (one uniform per position and step)
     DRAFT = 8  # draft-model speculative decoding: the drafter's samples
+    SIBLING = 9  # SJD-PAC: tree candidates drawn without replacement (Gumbel-top-k) besides the main draft
 
 
 def philox4x32(seed: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

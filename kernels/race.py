@@ -287,6 +287,42 @@ def race(weights: Tensor, seeds: Tensor, positions: Tensor, streams: Tensor, dra
     return keyed_race(weights, seeds, positions, streams, draws)
 
 
+@torch.library.custom_op("vispec::keyed_exponentials", mutates_args=())
+def _keyed_exponentials_op(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, vocab: int) -> Tensor:
+    return keyed_exponentials(seeds, positions, streams, draws, vocab).contiguous()
+
+
+@_keyed_exponentials_op.register_fake
+def _(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, vocab: int) -> Tensor:
+    return seeds.new_empty((seeds.shape[0], vocab), dtype=torch.float32)
+
+
+@torch.library.custom_op("vispec::keyed_words", mutates_args=())
+def _keyed_words_op(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, count: int) -> Tensor:
+    return uniforms(seeds, positions[:, None], streams[:, None], draws, vocab_size=count)[:, 0].contiguous()
+
+
+@_keyed_words_op.register_fake
+def _(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, count: int) -> Tensor:
+    return seeds.new_empty((seeds.shape[0], count), dtype=torch.float32)
+
+
+def exponentials_for(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, vocab: int) -> Tensor:
+    """:func:`keyed_exponentials` for ``[R]`` key tensors, opaque inside ``torch.compile`` (see :func:`race`)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.vispec.keyed_exponentials(seeds, positions, streams, draws, vocab)
+    return keyed_exponentials(seeds, positions, streams, draws, vocab).contiguous()
+
+
+def words_for(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, count: int) -> Tensor:
+    """``[R, count]`` float32 uniforms, entry ``k`` word ``k % 4`` of the Philox block ``c0 = k // 4`` of row ``r``'s
+    key (:func:`vispec.kernels.philox.uniforms` with ``vocab_size=count``; entry 0 is :func:`uniforms_for`'s
+    number); opaque inside ``torch.compile`` (see :func:`race`)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.vispec.keyed_words(seeds, positions, streams, draws, count)
+    return uniforms(seeds, positions[:, None], streams[:, None], draws, vocab_size=count)[:, 0].contiguous()
+
+
 def uniforms_for(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
     """:func:`keyed_uniforms` for ``[R]`` key tensors, opaque inside ``torch.compile`` (see :func:`race`)."""
     if torch.compiler.is_compiling():

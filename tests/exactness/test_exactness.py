@@ -310,3 +310,56 @@ def test_negative_control_edit_without_rewinding_the_cache_fails(setup, method, 
     statistic, p_value = chi_square_given_prefixes(tokens, committed, joint, prefix, model.image_vocab_size)
     print(f"\nnegative control {method}: chi2={statistic:.1f} p={p_value:.2e}")
     assert p_value < ALPHA, "the edit test failed to detect a decoder that keeps the old prefix's cache"
+
+
+# ---- SJD-PAC (tree drafts, recursive rejection sampling) ---------------------------------------------------
+
+# trees that cover the top-k support (K = 3) and narrower ones; windows from the bare tree to a chain past it
+PAC_METHODS = ["sjd-pac:window=13", "sjd-pac:window=16,tree_width=2,tree_depth=3", "sjd-pac:window=8,tree_width=2,tree_depth=2",
+               "sjd-pac:window=6,tree_width=4,tree_depth=2"]
+
+
+def sample_pac(model, spec: str, n: int, seed: int, max_batch_size=None) -> tuple[torch.Tensor, dict]:
+    condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
+    out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=spec,
+                 generator=torch.Generator().manual_seed(seed), grid_width=3, max_batch_size=max_batch_size)
+    passes = out.stats.nfe - 1
+    return out.tokens, {"tokens/forward": float(out.stats.tokens_per_forward.mean()),
+                        "single-token passes": float(out.stats.extra["single_passes"].sum() / passes.sum())}
+
+
+@pytest.mark.parametrize("method", PAC_METHODS)
+def test_sjd_pac_matches_exact_joint(setup, method):
+    model, joint, n = setup
+    tokens, info = sample_pac(model, method, n, seed=2468, max_batch_size=n // 2 if "window=6" in method else None)
+    statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
+    print(f"\n{method}: n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} {info}")
+    assert p_value > ALPHA, f"{method} deviates from the exact AR joint (p={p_value:.2e}, TV={tv:.4f})"
+
+
+def _published_siblings(q, old_q):
+    """SJD-PAC's released sampler: siblings are further samples of the residual max(0, P - q_old) of the last
+    pass, yet verified as draws without replacement from q = P."""
+    return (q - old_q).clamp_min(0)
+
+
+def _siblings_verified_against_unconditioned_q(q, candidates, validate=True):
+    """Deliberately wrong: every rank verified against q itself, not q without the earlier candidates."""
+    return q.to(torch.float64)[:, None, :].expand(-1, candidates.shape[1], -1) / q.to(torch.float64).sum(-1)[:, None, None]
+
+
+@pytest.mark.parametrize("control", ["published-siblings", "unconditioned-q"])
+def test_sjd_pac_negative_controls_fail(setup, control, monkeypatch):
+    """The same test rejects the paper's sibling drafting and a verification that ignores the draws
+    without replacement: it can see what the tree changes."""
+    import vispec.decoding.pac as pac_module
+
+    model, joint, n = setup
+    if control == "published-siblings":
+        monkeypatch.setattr(pac_module, "sibling_law", _published_siblings)
+    else:
+        monkeypatch.setattr(pac_module, "without_replacement", _siblings_verified_against_unconditioned_q)
+    tokens, info = sample_pac(model, "sjd-pac:window=13", n, seed=2468)
+    statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
+    print(f"\nnegative control {control}: n={n} chi2={statistic:.1f} p={p_value:.2e} TV={tv:.4f} {info}")
+    assert p_value < ALPHA, f"the exactness test failed to detect {control}"

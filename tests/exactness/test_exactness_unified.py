@@ -167,7 +167,7 @@ def sample_sequences(model: UnifiedTokenModel, method: str, n: int, seed: int) -
     """``n`` sequences of ``method`` (a decoder label, optionally ``+acceptance``), window 3, in chunks of
     :data:`CHUNK`; returns the tokens and means of tokens/forward and (lossy rules) the measured TV."""
     label, _, acceptance = method.partition("+")
-    decoding = DecodingConfig.parse(label, window=WINDOW)
+    decoding = DecodingConfig.parse(label) if label.startswith("sjd-pac") else DecodingConfig.parse(label, window=WINDOW)
     drafter = drafter_model() if label.startswith("sd") else None
     tokens, tpf, tv = [], [], []
     for i, lo in enumerate(range(0, n, CHUNK)):
@@ -207,7 +207,11 @@ def test_exact_joint_respects_the_layout_and_is_nontrivial(setup):
     assert n >= 1024
 
 
-@pytest.mark.parametrize("method", EXACT_METHODS + EXACT_RELAXED)
+# SJD-PAC's trees (their own windows): branches at a forced row end hold only the forced token
+PAC_METHODS = ["sjd-pac:window=13", "sjd-pac:window=8,tree_width=2,tree_depth=2"]
+
+
+@pytest.mark.parametrize("method", EXACT_METHODS + EXACT_RELAXED + PAC_METHODS)
 def test_decoder_matches_exact_joint(setup, method):
     model, joint, n = setup
     tokens, info = sample_sequences(model, method, n, seed=1234)

@@ -17,6 +17,7 @@ from vispec.decoding.ar import decode_ar
 from vispec.decoding.common import DecodeJob
 from vispec.decoding.config import DecodingConfig, split_specs
 from vispec.decoding.sd import decode_sd
+from vispec.decoding.pac import decode_pac
 from vispec.decoding.sjd import decode_sjd
 from vispec.decoding.windows import WindowStats
 from vispec.kernels.philox import GeneratorArg
@@ -93,6 +94,8 @@ def decode(
                       embeddings=lambda: _token_embeddings(model))
     if config.strategy == "sd":
         return decode_sd(model, drafter, condition, job, config, rule)
+    if config.strategy == "sjd-pac":
+        return decode_pac(model, condition, job, config, rule)
     return decode_sjd(model, condition, job, config, rule, window_stats)
 
 
@@ -105,4 +108,4 @@ def _token_embeddings(model) -> torch.Tensor:
 
 
 __all__ = ["AcceptanceConfig", "AcceptanceRule", "DecodeJob", "DecodeOutput", "DecodeProgress", "DecodeStats", "DecodingConfig",
-           "StepCallback", "WindowStats", "build_rule", "decode", "decode_ar", "decode_sd", "decode_sjd", "split_specs"]
+           "StepCallback", "WindowStats", "build_rule", "decode", "decode_ar", "decode_pac", "decode_sd", "decode_sjd", "split_specs"]

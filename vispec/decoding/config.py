@@ -5,11 +5,13 @@ benchmarks)::
 
     spec    := variant [":" option ("," option)*] ["+" rule [":" rule-option ("," rule-option)*]]
     variant := "ar" | "sjd" ["-random" | "-horizontal" | "-vertical"] | "mc-sjd" ["-maximal" | "-gumbel"]
-             | "sd" | "gsd"                          ("gsd" is short for "sjd+gsd")
-    option  := key "=" value, key in window, init, coupling, guidance_scale, temperature, top_k, top_p, cfg_interval
+             | "sjd-pac" | "sd" | "gsd"              ("gsd" is short for "sjd+gsd")
+    option  := key "=" value, key in window, init, coupling, tree_width, tree_depth, guidance_scale, temperature,
+               top_k, top_p, cfg_interval
     rule    := "exact" | "lantern" | "gsd" | "lumina"  (options: vispec.decoding.acceptance.AcceptanceConfig)
 
-e.g. ``"mc-sjd"``, ``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.1"``, ``"sd:window=3"``.
+e.g. ``"mc-sjd"``, ``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.1"``, ``"sd:window=3"``,
+``"sjd-pac:window=64,tree_width=3,tree_depth=3"`` (SJD-PAC's published setting).
 :attr:`DecodingConfig.name` writes a config back in this grammar with only its non-default settings,
 so ``DecodingConfig.parse(config.name) == config``; :attr:`DecodingConfig.method` is the same
 without the sampling settings (the label statistics and tables show).
@@ -34,11 +36,12 @@ from vispec.checks import check_int
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule
 from vispec.sampling import SamplingConfig
 
-STRATEGIES = ("ar", "sjd", "mc-sjd", "sd")
+STRATEGIES = ("ar", "sjd", "mc-sjd", "sjd-pac", "sd")
 INITS = ("random", "horizontal", "vertical")
-COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sd": ("none",)}
+COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sjd-pac": ("maximal",), "sd": ("none",)}
 DEFAULT_WINDOW = 16
 SD_DEFAULT_WINDOW = 5  # draft-model decoding: the pending token plus 4 drafted tokens per target forward
+PAC_DEFAULT_WINDOW = 64  # SJD-PAC: its paper's L (the tree's 13 slots and a chain of 51)
 AUTO_WINDOW = "auto"
 
 
@@ -46,12 +49,13 @@ def _window(text: str):
     return AUTO_WINDOW if text == AUTO_WINDOW else int(text)
 
 
-OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "guidance_scale": float, "temperature": float, "top_k": int,
-                "top_p": float, "cfg_interval": int}
+OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "tree_width": int, "tree_depth": int, "guidance_scale": float,
+                "temperature": float, "top_k": int, "top_p": float, "cfg_interval": int}
+TREE_KEYS = ("tree_width", "tree_depth")
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "cfg_interval")
-SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], sd or gsd, optionally followed by "
-             "':key=value,...' (window, init, coupling, sampling settings) and '+rule' (exact, lantern[:k=..,delta=..], "
-             "gsd[:half_width=..], lumina)")
+SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], sjd-pac, sd or gsd, optionally followed by "
+             "':key=value,...' (window, init, coupling, tree_width, tree_depth, sampling settings) and '+rule' (exact, "
+             "lantern[:k=..,delta=..], gsd[:half_width=..], lumina)")
 
 
 class PipelineComponent(SchedulerMixin):
@@ -120,7 +124,12 @@ class DecodingConfig(PipelineComponent):
             ``"vertical"`` (copy the token one row above; horizontal on the first row).
         coupling: ``"none"`` for SJD; ``"maximal"`` (verify every slot, keep each slot's coupled output
             as its next draft) or ``"gumbel"`` (drafts by Gumbel-max with noise fixed per absolute
-            position) for MC-SJD. ``None`` picks the strategy's default (stored resolved).
+            position) for MC-SJD; ``"maximal"`` for SJD-PAC (its adaptive continuation). ``None`` picks the
+            strategy's default (stored resolved).
+        tree_width, tree_depth: SJD-PAC's token tree (``"sjd-pac"``, :mod:`vispec.decoding.pac`): ``K``
+            candidates per node on the first ``D - 1`` levels below the pending token (``D`` levels with
+            it); the window holds the tree's ``(K^D - 1) / (K - 1)`` slots and a chain filling the rest.
+            Defaults 3 and 3 (the paper's code); other strategies keep the defaults.
         acceptance: the acceptance rule, ``"exact"`` (default) or a lossy one (``"lantern"``, ``"gsd"``, with
             options, or ``"lumina"``, Lumina-mGPT 2.0's biased rule; :mod:`vispec.decoding.acceptance`). Stored in
             canonical form.
@@ -134,6 +143,8 @@ class DecodingConfig(PipelineComponent):
     init: str = "horizontal"
     coupling: Optional[str] = None
     acceptance: str = "exact"
+    tree_width: int = 3
+    tree_depth: int = 3
     guidance_scale: float = SamplingConfig.guidance_scale  # the sampling defaults are SamplingConfig's
     temperature: float = SamplingConfig.temperature
     top_k: int = SamplingConfig.top_k
@@ -154,6 +165,16 @@ class DecodingConfig(PipelineComponent):
         if coupling not in COUPLINGS[strategy]:
             raise ValueError(f"coupling for strategy {strategy!r} must be one of {COUPLINGS[strategy]}, got {coupling!r}")
         rule = AcceptanceConfig.parse(self.acceptance)
+        check_int("tree_width", self.tree_width, minimum=1)
+        check_int("tree_depth", self.tree_depth, minimum=1)
+        if strategy != "sjd-pac" and (self.tree_width, self.tree_depth) != (3, 3):
+            raise ValueError(f"tree_width and tree_depth apply to sjd-pac, not {strategy!r}")
+        if strategy == "sjd-pac":
+            if window == AUTO_WINDOW or window < self.tree_size:
+                raise ValueError(f"sjd-pac's window must hold its tree of {self.tree_size} slots (tree_width "
+                                 f"{self.tree_width}, tree_depth {self.tree_depth}), got {window!r}")
+            if not rule.lossless:
+                raise ValueError(f"sjd-pac verifies its tree with the exact rule only, got acceptance {rule.name!r}")
         if strategy == "ar" and not rule.lossless:
             raise ValueError(f"acceptance {rule.name!r} needs a speculative decoder (sjd, mc-sjd, sd), not 'ar'")
         object.__setattr__(self, "coupling", coupling)  # stored resolved and canonical, so equal configs compare equal
@@ -178,6 +199,11 @@ class DecodingConfig(PipelineComponent):
         return DEFAULT_WINDOW if window == AUTO_WINDOW else window
 
     @property
+    def tree_size(self) -> int:
+        """Slots of SJD-PAC's tree: ``1 + K + ... + K^(D-1)``, the pending token included."""
+        return sum(self.tree_width ** level for level in range(self.tree_depth))
+
+    @property
     def rule(self) -> AcceptanceConfig:
         """The acceptance rule's settings."""
         return AcceptanceConfig.parse(self.acceptance)
@@ -193,9 +219,10 @@ class DecodingConfig(PipelineComponent):
         return self._label(())
 
     def _label(self, sampling_keys: tuple[str, ...]) -> str:
-        variant = {"ar": "ar", "sd": "sd", "sjd": f"sjd-{self.init}", "mc-sjd": f"mc-sjd-{self.coupling}"}[self.strategy]
+        variant = {"ar": "ar", "sd": "sd", "sjd": f"sjd-{self.init}", "mc-sjd": f"mc-sjd-{self.coupling}",
+                   "sjd-pac": "sjd-pac"}[self.strategy]
         values, defaults = self.settings(), DecodingConfig.parse(variant).settings()
-        keys = ("window",) + (("init",) if self.strategy != "sjd" else ()) + sampling_keys
+        keys = ("window",) + (("init",) if self.strategy != "sjd" else ()) + TREE_KEYS + sampling_keys
         options = [f"{k}={values[k]!r}" if isinstance(values[k], float) else f"{k}={values[k]}" for k in keys
                    if values[k] != defaults[k]]
         label = variant + (":" + ",".join(options) if options else "")
@@ -223,9 +250,12 @@ class DecodingConfig(PipelineComponent):
             label, rule, options = "sjd", "gsd" + (f":{options}" if options else ""), ""
         settings = base.settings() if base is not None else {}
         strategy, suffix = _variant(value, label.strip())
-        if (strategy == "sd") != (settings.get("strategy") == "sd"):  # sd's window counts drafts differently
-            settings["window"] = SD_DEFAULT_WINDOW if strategy == "sd" else DEFAULT_WINDOW
+        if _default_window(strategy) != _default_window(settings.get("strategy", "sjd")):  # another window scale
+            settings["window"] = _default_window(strategy)
         settings.update(strategy=strategy, coupling=None, acceptance=rule.strip() or "exact")
+        if strategy != "sjd-pac":  # a tree belongs to sjd-pac: another strategy parsed over its config drops it
+            for key in TREE_KEYS:
+                settings.pop(key, None)
         if suffix:
             settings["coupling" if strategy == "mc-sjd" else "init"] = suffix
         settings.update(_parse_options(value, options))
@@ -256,9 +286,13 @@ class DecodingConfig(PipelineComponent):
         return replace(config, acceptance=name)
 
 
+def _default_window(strategy: str) -> int:
+    return {"sd": SD_DEFAULT_WINDOW, "sjd-pac": PAC_DEFAULT_WINDOW}.get(strategy, DEFAULT_WINDOW)
+
+
 def _variant(value: str, label: str) -> tuple[str, str]:
     """``(strategy, suffix)`` of a variant label: ``"mc-sjd-gumbel"`` -> ``("mc-sjd", "gumbel")``."""
-    for strategy in ("mc-sjd", "sjd", "sd", "ar"):
+    for strategy in ("mc-sjd", "sjd-pac", "sjd", "sd", "ar"):
         if label == strategy:
             return strategy, ""
         if label.startswith(strategy + "-") and strategy in ("mc-sjd", "sjd"):

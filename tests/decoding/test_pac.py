@@ -1,0 +1,94 @@
+"""SJD-PAC (vispec/decoding/pac.py): its spec, its window layout, and how it relates to the chain decoders.
+The joint-distribution certificates are in tests/exactness/."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import tiny_gpt
+
+from vispec.decoding import DecodingConfig, decode
+from vispec.decoding.pac import tree_layout
+from vispec.models.llamagen_gpt import LlamaGenCondition
+from vispec.sampling import SamplingConfig
+
+SAMPLING = SamplingConfig(temperature=0.9, top_k=3, guidance_scale=2.0)
+LABELS = [0, 1, 2, 0, 1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_gpt(vocab_size=8, block_size=16, num_classes=3, class_dropout_prob=0.1)
+
+
+def _run(model, spec, labels=LABELS, seeds=None, **kwargs):
+    seeds = range(len(labels)) if seeds is None else seeds
+    return decode(model, LlamaGenCondition(class_labels=torch.tensor(labels)), num_tokens=16, sampling=SAMPLING,
+                  decoding=spec, generator=[torch.Generator().manual_seed(s) for s in seeds], grid_width=4, **kwargs)
+
+
+def test_spec_defaults_names_and_errors():
+    config = DecodingConfig.parse("sjd-pac")
+    assert (config.window, config.tree_width, config.tree_depth, config.coupling) == (64, 3, 3, "maximal")
+    assert config.name == "sjd-pac" and config.tree_size == 13
+    wide = DecodingConfig.parse("sjd-pac:window=32,tree_width=4,tree_depth=2")
+    assert wide.name == "sjd-pac:window=32,tree_width=4,tree_depth=2" and DecodingConfig.parse(wide.name) == wide
+    assert DecodingConfig.parse("mc-sjd", base=wide).window == 16  # another strategy drops the tree and its window
+    for spec, words in [("sjd-pac:window=12", "must hold its tree of 13 slots"), ("sjd:tree_width=2", "apply to sjd-pac"),
+                        ("sjd-pac+lantern:k=3", "exact rule only"), ("sjd-pac:tree_depth=0", "tree_depth must be"),
+                        ("sjd-pac:window=auto", "applies to sjd and mc-sjd"), ("sjd-pac:coupling=gumbel", "coupling for strategy")]:
+        with pytest.raises(ValueError, match=words):
+            DecodingConfig.parse(spec)
+
+
+def test_layout_main_path_first_then_the_tree_breadth_first():
+    tree = tree_layout(16, 3, 3)
+    assert tree.main == 6 and tree.width == 16
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4, 0, 0, 1, 1, 6, 6, 6, 7, 7, 7]
+    assert tree.depth.tolist() == [0, 1, 2, 3, 4, 5, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert tree.rank.tolist() == [0, 0, 0, 0, 0, 0, 1, 2, 1, 2, 0, 1, 2, 0, 1, 2]
+    assert tree.internal.tolist() == [0, 1, 6, 7]  # the nodes with K children: depth <= D - 2
+    assert tree.side_leaf.nonzero().flatten().tolist() == list(range(8, 16))
+    assert tree_layout(64, 3, 3).main == 54  # the paper's L = 64: 53 drafts on the main path
+    assert tree_layout(5, 1, 3).main == 5 and tree_layout(5, 4, 1).main == 5  # K = 1 or D = 1: a chain
+    with pytest.raises(ValueError, match="cannot hold the tree of 13 slots"):
+        tree_layout(12, 3, 3)
+
+
+@pytest.mark.parametrize("chain", ["tree_depth=1", "tree_width=1"])
+def test_a_tree_without_branches_is_mc_sjd_maximal(model, chain):
+    """With K = 1 or D = 1 the window is a chain and SJD-PAC is MC-SJD's maximal coupling, on the same noise:
+    the same tokens and passes (the tree code runs for K = 1: recursive rejection with one candidate)."""
+    chain_run = _run(model, f"sjd-pac:window=6,{chain}")
+    mc = _run(model, "mc-sjd:window=6")
+    assert torch.equal(chain_run.tokens, mc.tokens) and torch.equal(chain_run.stats.nfe, mc.stats.nfe)
+
+
+def test_outputs_do_not_depend_on_the_batch_or_the_slots(model):
+    """Per-sample keyed noise: a sample alone, in a batch, or streamed through fewer slots gives the same tokens."""
+    batch = _run(model, "sjd-pac:window=16")
+    streamed = _run(model, "sjd-pac:window=16", max_batch_size=2)
+    alone = _run(model, "sjd-pac:window=16", labels=[LABELS[3]], seeds=[3])
+    assert torch.equal(batch.tokens, streamed.tokens) and torch.equal(batch.stats.nfe, streamed.stats.nfe)
+    assert torch.equal(alone.tokens[0], batch.tokens[3])
+    assert batch.method == "sjd-pac:window=16" and batch.stats.windows == {16: int(batch.stats.nfe.max()) - 1}
+    passes = batch.stats.nfe - 1
+    single = batch.stats.extra["single_passes"]
+    assert bool((single <= passes).all()) and bool((batch.stats.accepted_drafts + passes == 16 - 1).all())
+
+
+def test_trees_commit_more_tokens_per_pass_than_the_chain(model):
+    """On the same main-path length, the side branches can only add accepted tokens: fewer passes overall."""
+    chain = _run(model, "sjd-pac:window=6,tree_width=1", labels=LABELS * 4, seeds=range(20))
+    tree = _run(model, "sjd-pac:window=16", labels=LABELS * 4, seeds=range(20))  # main path 6 as well
+    assert tree_layout(16, 3, 3).main == 6
+    assert int(tree.stats.nfe.sum()) < int(chain.stats.nfe.sum())
+
+
+@pytest.mark.slow
+def test_compiled_step_is_fullgraph_and_matches_eager():
+    """float64 weights: the compiled graph's rounding cannot flip a sampled token, so tokens are equal."""
+    model = tiny_gpt(vocab_size=8, block_size=16, num_classes=3, class_dropout_prob=0.1).double()
+    eager = _run(model, "sjd-pac:window=16", labels=[0, 1, 2])
+    compiled = _run(model, "sjd-pac:window=16", labels=[0, 1, 2], compile=True)  # fullgraph=True: a break raises
+    assert torch.equal(eager.tokens, compiled.tokens) and torch.equal(eager.stats.nfe, compiled.stats.nfe)

@@ -1,0 +1,345 @@
+r"""SJD-PAC, exact: speculative Jacobi decoding with a token tree at each rejection and the tail kept after it.
+
+SJD-PAC (Kang et al., CVPR 2026, arXiv 2603.18599) observes that about half of SJD's passes commit a single
+token: a rejection invalidates every later draft. It adds two things to SJD:
+
+* **adaptive continuation**: every draft of the window is verified, not only those before the first
+  rejection; a slot's output (its draft if accepted, else a residual sample) is distributed as this pass's
+  ``P_j`` and stays the draft of its position for the next pass. This is MC-SJD's maximal coupling
+  (So et al., arXiv 2510.24211; :data:`vispec.decoding.speculative.MAXIMAL`), which the main chain below runs;
+* **proactive drafting**: the window is a token tree. Below the pending token (the root, depth 0), each node
+  of the first ``D - 1`` levels has ``K`` children (``tree_width`` K, ``tree_depth`` D; the paper's code
+  defaults to 3 and 3), and the main path (rank-0 child at every level) continues as a chain to the window's
+  ``L`` slots: ``1 + K + ... + K^(D-1)`` tree slots, ``M = L - (tree slots - D)`` main-path slots. The
+  candidates at depth ``d`` are the same ``K`` tokens under every parent: rank 0 is the main draft of that
+  position, ranks ``1 .. K-1`` are drawn without replacement from that draft's ``q`` (the ``P`` row it was
+  drawn from), excluding it. No extra forward: they come from distributions the last pass computed.
+
+One pass (every sample at once, each with its own tree, cache length and noise; :func:`pac_step`):
+
+1. fill the main path's missing drafts (:mod:`vispec.decoding.drafts`, one-hot ``q``); lay out the tree;
+2. one forward with the tree mask (``forward_window(..., parents=)``; position ``prefix + depth``);
+3. the main path is verified as MC-SJD maximal verifies a chain (:func:`~vispec.decoding.speculative.verify_window`):
+   its acceptances decide the chain below the tree, its coupled outputs are the next drafts;
+4. every tree node above the leaves verifies its ``K`` children by recursive rejection sampling
+   (:func:`vispec.kernels.multi_verify.rrs_reference`: candidate ``i`` accepted with probability
+   ``min(1, r̄(x_i) / q_i(x_i))``, ``r ← max(0, r̄ - q_i)`` on a rejection, ``q_i = q`` without the earlier
+   candidates, renormalised); the first accepted candidate is the node's child on the path;
+5. the path: the root, then each node's accepted child (a slot is on it iff it and all its ancestors were
+   accepted by their parents; :func:`vispec.protocol.tree_ancestors`); it ends at depth ``e``. Committed:
+   its ``e`` tokens and one more: the residual sample of the node where it ends (after all its candidates),
+   or a fresh sample of ``P`` at a leaf (the bonus token);
+6. the cache keeps the path (``rollback(keep=e + 1, path=)``); the main path's coupled outputs after depth
+   ``e`` become the next drafts with ``q := P``, and the next tree's siblings are drawn from those ``q``.
+
+Exactness. Each node's verification is the recursion whose output is distributed as the target given the
+path above it, provided every candidate is distributed as its ``q_i`` given everything verification has
+seen (:mod:`vispec.kernels.multi_verify`, proof there). Rank 0 is a coupled output: given the window it was
+computed from, it is distributed as the ``P`` row recorded as its ``q`` (the MC-SJD argument; that window is
+not part of the new path's history, and its noise is not reused); ranks ``1 ..`` are a Gumbel-top-k draw
+from ``q`` without rank 0 with their own noise stream (``SIBLING``), so the candidate tuple is a draw
+without replacement from ``q``. Verification noise is keyed by the verified position (rank ``k``: word ``k``
+of the ACCEPT stream), shared by same-depth nodes of which at most one is on the path, and no committed
+decision reuses noise another committed decision used. tests/exactness/test_exactness.py checks the joint
+distribution against enumeration.
+
+What differs from the paper's released sampler (``scheduler/sjd_pac_iteration_lumina_mgpt.py``), each of
+which makes it inexact, so each is a negative control in the tests: its siblings are residual samples of the
+last pass verified as draws without replacement from ``P``; among siblings it commits the longest accepted
+path, not the first accepted candidate; with every main draft accepted its next root comes from its uniform
+padding distribution instead of ``P``. Also: one generator for the batch (batch 1 only), global RNG for
+drafts. Here every sample has its own keyed noise, so outputs do not depend on the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from vispec.decoding.acceptance import AcceptanceRule
+from vispec.decoding.common import DecodeJob, resolve_grid_width, start_decoding
+from vispec.decoding.compiled import compiled
+from vispec.decoding.config import DecodingConfig
+from vispec.decoding.drafts import init_draft_tokens
+from vispec.decoding.speculative import MAXIMAL, RaggedBatch, verify_window
+from vispec.kernels import race
+from vispec.kernels.multi_verify import rrs_noise, rrs_reference, without_replacement
+from vispec.kernels.philox import Stream
+from vispec.kernels.target import Target
+from vispec.kernels.verify import SampleRequest
+from vispec.outputs import DecodeOutput
+from vispec.protocol import SpeculativeARModel, tree_ancestors
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """The slots of an SJD-PAC window (module docstring), the same for every sample and pass.
+
+    Slots ``0 .. main - 1`` are the main path (slot ``s`` at depth ``s``); the other tree slots follow in
+    breadth-first order, so a parent always precedes its children."""
+
+    branching: int  # K
+    levels: int  # D: tree levels, the root included
+    main: int  # M: slots on the main path
+    parents: Tensor  # [L] parent slot, -1 for the root
+    depth: Tensor  # [L]
+    rank: Tensor  # [L] rank among its siblings (0: the main candidate)
+    ancestors: Tensor  # [L, L] bool, tree_ancestors(parents)
+    internal: Tensor  # [I] tree slots with K children (depth <= D - 2)
+    parent_internal: Tensor  # [L] index in ``internal`` of the slot's parent, -1 for the root and the chain
+    side_leaf: Tensor  # [L] bool: depth D - 1, off the main path
+
+    @property
+    def width(self) -> int:
+        return int(self.parents.shape[0])
+
+
+@functools.lru_cache(maxsize=None)
+def tree_layout(window: int, branching: int, levels: int) -> TreeLayout:
+    """The window layout of ``window`` slots with ``branching`` K and ``levels`` D (module docstring)."""
+    paths = [()]  # a node is its ranks from the root: the main path is all zeros
+    for depth in range(1, levels):
+        paths += [p + (r,) for p in paths if len(p) == depth - 1 for r in range(branching)]
+    main_tree = [p for p in paths if not any(p)]
+    side = [p for p in paths if any(p)]
+    main = window - len(side)
+    if main < levels:
+        raise ValueError(f"a window of {window} slots cannot hold the tree of {len(paths)} slots "
+                         f"(tree_width {branching}, tree_depth {levels})")
+    order = sorted(main_tree, key=len) + [(0,) * d for d in range(levels, main)] + side  # chain slots as zero paths
+    slot_of = {p: i for i, p in enumerate(order)}
+    parents = [-1] + [slot_of[p[:-1]] for p in order[1:]]
+    depth = [len(p) for p in order]
+    rank = [p[-1] if p else 0 for p in order]
+    internal = [slot_of[p] for p in paths if len(p) <= levels - 2]
+    internal_index = {s: i for i, s in enumerate(internal)}
+    parent_internal = [internal_index.get(q, -1) if d <= levels - 1 else -1 for q, d in zip(parents, depth)]
+    parents_t = torch.tensor(parents, dtype=torch.long)
+    return TreeLayout(branching, levels, main, parents_t, torch.tensor(depth), torch.tensor(rank),
+                      tree_ancestors(parents_t), torch.tensor(internal, dtype=torch.long),
+                      torch.tensor(parent_internal, dtype=torch.long),
+                      torch.tensor([d == levels - 1 and any(p) for p, d in zip(order, depth)]))
+
+
+@dataclass(frozen=True)
+class PACStep:
+    """What a step needs besides the batch: fixed for a whole decode."""
+
+    model: Any
+    job: DecodeJob
+    rule: AcceptanceRule
+    tree: TreeLayout
+    init: str
+    grid_width: int
+    vocab: int
+
+
+def _candidates(step: PACStep, batch: RaggedBatch, main_tokens: Tensor, main_width: Tensor) -> tuple[Tensor, Tensor]:
+    """``(tokens, valid)`` ``[B, D, K]``: the candidates at each depth (rank 0: the main draft; ranks ``1 ..``:
+    the siblings drawn last pass, valid where that draft has a dense ``q``). Depth 0 is unused."""
+    tree = step.tree
+    levels, branching = tree.levels, tree.branching
+    depth = torch.arange(levels, device=main_tokens.device)
+    main = main_tokens[:, :levels]  # the main draft of depth d
+    side = batch.state["side_ids"][:, : levels - 1, : branching - 1] - 1  # [B, D-1, K-1], -1: none
+    none = torch.full((side.shape[0], 1, side.shape[2]), -1, dtype=side.dtype, device=side.device)
+    side = torch.cat([none, side], dim=1)  # depth 0 (the root) has no siblings
+    tokens = torch.cat([main[:, :, None], side], dim=2)
+    reachable = depth[None, :] < main_width[:, None]  # the position exists in this sample's window
+    dense = (depth[None, :] - 1) < batch.state["draft_count"][:, None]
+    valid = reachable[:, :, None] & torch.cat([torch.ones_like(tokens[:, :, :1], dtype=torch.bool),
+                                              (side >= 0) & dense[:, :, None]], dim=2)
+    return torch.where(valid, tokens, -1), valid
+
+
+def sibling_law(q: Tensor, old_q: Tensor) -> Tensor:
+    """The weights siblings are drawn from (without the main draft, without replacement): the main draft's own
+    ``q``, which is what verification assumes. (``old_q``: the law the position's previous draft came from;
+    the paper's sampler draws from the residual ``max(0, q - old_q)`` instead, a negative control in the tests.)"""
+    return q
+
+
+def _draw_siblings(step: PACStep, batch: RaggedBatch, q: Tensor, main_tokens: Tensor, count: Tensor) -> Tensor:
+    """``[B, D-1, K-1]`` next pass's siblings (token + 1; 0: none): for depth ``d``, a Gumbel-top-(K-1) draw
+    from ``q[:, d-1]`` without the main draft ``main_tokens[:, d-1]``, keyed by (position, SIBLING, pass)."""
+    tree = step.tree
+    batch_size, vocab = q.shape[0], q.shape[-1]
+    levels = max(tree.levels - 1, 1)
+    siblings = max(tree.branching - 1, 1)
+    if tree.levels == 1 or tree.branching == 1:
+        return torch.zeros(batch_size, levels, siblings, dtype=torch.long, device=q.device)
+    depth = torch.arange(1, tree.levels, device=q.device)
+    weights = q[:, : tree.levels - 1].to(torch.float64)  # [B, D-1, V]
+    first = main_tokens[:, : tree.levels - 1]
+    weights = weights.scatter(-1, first[..., None], 0.0)
+    positions = (batch.n - 1)[:, None] + depth[None, :]  # the new root is at n - 1
+    rows = batch_size * (tree.levels - 1)
+    seeds = batch.seeds[:, None].expand(-1, tree.levels - 1).reshape(rows)
+    draws = batch.nfe[:, None].expand(-1, tree.levels - 1).reshape(rows)
+    noise = race.exponentials_for(seeds, positions.reshape(rows), torch.full_like(seeds, int(Stream.SIBLING)), draws, vocab)
+    keys = weights.reshape(rows, vocab) / noise.to(torch.float64)
+    top, index = keys.topk(tree.branching - 1, dim=-1)  # decreasing: a sequential draw without replacement
+    valid = (top > 0).view(batch_size, tree.levels - 1, -1) & ((depth - 1)[None, :] < count[:, None])[..., None]
+    return torch.where(valid, index.view(batch_size, tree.levels - 1, -1) + 1, 0)
+
+
+def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tensor:
+    """One pass over every slot (steps 1-6 of the module docstring); returns the pass's status."""
+    job, model, tree = step.job, step.model, step.tree
+    n, live, nfe = batch.n, batch.live, batch.nfe
+    draft_count, draft_q = batch.state["draft_count"], batch.state["draft_q"]
+    device, width, main = n.device, tree.width, tree.main
+    depth, rank = tree.depth.to(device), tree.rank.to(device)
+    slot = torch.arange(width, device=device)
+    main_width = torch.where(live, (job.num_tokens - n).clamp(max=main), 1)  # main rows, the root included
+
+    # 1. fill the main path's missing drafts; lay the candidates out in the tree
+    main_slot = slot[:main]
+    main_positions = n[:, None] - 1 + main_slot
+    known = n + draft_count
+    need_init = (main_slot[None, :] >= 1) & (main_slot[None, :] < main_width[:, None]) & (main_positions >= known[:, None])
+    init = init_draft_tokens(step.init, batch.tokens, main_positions, known, step.grid_width, step.vocab, batch.seeds, nfe)
+    batch.tokens.scatter_(1, main_positions, torch.where(need_init, init, batch.tokens.gather(1, main_positions)))
+    main_tokens = batch.tokens.gather(1, main_positions)  # [B, M]
+    candidates, valid = _candidates(step, batch, main_tokens, main_width)  # [B, D, K]
+    depth_k = depth.clamp(max=tree.levels - 1) * tree.branching + rank  # a tree slot's (depth, rank) cell
+    on_main = slot < main
+    tokens = torch.where(on_main, torch.cat([main_tokens, main_tokens[:, :1].expand(-1, width - main)], 1),
+                         candidates.flatten(1).gather(1, depth_k.expand(n.shape[0], -1)))
+    slot_valid = torch.where(on_main, depth[None, :] < main_width[:, None], valid.flatten(1).gather(1, depth_k.expand(n.shape[0], -1)))
+    slot_valid = slot_valid & (live[:, None] | (slot == 0))
+
+    # 2. one forward over the tree; row j gives P for position n + depth(j)
+    parents = tree.parents.to(device).expand(n.shape[0], -1)
+    out = model.forward_window(batch.cache(), tokens.clamp_min(0), longest, parents=parents)
+    batch_size, _, vocab = out.cond.shape
+    owner = torch.arange(batch_size, device=device)[:, None].expand(-1, width)
+    row_sample = torch.where(slot_valid, owner, -1).reshape(-1)
+    positions = (n[:, None] + depth[None, :]).reshape(-1)
+    flat = lambda x: None if x is None else x.reshape(batch_size * width, vocab)  # noqa: E731
+    target = Target(flat(out.cond), flat(out.uncond), positions, row_sample, batch.seeds, job.sampling, job.processors,
+                    backend=job.backend, validate=False)
+
+    # 3. the main path as a chain (MC-SJD maximal): chain acceptances, coupled outputs for the next drafts
+    drafts = torch.cat([tokens[:, 1:main], torch.full_like(tokens[:, :width - main + 1], -1)], dim=1)
+    drafts = torch.where(slot[None, :] < (main_width - 1)[:, None], drafts, -1)
+    verified = verify_window(target, step.rule, drafts, main_width - 1, main_width, nfe, MAXIMAL, q=draft_q,
+                             q_dense=slot[None, :] < draft_count[:, None])
+
+    # 4. recursive rejection sampling at every node with K children
+    probs = target.probabilities().view(batch_size, width, vocab)
+    internal = tree.internal.to(device)
+    inner = internal.shape[0]
+    if inner:
+        child_depth = depth[internal] + 1
+        cand = candidates[:, child_depth]  # [B, I, K]
+        dense = (child_depth[None, :] - 1) < draft_count[:, None]
+        q_main = draft_q[:, (child_depth - 1).clamp(max=draft_q.shape[1] - 1)].to(torch.float64)
+        one_hot = torch.nn.functional.one_hot(cand[..., 0].clamp_min(0), vocab).to(torch.float64)
+        q_base = torch.where(dense[..., None], q_main, one_hot).reshape(-1, vocab)
+        rows = batch_size * inner
+        q_ranks = without_replacement(q_base, cand.reshape(rows, -1), validate=False)
+        verified_at = (n[:, None] + depth[internal][None, :]).reshape(rows)
+        u, e = rrs_noise(batch.seeds[:, None].expand(-1, inner).reshape(rows), verified_at, tree.branching, vocab,
+                         nfe[:, None].expand(-1, inner).reshape(rows))
+        p_rows = probs[:, internal].reshape(rows, vocab)
+        p_rows = torch.where(p_rows.sum(-1, keepdim=True) > 0, p_rows, 1.0)  # rows of absent nodes: any mass
+        accepted_rank, rrs_token = rrs_reference(p_rows, q_ranks, cand.reshape(rows, -1), u, e, validate=False)
+        accepted_rank, rrs_token = accepted_rank.view(batch_size, inner), rrs_token.view(batch_size, inner)
+    else:
+        accepted_rank = rrs_token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+
+    # 5. the path: each slot accepted by its parent, and all its ancestors too
+    parent_internal = tree.parent_internal.to(device)
+    by_tree = accepted_rank.gather(1, parent_internal.clamp_min(0).expand(batch_size, -1)) == rank
+    by_chain = verified.accepted.gather(1, (slot - 1).clamp_min(0).expand(batch_size, -1))
+    chosen = torch.where(parent_internal >= 0, by_tree, by_chain) | (slot == 0)
+    chosen = chosen & slot_valid
+    on_path = ~((~chosen)[:, None, :] & tree.ancestors.to(device)[None]).any(-1)
+    e = torch.where(on_path, depth, 0).amax(-1)  # [B] the path's depth
+    end = (on_path & (depth[None, :] == e[:, None])).long().argmax(-1)  # [B] the slot it ends at
+    path = torch.zeros(batch_size, width + 1, dtype=torch.long, device=device)
+    path.scatter_(1, torch.where(on_path, depth, width), slot.expand(batch_size, -1))
+    path = path[:, :width]  # path[b, d]: its slot at depth d (d <= e)
+
+    # the committed token after the path: a residual of the node it ends at, or a bonus sample at a leaf
+    side_leaf = tree.side_leaf.to(device)[None, :] & slot_valid
+    leaf_fresh = target.sample(SampleRequest(fresh=side_leaf.reshape(-1), fresh_draws=nfe[:, None].expand(-1, width).reshape(-1)))[1]
+    leaf_fresh = leaf_fresh.view(batch_size, width)
+    end_internal = tree.parent_internal.new_full((width,), -1)
+    end_internal[tree.internal] = torch.arange(int(tree.internal.shape[0]))
+    end_internal = end_internal.to(device)[end]  # [B] index of the end node among the internal ones, -1 if none
+    main_next = torch.where(end < main_width - 1, verified.coupled.gather(1, end[:, None])[:, 0],
+                            verified.fresh.gather(1, end[:, None])[:, 0])
+    next_token = torch.where(end_internal >= 0, rrs_token.gather(1, end_internal.clamp_min(0)[:, None])[:, 0],
+                             torch.where(side_leaf.gather(1, end[:, None])[:, 0], leaf_fresh.gather(1, end[:, None])[:, 0],
+                                         main_next))
+
+    # commit the path's tokens and the next one
+    at = (n - 1)[:, None] + slot
+    write = (slot[None, :] >= 1) & (slot[None, :] <= e[:, None]) & live[:, None]
+    batch.tokens.scatter_(1, at, torch.where(write, tokens.gather(1, path), batch.tokens.gather(1, at)))
+    n_before = n
+    batch.commit(e, next_token)
+    batch.state["single_passes"] = batch.state["single_passes"] + (live & (e == 0)).long()
+
+    # 6. keep the path's keys and values; the main path's outputs after e are the next drafts, q := P
+    model.rollback(batch.cache(), torch.where(live, e + 1, 0), path=path)
+    next_tokens = torch.where(slot[None, :] < (main_width - 1)[:, None], verified.coupled, verified.fresh)
+    at = n_before[:, None] + slot
+    write = (slot[None, :] > e[:, None]) & (slot[None, :] < main_width[:, None])
+    batch.tokens.scatter_(1, at, torch.where(write, next_tokens, batch.tokens.gather(1, at)))
+    count = (main_width - 1 - e).clamp_min(0)
+    q_rows = (e[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)).clamp(max=main - 1)
+    next_q = probs[:, :main].gather(1, q_rows[..., None].expand(-1, -1, vocab)).to(draft_q.dtype)
+    first_drafts = batch.tokens.gather(1, (batch.n[:, None] + torch.arange(max(tree.levels - 1, 1), device=device)))
+    old_rows = (e[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)).clamp(max=draft_q.shape[1] - 1)
+    old_q = torch.where((old_rows < draft_count[:, None])[..., None], draft_q.gather(1, old_rows[..., None].expand(-1, -1, vocab)),
+                        torch.nn.functional.one_hot(main_tokens.gather(1, (old_rows + 1).clamp(max=main - 1)), vocab).to(draft_q.dtype))
+    batch.state["side_ids"] = _draw_siblings(step, batch, sibling_law(next_q, old_q), first_drafts, count)
+    batch.state["draft_count"], batch.state["draft_q"] = count, next_q
+    return target.status
+
+
+@torch.no_grad()
+def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decoding: DecodingConfig,
+               rule: AcceptanceRule) -> DecodeOutput:
+    """Decode ``job.num_tokens`` tokens per sample with SJD-PAC (module docstring); ``decoding.window`` slots
+    per pass, ``decoding.tree_width`` and ``decoding.tree_depth`` shape the tree. ``stats.extra
+    ["single_passes"]`` counts each sample's passes that committed one token (the paper's headline figure)."""
+    if decoding.strategy != "sjd-pac":
+        raise ValueError(f"decode_pac needs strategy 'sjd-pac', got {decoding.strategy!r}")
+    if not rule.lossless:
+        raise ValueError(f"sjd-pac verifies its tree with the exact rule only, got {rule.config.name!r}")
+    window = decoding.window
+    tree = tree_layout(window, decoding.tree_width, decoding.tree_depth)
+    grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width, decoding.init)
+    start = start_decoding(model, condition, job, window=window, grid_width=grid_width)
+    q_dtype = torch.float64 if start.logits.cond.dtype == torch.float64 else torch.float32
+    zeros = torch.zeros(start.batch, dtype=torch.long, device=start.device)
+    state = {
+        "draft_count": zeros,  # valid drafts at positions n .. n + draft_count - 1 (on the main path)
+        "draft_q": torch.zeros(start.batch, max(tree.main - 1, 1), start.vocab, dtype=q_dtype, device=start.device),
+        "side_ids": torch.zeros(start.batch, max(tree.levels - 1, 1), max(tree.branching - 1, 1), dtype=torch.long,
+                                device=start.device),  # siblings of the main draft at depth d (token + 1; 0: none)
+        "single_passes": zeros.clone(),
+    }
+    batch = RaggedBatch(start, job, job.num_tokens, window, caches={"target": (model, start.state)}, state=state,
+                        reported=("single_passes",), fixed=job.compile)
+    step = PACStep(model, job, rule, tree, decoding.init, grid_width, start.vocab)
+    run = compiled(pac_step) if job.compile else pac_step
+    passes = 0
+    while batch.running:
+        status = run(step, batch, None if job.compile else batch.longest())
+        batch.sync(status)
+        passes += 1
+        edited = batch.report(job.callback)
+        if edited is not None:  # drafts and siblings made from the old tokens are dropped
+            batch.state["draft_count"] = torch.where(edited < job.num_tokens, 0, batch.state["draft_count"])
+    out = batch.output(decoding.method, None)
+    out.stats.windows = {window: passes}
+    return out
