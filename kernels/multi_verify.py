@@ -3,8 +3,9 @@ r"""Exact verification of several sibling candidates at one position: recursive 
 The PyTorch reference (the specification) of multi-candidate verification, as a tree drafter such as
 SJD-PAC needs it: at one node, ``K`` sibling candidates ``x_1 .. x_K`` are proposed for the same position
 and at most one of them is kept, so that the token that comes out is distributed exactly as the target
-``p``. No Triton kernel implements it yet; this module is what one would have to match given the same
-noise (as :mod:`vispec.kernels.verify` is for the single-draft test).
+``p``. :mod:`vispec.decoding.pac` (SJD-PAC) verifies its tree nodes with it. No Triton kernel implements it
+yet; this module is what one would have to match given the same noise (as :mod:`vispec.kernels.verify` is for
+the single-draft test).
 
 The recursion
 -------------
