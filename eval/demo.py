@@ -1,8 +1,8 @@
-"""``vispec demo``: the main job. Generate with AR, SJD, MC-SJD and MC-SJD + LANTERN, save a labelled grid and a report.
+"""``vispec demo``: the main job. Generate with AR, SJD, MC-SJD, SJD-PAC and MC-SJD + LANTERN, save a labelled grid and a report.
 
 With the embedded ``tiny-c2i`` model installed: a few classes at fixed seeds per method, a comparison
 grid PNG (rows: methods, columns: classes) and a report (Markdown + JSON) with NFE, step compression,
-latency and speed-up per method. SJD and MC-SJD are exact: their images differ from AR's sample by
+latency and speed-up per method. SJD, MC-SJD and SJD-PAC are exact: their images differ from AR's sample by
 sample, but follow the same distribution. MC-SJD + LANTERN (δ = 0.1) is lossy: the report gives its
 measured total-variation distance from the exact target per verification.
 
@@ -33,7 +33,7 @@ from PIL import Image, ImageDraw
 from vispec.eval.bench.decoders import ALL_METHODS, DecoderBenchConfig, format_table, run_decoder_bench
 
 DEMO_CLASSES = (0, 3, 4, 8, 12, 13)
-DEMO_METHODS = ("ar", "sjd", "mc-sjd", "mc-sjd+lantern:k=1000,delta=0.1")  # the last one is lossy (TV in the report)
+DEMO_METHODS = ("ar", "sjd", "mc-sjd", "sjd-pac", "mc-sjd+lantern:k=1000,delta=0.1")  # the last one is lossy (TV in the report)
 RANDOM_CONFIG = DecoderBenchConfig(
     model="GPT-mini", vocab_size=1024, image_tokens=256, num_classes=10, init_std=0.02,
     methods=ALL_METHODS, window=16, num_images=2, batch_size=1, guidance_scale=2.0, seed=0,
@@ -112,7 +112,7 @@ def run_tiny_c2i_demo(out_dir: str) -> dict:
 
 
 DEMO_T2I_PROMPTS = 8
-DEMO_T2I_METHODS = ("ar", "sjd", "mc-sjd")
+DEMO_T2I_METHODS = ("ar", "sjd", "mc-sjd", "sjd-pac")
 
 
 def run_t2i_demo(out_dir: str) -> dict:
@@ -264,13 +264,13 @@ def run_demo(out_dir: str = "out/demo") -> dict:
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     embedded = installed("vispec/tiny-c2i")
-    print("vispec demo: AR vs SJD vs MC-SJD" + (" on tiny-c2i" if embedded else ""), flush=True)
+    print("vispec demo: AR vs SJD vs MC-SJD vs SJD-PAC" + (" on tiny-c2i" if embedded else ""), flush=True)
     report = run_tiny_c2i_demo(out_dir) if embedded else run_random_model_demo()
     if not embedded:
         with open(os.path.join(out_dir, "report.md"), "w") as handle:
             handle.write("# vispec demo: decoders on a random-init GPT-mini\n\n```\n" + format_table(report) + "\n```\n")
     if installed("vispec/tiny-t2i"):
-        print("vispec demo: text-to-image on tiny-t2i, AR vs SJD vs MC-SJD", flush=True)
+        print("vispec demo: text-to-image on tiny-t2i, AR vs SJD vs MC-SJD vs SJD-PAC", flush=True)
         report["t2i"] = run_t2i_demo(out_dir)
         with open(os.path.join(out_dir, "report.md"), "a") as handle:
             handle.write(_t2i_report_md(report["t2i"]))

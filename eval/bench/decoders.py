@@ -97,8 +97,8 @@ class DecoderBenchConfig:
             raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
         if self.compile:
             for method in self.methods:
-                if decoding_config(method, self.window).strategy not in ("ar", "sjd", "mc-sjd"):
-                    raise ValueError(f"--compile applies to ar, sjd and mc-sjd, not {method!r}")
+                if decoding_config(method, self.window).strategy not in ("ar", "sjd", "mc-sjd", "sjd-pac"):
+                    raise ValueError(f"--compile applies to ar, sjd, mc-sjd and sjd-pac, not {method!r}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: leave torch's thread count), got {self.threads}")
         if self.init_std <= 0:
@@ -149,6 +149,7 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
     labels = torch.arange(cfg.num_images) % _num_classes(model)
     gens = [torch.Generator().manual_seed(cfg.seed * 100003 + i) for i in range(cfg.num_images)]
     nfe, accepted, latency = [], [], []
+    single: Optional[list] = []
     with PeakMemory(device) as memory:
         start = time.perf_counter()
         for lo in range(0, cfg.num_images, cfg.batch_size):
@@ -160,6 +161,8 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
             nfe += out.stats.nfe.tolist()
             accepted += out.stats.accepted_per_forward.tolist()
             latency += out.stats.latency_s.tolist()
+            counted = out.stats.extra.get("single_passes", out.stats.nfe - 1 if out.method == "ar" else None)
+            single = None if counted is None or single is None else single + counted.tolist()  # AR: every pass
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         total = time.perf_counter() - start
@@ -168,6 +171,8 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
         "nfe": mean(nfe),
         "accepted_per_forward": mean(accepted),
         "tokens_per_forward": cfg.image_tokens / mean(nfe),
+        "single_token_passes": (float("nan") if single is None  # passes that committed one token (NaN: not counted)
+                                else sum(single) / max(sum(nfe) - len(nfe), 1)),
         "latency_s": mean(latency),
         "images_per_s": cfg.num_images / total,
         "peak_mem_mb": memory.peak_mb,
@@ -388,9 +393,10 @@ def format_table(result: dict) -> str:
     """A fixed-width table of a bench result (either mode)."""
     if "rows" in result:
         return format_sweep_table(result)
-    cols = [("method", "{:<16}"), ("nfe", "{:>8.1f}"), ("acc/fwd", "{:>8.3f}"), ("step x", "{:>7.2f}"),
+    cols = [("method", "{:<16}"), ("nfe", "{:>8.1f}"), ("acc/fwd", "{:>8.3f}"), ("step x", "{:>7.2f}"), ("1-token", "{:>8.1%}"),
             ("latency s", "{:>10.3f}"), ("speedup", "{:>8.2f}"), ("img/s", "{:>7.2f}"), ("peak MB", "{:>8.0f}")]
-    keys = ["nfe", "accepted_per_forward", "step_compression", "latency_s", "speedup", "images_per_s", "peak_mem_mb"]
+    keys = ["nfe", "accepted_per_forward", "step_compression", "single_token_passes", "latency_s", "speedup", "images_per_s",
+            "peak_mem_mb"]
     header = " ".join(f"{name:<16}" if i == 0 else f"{name:>{len(fmt.format(0.0))}}" for i, (name, fmt) in enumerate(cols))
     lines = [header, "-" * len(header)]
     for method, res in result["methods"].items():

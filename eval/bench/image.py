@@ -231,6 +231,15 @@ def _json_stats(stats: dict) -> dict:
     return {k: v for k, v in stats.items() if isinstance(v, (bool, int, float, str))}
 
 
+def single_token_share(stats: list[dict]) -> float:
+    """The share of passes (the prefill excluded) that committed one token: from the speculative decoders'
+    ``single_passes``; every pass for AR (no ``accepted_per_forward``); NaN for decoders that do not count it."""
+    passes = sum(r["nfe"] - 1 for r in stats)
+    if all("single_passes" in r for r in stats):
+        return sum(r["single_passes"] for r in stats) / max(passes, 1)
+    return 1.0 if all("accepted_per_forward" not in r for r in stats) else float("nan")
+
+
 def _batched_row(task, records: list, conditions) -> dict:
     """A method's batched-run metrics from every image's stored result (rank 0)."""
     n = len(records)
@@ -243,6 +252,7 @@ def _batched_row(task, records: list, conditions) -> dict:
         measured = [r for r in stats if not math.isnan(r["tv_mean"])]
         row["tv_mean"] = sum(r["tv_mean"] for r in measured) / len(measured) if measured else float("nan")
         row["tv_max"] = max(r["tv_max"] for r in measured) if measured else float("nan")
+    row["single_token_passes"] = single_token_share(stats)
     if "drafter_nfe" in stats[0]:
         row["drafter_nfe_batched"] = sum(r["drafter_nfe"] for r in stats) / n
     return row
@@ -472,17 +482,17 @@ def format_image_table(result: dict) -> str:
     clip = "clip_score" in _task_class(result).noise_metrics
     width = max([18] + [len(name) for name in result["methods"]])
     clip_head = f" {'CLIP':>6}" if clip else ""
-    header = (f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'lat s':>7} {'speedup':>8} {'sp/step':>7} {'img/s@B':>8} {'x@B':>6} "
+    header = (f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'1-tok':>6} {'lat s':>7} {'speedup':>8} {'sp/step':>7} {'img/s@B':>8} {'x@B':>6} "
               f"{'acc':>6}{clip_head} {'FID':>8} {'FID z':>6} {'TV mean':>8} {'TV max':>7} {'MB':>6}")
     lines = [header, "-" * len(header)]
     for name, r in result["methods"].items():
         score = f" {r['clip_score']:>6.2f}" if clip else ""
         if name.startswith("ar-reseed"):
-            lines.append(f"{name:<{width}} {'':>7} {'':>7} {'':>7} {'':>8} {'':>7} {r['images_per_s']:>8.2f} {'':>6} "
+            lines.append(f"{name:<{width}} {'':>7} {'':>7} {'':>6} {'':>7} {'':>8} {'':>7} {r['images_per_s']:>8.2f} {'':>6} "
                          f"{r['accuracy']:>6.3f}{score} {r['fid']:>8.3f} {'':>6} {'':>8} {'':>7} {r['peak_mem_mb']:>6.0f}")
             continue
         tv = f"{r['tv_mean']:>8.4f} {r['tv_max']:>7.3f}" if "tv_mean" in r else f"{'0':>8} {'0':>7}"
-        lines.append(f"{name:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>7.3f} {r['speedup']:>8.2f} "
+        lines.append(f"{name:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['single_token_passes']:>6.1%} {r['latency_s']:>7.3f} {r['speedup']:>8.2f} "
                      f"{r['speedup_vs_compression']:>7.2f} {r['images_per_s']:>8.2f} {r['speedup_batched']:>6.2f} "
                      f"{r['accuracy']:>6.3f}{score} {r['fid']:>8.3f} {r['fid_z']:>6.2f} {tv} {r['peak_mem_mb']:>6.0f}")
     noise, real = result["noise"], result["real"]

@@ -210,7 +210,7 @@ class ClassImageTask(ImageTask):
         """``sd`` runs its drafter rounds eagerly (:func:`vispec.decoding.decode`)."""
         from vispec.decoding import DecodingConfig
 
-        return DecodingConfig.parse(method).strategy in ("ar", "sjd", "mc-sjd")
+        return DecodingConfig.parse(method).strategy in ("ar", "sjd", "mc-sjd", "sjd-pac")
 
     def conditions(self, n: int) -> Tensor:
         return torch.arange(n) % self.num_classes

@@ -24,9 +24,11 @@ def test_bench_decoders_writes_table_and_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert main(["bench", "decoders", *SMALL, "--methods", "sjd-vertical,mc-sjd-gumbel", "--batch-size", "2", "--json", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "step x" in out and "mc-sjd-gumbel" in out
+    assert "step x" in out and "mc-sjd-gumbel" in out and "1-token" in out
     result = json.loads(path.read_text())
     assert set(result["methods"]) == {"ar", "sjd-vertical", "mc-sjd-gumbel"}
+    assert result["methods"]["ar"]["single_token_passes"] == 1.0
+    assert 0 <= result["methods"]["mc-sjd-gumbel"]["single_token_passes"] < 1
     assert result["config"]["num_images"] == 2
     for stats in result["methods"].values():
         assert {"nfe", "accepted_per_forward", "step_compression", "latency_s", "speedup", "peak_mem_mb"} <= set(stats)

@@ -5,6 +5,7 @@ until the end), a progress bar, images saved chunk by chunk, throughput rows per
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -196,3 +197,11 @@ def test_generate_image_saves_in_chunks_of_batch_size(tiny_pipeline, tmp_path, c
         assert f"a-{i}.png: " in out
         chunked, whole = (np.asarray(Image.open(tmp_path / f"{n}-{i}.png"), dtype=np.int16) for n in ("a", "c"))
         assert np.abs(chunked - whole).max() <= 1  # the same tokens; the VQ decoder's batched convolutions round apart
+
+
+def test_single_token_share_of_passes():
+    """The prefill is no pass; AR commits one token every pass; decoders that do not count it give NaN."""
+    assert image.single_token_share([{"nfe": 5, "single_passes": 1, "accepted_per_forward": 1.0},
+                                     {"nfe": 3, "single_passes": 2, "accepted_per_forward": 0.5}]) == 0.5
+    assert image.single_token_share([{"nfe": 17}]) == 1.0
+    assert math.isnan(image.single_token_share([{"nfe": 9, "accepted_per_forward": 1.0}]))

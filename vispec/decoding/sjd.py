@@ -126,6 +126,7 @@ def sjd_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optiona
     write = (slot[None, :] > m[:, None]) & in_window
     batch.tokens.scatter_(1, at, torch.where(write, next_tokens, batch.tokens.gather(1, at)))
     batch.state["draft_count"], batch.state["draft_q"] = width - 1 - m, next_q
+    batch.state["single_passes"] = batch.state["single_passes"] + (live & (m == 0)).long()
     return target.status
 
 
@@ -146,6 +147,7 @@ def single_token_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest
     batch.commit(torch.zeros_like(n), token)
     model.rollback(batch.cache(), live.long())
     batch.state["draft_count"] = torch.zeros_like(n)
+    batch.state["single_passes"] = batch.state["single_passes"] + live.long()
     return target.status
 
 
@@ -166,7 +168,8 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     a lossy rule also reports, per sample, the mean and max total-variation distance of a
     verification's output from the target (``stats.tv_mean``, ``stats.tv_max``; measured on the first
     draft of up to ``TV_SAMPLES_PER_STEP`` samples per pass). ``stats.windows`` counts the passes run
-    with each window. With ``window="auto"`` and an exact rule, a decode the chooser's measurements give
+    with each window, ``stats.extra["single_passes"]`` each sample's passes that committed one token. With
+    ``window="auto"`` and an exact rule, a decode the chooser's measurements give
     to AR (:meth:`~vispec.decoding.windows.WindowChooser.prefers_ar`) runs :func:`decode_ar`.
     ``window_stats``: the chooser's measurements, kept by the caller between decodes (default: this
     decode's own)."""
@@ -188,8 +191,9 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     batch = RaggedBatch(start, job, job.num_tokens, window, caches={"target": (model, start.state)},
                         state={"draft_count": zeros,  # valid drafts at positions n .. n + draft_count - 1
                                "draft_q": torch.zeros(start.batch, max(window - 1, 1), start.vocab, dtype=q_dtype,
-                                                      device=start.device)},  # q of the draft at position n + i
-                        fixed=job.compile)
+                                                      device=start.device),  # q of the draft at position n + i
+                               "single_passes": zeros.clone()},  # passes that committed one token
+                        reported=("single_passes",), fixed=job.compile)
     tv = TVTracker(start.requests, start.device) if not rule.lossless else None
     step = SJDStep(model, job, rule, COUPLINGS[decoding.coupling], decoding.init, grid_width, start.vocab, window, tv)
     run = compiled(sjd_step, fullgraph=rule.lossless) if job.compile else sjd_step
