@@ -233,11 +233,11 @@ def _json_stats(stats: dict) -> dict:
 
 def single_token_share(stats: list[dict]) -> float:
     """The share of passes (the prefill excluded) that committed one token: from the speculative decoders'
-    ``single_passes``; every pass for AR (no ``accepted_per_forward``); NaN for decoders that do not count it."""
+    ``single_passes``; every pass where no draft was ever accepted (AR); NaN for decoders that do not count it."""
     passes = sum(r["nfe"] - 1 for r in stats)
     if all("single_passes" in r for r in stats):
         return sum(r["single_passes"] for r in stats) / max(passes, 1)
-    return 1.0 if all("accepted_per_forward" not in r for r in stats) else float("nan")
+    return 1.0 if all(r.get("accepted_per_forward", 0.0) == 0 for r in stats) else float("nan")
 
 
 def _batched_row(task, records: list, conditions) -> dict:

@@ -203,5 +203,5 @@ def test_single_token_share_of_passes():
     """The prefill is no pass; AR commits one token every pass; decoders that do not count it give NaN."""
     assert image.single_token_share([{"nfe": 5, "single_passes": 1, "accepted_per_forward": 1.0},
                                      {"nfe": 3, "single_passes": 2, "accepted_per_forward": 0.5}]) == 0.5
-    assert image.single_token_share([{"nfe": 17}]) == 1.0
+    assert image.single_token_share([{"nfe": 17}]) == image.single_token_share([{"nfe": 17, "accepted_per_forward": 0.0}]) == 1.0
     assert math.isnan(image.single_token_share([{"nfe": 9, "accepted_per_forward": 1.0}]))
