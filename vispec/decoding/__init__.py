@@ -48,7 +48,7 @@ def decode(
     """Generate ``num_tokens`` image tokens per sample with the chosen decoder.
 
     ``decoding``: a :class:`DecodingConfig` or a spec such as ``"ar"``, ``"sjd-vertical"``,
-    ``"mc-sjd:window=8"`` or ``"mc-sjd+lantern:k=100,delta=0.1"`` (:mod:`vispec.decoding.config`).
+    ``"mc-sjd:window=8"``, ``"sjd-pac"`` or ``"mc-sjd+lantern:k=100,delta=0.1"`` (:mod:`vispec.decoding.config`).
     ``sampling``: the target distribution (default: ``decoding``'s sampling settings).
     ``processors``: per-position logits processors (:mod:`vispec.processors`), applied after the
     model's own ``position_processors`` (a unified-token model's forced end-of-row token).
@@ -62,7 +62,7 @@ def decode(
     embeddings. ``drafter``: the small model that proposes tokens for ``"sd"``.
 
     ``compile``: run each decode step (forward, verification, sampling) through
-    ``torch.compile(fullgraph=True)`` (ar, sjd, mc-sjd; the first call of each shape compiles, so
+    ``torch.compile(fullgraph=True)`` (ar, sjd, mc-sjd, sjd-pac; the first call of each shape compiles, so
     warm up before timing; tokens equal eager's except where float rounding flips a near-tie).
     ``max_batch_size``: stream more requests than this through a batch of this many slots: a finished
     sample hands its slot to the next request (continuous batching); outputs stay in the caller's order
