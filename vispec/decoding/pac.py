@@ -90,6 +90,7 @@ class TreeLayout:
     rank: Tensor  # [L] rank among its siblings (0: the main candidate)
     ancestors: Tensor  # [L, L] bool, tree_ancestors(parents)
     internal: Tensor  # [I] tree slots with K children (depth <= D - 2)
+    internal_index: Tensor  # [L] a slot's index in ``internal``, -1 if it has no K children
     parent_internal: Tensor  # [L] index in ``internal`` of the slot's parent, -1 for the root and the chain
     side_leaf: Tensor  # [L] bool: depth D - 1, off the main path
 
@@ -118,9 +119,11 @@ def tree_layout(window: int, branching: int, levels: int) -> TreeLayout:
     internal = [slot_of[p] for p in paths if len(p) <= levels - 2]
     internal_index = {s: i for i, s in enumerate(internal)}
     parent_internal = [internal_index.get(q, -1) if d <= levels - 1 else -1 for q, d in zip(parents, depth)]
+    slot_internal = [internal_index.get(slot, -1) for slot in range(len(order))]
     parents_t = torch.tensor(parents, dtype=torch.long)
     return TreeLayout(branching, levels, main, parents_t, torch.tensor(depth), torch.tensor(rank),
                       tree_ancestors(parents_t), torch.tensor(internal, dtype=torch.long),
+                      torch.tensor(slot_internal, dtype=torch.long),
                       torch.tensor(parent_internal, dtype=torch.long),
                       torch.tensor([d == levels - 1 and any(p) for p, d in zip(order, depth)]))
 
@@ -270,9 +273,7 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
     side_leaf = tree.side_leaf.to(device)[None, :] & slot_valid
     leaf_fresh = target.sample(SampleRequest(fresh=side_leaf.reshape(-1), fresh_draws=nfe[:, None].expand(-1, width).reshape(-1)))[1]
     leaf_fresh = leaf_fresh.view(batch_size, width)
-    end_internal = tree.parent_internal.new_full((width,), -1)
-    end_internal[tree.internal] = torch.arange(int(tree.internal.shape[0]))
-    end_internal = end_internal.to(device)[end]  # [B] index of the end node among the internal ones, -1 if none
+    end_internal = tree.internal_index.to(device)[end]  # [B] index of the end node among the internal ones, -1 if none
     main_next = torch.where(end < main_width - 1, verified.coupled.gather(1, end[:, None])[:, 0],
                             verified.fresh.gather(1, end[:, None])[:, 0])
     next_token = torch.where(end_internal >= 0, rrs_token.gather(1, end_internal.clamp_min(0)[:, None])[:, 0],
