@@ -1,11 +1,12 @@
 """Compile every Triton kernel configuration for NVIDIA targets without a GPU.
 
-``python -m vispec.kernels.compile_check --arch 80 --arch 90 [--json FILE]`` runs
+``python -m vispec.kernels.compile_check --arch 80 --arch 90 [--kernel PREFIX] [--json FILE]`` runs
 ``triton.compile`` (Triton IR -> PTX -> cubin with the bundled ``ptxas``) for each entry of the
 kernel modules' ``compile_configs()``. This catches what Triton's interpreter accepts but the
 compiler rejects (``break``, non-power-of-two ``arange``, type errors). It must run with the
 interpreter off (the interpreter replaces kernels before they can be compiled), so tests call it
-in a subprocess.
+in a subprocess. ``--kernel`` (repeatable) keeps the configurations whose name starts with a prefix, e.g.
+``--kernel multi_verify`` for the recursive rejection sampling kernel alone.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import json
 import sys
 import time
 
-KERNEL_MODULES = ("vispec.kernels.philox_triton", "vispec.kernels.verify_triton", "vispec.kernels.unmask_triton")
+KERNEL_MODULES = ("vispec.kernels.philox_triton", "vispec.kernels.verify_triton", "vispec.kernels.unmask_triton",
+                  "vispec.kernels.multi_verify_triton")
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the launches use the same option (bitwise-stable rounding)
 
 
@@ -35,8 +37,9 @@ def kernel_configs() -> list[tuple[str, object, dict[str, str], dict[str, object
     return configs
 
 
-def compile_all(arch: int) -> list[dict]:
-    """Compile each configuration for ``GPUTarget("cuda", arch, 32)``; one record per configuration."""
+def compile_all(arch: int, prefixes: tuple[str, ...] = ()) -> list[dict]:
+    """Compile each configuration (those whose name starts with one of ``prefixes``, if given) for
+    ``GPUTarget("cuda", arch, 32)``; one record per configuration."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -46,6 +49,8 @@ def compile_all(arch: int) -> list[dict]:
         raise RuntimeError("TRITON_INTERPRET=1 is set: kernels are interpreted and cannot be compiled; unset it")
     records = []
     for name, fn, signature, constexprs in kernel_configs():
+        if prefixes and not name.startswith(prefixes):
+            continue
         start = time.perf_counter()
         try:
             compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
@@ -61,11 +66,13 @@ def compile_all(arch: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vispec.kernels.compile_check", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, action="append", help="compute capability x10 (80 = A100, 90 = H100); repeatable")
+    parser.add_argument("--kernel", action="append", default=[],
+                        help="only configurations whose name starts with this prefix (e.g. multi_verify); repeatable")
     parser.add_argument("--json", help="write the records to this file")
     args = parser.parse_args(argv)
     records = []
     for arch in args.arch or [80, 90]:
-        records += compile_all(arch)
+        records += compile_all(arch, tuple(args.kernel))
     failed = [r for r in records if not r["ok"]]
     for record in failed:
         print(f"FAILED {record['kernel']} {record['arch']}: {record['error']}")

@@ -3,9 +3,16 @@ r"""Exact verification of several sibling candidates at one position: recursive 
 The PyTorch reference (the specification) of multi-candidate verification, as a tree drafter such as
 SJD-PAC needs it: at one node, ``K`` sibling candidates ``x_1 .. x_K`` are proposed for the same position
 and at most one of them is kept, so that the token that comes out is distributed exactly as the target
-``p``. :mod:`vispec.decoding.pac` (SJD-PAC) verifies its tree nodes with it. No Triton kernel implements it
-yet; this module is what one would have to match given the same noise (as :mod:`vispec.kernels.verify` is for
-the single-draft test).
+``p``. :mod:`vispec.decoding.pac` (SJD-PAC) verifies its tree nodes with it.
+
+Like the other kernel families this is a triad: this module is the contract and the PyTorch reference
+(:func:`rrs_reference`, :func:`without_replacement`, :func:`rrs_noise`: the specification),
+:mod:`vispec.kernels.multi_verify_triton` the Triton kernel (one program per row, noise generated in the kernel,
+``q_i`` recomputed tile by tile: nothing of size ``[R, K, V]`` is stored), and :func:`rrs` the dispatch point
+(:func:`vispec.kernels.backend.resolve_backend`: CUDA tensors run the kernel, everything else the reference).
+Given the same keys both return the same ``(accepted_rank, token)`` bit for bit, for candidates drawn without
+replacement from one row ``q`` and for one-hot candidates; the one exception is the last bit of the float32
+``log`` in the race's exponentials (section "Noise").
 
 The recursion
 -------------
@@ -72,10 +79,15 @@ positive mass) and, with ``S = Σ_v r_{i-1}(v)`` recomputed at every rank,
   :func:`vispec.kernels.verify.speculative_test` on normalised rows, without dividing);
 * a rejection sets ``r_i = max(0, r_{i-1} - S · q_i) = S · max(0, \bar r_{i-1} - q_i)``.
 
-The explicit rows ``q_i`` are normalised (float64) before use. If rounding ever left a rejected row with no
-residual mass (a rejection that has probability 0 in exact arithmetic), that row keeps ``r_{i-1}``. The
-residual token is the exponential race ``argmax_v r_K(v) / E_v`` (:func:`vispec.kernels.verify.race_argmax`,
-float64 weights over float32 noise promoted to float64), which needs no normalisation.
+Every sum (``S`` and the normalisers of ``q`` rows) is :func:`pairwise_sum`: the perfect binary tree over
+adjacent pairs of the row zero-padded to a power of two. A float sum depends on its order; fixing the order
+makes the result a function of the values alone (the same bits on CPU, on CUDA and in the Triton kernel, whose
+aligned power-of-two tiles are subtrees of that tree), and pairwise summation is also the accurate one (error
+growing with ``log V``). The explicit rows ``q_i`` are normalised (float64) before use. If rounding ever left a
+rejected row with no residual mass (a rejection that has probability 0 in exact arithmetic), that row keeps
+``r_{i-1}`` (whether any mass is left does not depend on a summation order). The residual token is the
+exponential race ``argmax_v r_K(v) / E_v`` (:func:`vispec.kernels.verify.race_argmax`, float64 weights over
+float32 noise promoted to float64), which needs no normalisation.
 
 Noise
 -----
@@ -89,8 +101,16 @@ caller's pass counter (as elsewhere: a position verified again in a later pass g
 ``K = 1`` the recursion is the single-draft speculative step on the same noise. A row's result depends only
 on its own inputs and keys, never on the rest of the batch.
 
+The Triton kernel draws the same numbers in the kernel: the uniforms bit for bit, the exponentials as
+``-log u`` of the same float32 ``u`` with Triton's ``log`` (the single-draft residual race's noise of
+:mod:`vispec.kernels.verify_triton`), which may differ from torch's in the last bit. So the kernel and the
+reference can pick different residual tokens only when the two best race keys ``r(v) / E_v`` of a row agree to
+about 1e-7 relative; with the same noise tensors (the launcher's injected mode) they agree in every case.
+
 Cost: the only Python loop is over the ``K`` ranks (a handful of siblings; each rank is a few ``[R, V]``
-float64 passes); rows are never looped over.
+float64 passes); rows are never looped over. The reference path of :func:`rrs` materialises the ``[R, K, V]``
+float64 rows of :func:`without_replacement`; the kernel reads ``p`` and ``q`` in their own dtype, a few passes
+per rank reached (``3`` with ``q``, ``2`` one-hot) plus one for the race, and stores nothing but the results.
 
 References
 ----------
@@ -118,23 +138,29 @@ import torch
 from torch import Tensor
 
 from vispec.kernels import race
+from vispec.kernels.backend import resolve_backend
 from vispec.kernels.philox import Stream
 from vispec.kernels.verify import as_long, race_argmax
 
-__all__ = ["rrs_noise", "rrs_reference", "without_replacement"]
+__all__ = ["pairwise_sum", "rrs", "rrs_noise", "rrs_reference", "without_replacement"]
 
 
 # ---- argument checks (every message starts with the argument's name) --------------------------------
 
 
-def _float_tensor(x: Tensor, name: str, shape: tuple[int, ...]) -> Tensor:
-    """``x`` as float64 of ``shape``, or a ``ValueError`` naming ``name``."""
+def _check_floating(x: Tensor, name: str, shape: tuple[int, ...]) -> None:
+    """A floating-point tensor of ``shape``, or a ``ValueError`` naming ``name``."""
     if not isinstance(x, Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(x).__name__}")
     if tuple(x.shape) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
+def _float_tensor(x: Tensor, name: str, shape: tuple[int, ...]) -> Tensor:
+    """``x`` as float64 of ``shape``, or a ``ValueError`` naming ``name``."""
+    _check_floating(x, name, shape)
     return x.to(torch.float64)
 
 
@@ -180,9 +206,26 @@ def _check_positive_at(q_rows: Tensor, candidates: Tensor) -> None:
                          "drawn without replacement, or a token outside the draft's support)")
 
 
+def pairwise_sum(x: Tensor) -> Tensor:
+    """``Σ`` over the last dimension in one fixed order: the perfect binary tree over adjacent pairs of the row
+    zero-padded to a power of two (``((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + 0))`` for 7 entries).
+
+    The reference's sums (module docstring, "Arithmetic"), so that the result is a function of the values alone:
+    the same bits on any device and in :mod:`vispec.kernels.multi_verify_triton`, whose tiles are subtrees of this
+    tree. The padding length does not matter (a subtree of zeros adds ``+0``). ``[..., V] -> [...]``, ``V >= 1``.
+    """
+    if x.shape[-1] == 0:
+        return x.new_zeros(x.shape[:-1])
+    while x.shape[-1] > 1:
+        n = x.shape[-1]
+        pairs = x[..., 0:n - 1:2] + x[..., 1:n:2]
+        x = torch.cat([pairs, x[..., n - 1:] + 0.0], dim=-1) if n % 2 else pairs  # the last one's sibling: zeros
+    return x[..., 0] + 0.0
+
+
 def _normalised(q: Tensor) -> Tensor:
-    """Rows of ``q`` divided by their sums; rows of zero mass stay zero (no NaN)."""
-    mass = q.sum(-1, keepdim=True)
+    """Rows of ``q`` divided by their sums (:func:`pairwise_sum`); rows of zero mass stay zero (no NaN)."""
+    mass = pairwise_sum(q)[..., None]
     return torch.where(mass > 0, q / torch.where(mass > 0, mass, torch.ones_like(mass)), torch.zeros_like(q))
 
 
@@ -269,14 +312,14 @@ def rrs_reference(p: Tensor, q: Optional[Tensor], candidates: Tensor, uniforms: 
         live = (x >= 0) & (accepted_rank < 0)
         at = x.clamp_min(0)[:, None]
         q_i = (torch.nn.functional.one_hot(at[:, 0], vocab).to(torch.float64) if q is None else q[:, i])
-        mass = r.sum(-1)
+        mass = pairwise_sum(r)
         q_at = q_i.gather(-1, at).squeeze(-1)
         r_at = r.gather(-1, at).squeeze(-1)
         accept = live & (u[:, i] * q_at * mass < r_at)
         accepted_rank = torch.where(accept, i, accepted_rank)
         token = torch.where(accept, x, token)
         residual = (r - mass[:, None] * q_i).clamp_min(0.0)
-        update = live & ~accept & (residual.sum(-1) > 0)  # no mass left: a rejection of probability 0
+        update = live & ~accept & (residual > 0).any(-1)  # no mass left: a rejection of probability 0
         r = torch.where(update[:, None], residual, r)
     token = torch.where(accepted_rank >= 0, token, race_argmax(r, e))
     return accepted_rank, token
@@ -289,6 +332,21 @@ def _count(value: int, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _keys(seeds: Tensor, positions: Tensor, draws: Union[Tensor, int], rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(seeds, positions, draws)`` as int64 ``[rows]`` tensors (``draws`` may be one int for every row), or a
+    ``ValueError`` naming the argument."""
+    for name, x in (("seeds", seeds), ("positions", positions)):
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a [{rows}] integer tensor, got {type(x).__name__}")
+    seeds = as_long(seeds, "seeds", (rows,))
+    positions = as_long(positions, "positions", (rows,))
+    if isinstance(draws, Tensor):
+        draws = as_long(draws, "draws", (rows,))
+    else:
+        draws = torch.full((rows,), _count(draws, "draws", 0), dtype=torch.int64, device=seeds.device)
+    return seeds, positions, draws
 
 
 def rrs_noise(seeds: Tensor, positions: Tensor, num_candidates: int, vocab: int,
@@ -309,14 +367,9 @@ def rrs_noise(seeds: Tensor, positions: Tensor, num_candidates: int, vocab: int,
     if not isinstance(seeds, Tensor) or seeds.dim() != 1:
         raise ValueError(f"seeds must be a [rows] tensor, got shape {tuple(getattr(seeds, 'shape', ()))}")
     rows = int(seeds.shape[0])
-    seeds = as_long(seeds, "seeds", (rows,))
-    positions = as_long(positions, "positions", (rows,))
+    seeds, positions, draws = _keys(seeds, positions, draws, rows)
     ranks = _count(num_candidates, "num_candidates", 0)
     vocab = _count(vocab, "vocab", 1)
-    if isinstance(draws, Tensor):
-        draws = as_long(draws, "draws", (rows,))
-    else:
-        draws = torch.full((rows,), _count(draws, "draws", 0), dtype=torch.int64, device=seeds.device)
     streams = torch.full_like(seeds, int(Stream.ACCEPT))
     if ranks:
         u = race.words_for(seeds, positions, streams, draws, ranks)
@@ -324,3 +377,92 @@ def rrs_noise(seeds: Tensor, positions: Tensor, num_candidates: int, vocab: int,
         u = torch.zeros(rows, 0, dtype=torch.float32, device=seeds.device)
     e = race.exponentials_for(seeds, positions, torch.full_like(seeds, int(Stream.RESIDUAL)), draws, vocab)
     return u, e
+
+
+# ---- dispatch -----------------------------------------------------------------------------------------------
+
+_MIN_BLOCK, _MAX_BLOCK = 16, 2**16  # vispec.kernels.multi_verify_triton.MIN_BLOCK, 2 ** TREE_LEVELS
+
+
+def _floating(x: Tensor, name: str, shape: tuple[int, ...], validate: bool) -> None:
+    """A floating ``shape`` tensor of finite non-negative weights (range checked with ``validate``), left in its
+    dtype, or a ``ValueError`` naming ``name``."""
+    _check_floating(x, name, shape)
+    if validate and x.numel() and not bool((torch.isfinite(x) & (x >= 0)).all()):
+        raise ValueError(f"{name} must be finite and non-negative")
+
+
+def _check_drawable(q_base: Tensor, candidates: Tensor) -> None:
+    """Every present candidate has positive weight under ``q_base`` and is not a repeat of an earlier candidate of
+    its row: :func:`without_replacement`'s check on ``[R, K]`` values (the same condition, except a float64
+    weight so small that ``q(x) / Σ q`` underflows to 0, which only the reference path reports)."""
+    present = candidates >= 0
+    at = q_base.gather(-1, candidates.clamp_min(0))
+    ranks = candidates.shape[1]
+    earlier = torch.ones(ranks, ranks, dtype=torch.bool, device=candidates.device).tril(-1)  # [i, j]: j < i
+    repeat = ((candidates[:, :, None] == candidates[:, None, :]) & earlier).any(-1)
+    bad = present & (~(at > 0) | repeat)
+    if bool(bad.any()):
+        row, rank = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"candidates[{row}, {rank}] = {int(candidates[row, rank])} has zero probability under "
+                         "its draft distribution q_i: it cannot have been drawn from it (a repeated candidate, "
+                         "drawn without replacement, or a token outside the draft's support)")
+
+
+def _check_block(block: Optional[int]) -> Optional[int]:
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < _MIN_BLOCK
+                              or block > _MAX_BLOCK or block & (block - 1)):
+        raise ValueError(f"block must be None or a power of two in [{_MIN_BLOCK}, {_MAX_BLOCK}], got {block!r}")
+    return block
+
+
+def rrs(p: Tensor, q_base: Optional[Tensor], candidates: Tensor, seeds: Tensor, positions: Tensor,
+        draws: Union[Tensor, int] = 0, *, backend: str = "auto", validate: bool = True,
+        block: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """Recursive rejection sampling with keyed noise: the dispatch point (module docstring).
+
+    Args:
+        p: ``[R, V]`` target weights (floating, finite, non-negative, positive row mass; need not be normalised).
+        q_base: ``[R, V]`` the draft row each row's candidates were drawn from, in order and without replacement
+            (floating, finite, non-negative; normalised in float64), or ``None``: one-hot candidates.
+        candidates: ``[R, K]`` integer token ids, ``-1`` where a row has no candidate at that rank (left-aligned).
+        seeds: ``[R]`` integer Philox seeds (a row's sample's seed).
+        positions: ``[R]`` integer absolute positions the rows verify.
+        draws: the pass counter, one int for all rows or ``[R]`` integers (default 0). The keys are moved to
+            ``p``'s device.
+        backend: ``"auto"`` (CUDA tensors: Triton), ``"triton"`` or ``"reference"``
+            (:func:`vispec.kernels.backend.resolve_backend`).
+        validate: check ranges (each check reads a value back from the device); shapes and dtypes are always
+            checked.
+        block: the kernel's tile width (a power of two >= 16; default from ``V``). The result does not depend on
+            it; the reference ignores it.
+
+    Returns:
+        ``(accepted_rank [R], token [R])`` int64, as :func:`rrs_reference`: the rank of the accepted candidate
+        (``-1``: all rejected, or none) and the token (that candidate, else the residual race's sample).
+
+    The reference path is exactly ``rrs_reference(p, without_replacement(q_base, candidates), candidates,
+    *rrs_noise(seeds, positions, K, V, draws))`` (``q=None`` when ``q_base`` is ``None``); the Triton path
+    (:func:`vispec.kernels.multi_verify_triton.launch_rrs`) computes the same from ``p``, ``q_base`` and the keys.
+    Raises ``ValueError`` naming the argument on a bad shape, dtype or range (both paths check the same way,
+    ``candidates`` included: a candidate with no weight under ``q_base`` or repeated in its row), and when
+    ``backend="triton"`` cannot run.
+    """
+    rows, vocab = _matrix_rows(p, "p")
+    _floating(p, "p", (rows, vocab), validate)
+    if validate and rows and not bool((p > 0).any(-1).all()):
+        raise ValueError("p must have positive mass in every row")
+    if q_base is not None:
+        _floating(q_base, "q_base", (rows, vocab), validate)
+    candidates = _checked_candidates(candidates, rows, vocab, validate).to(p.device)
+    if validate and q_base is not None and candidates.numel():
+        _check_drawable(q_base, candidates)
+    seeds, positions, draws = (k.to(p.device) for k in _keys(seeds, positions, draws, rows))  # the keys follow p
+    block = _check_block(block)
+    if resolve_backend(backend, p, q_base, candidates, seeds, positions, draws) == "reference":
+        q = None if q_base is None else without_replacement(q_base, candidates, validate=validate)
+        uniforms, exponentials = rrs_noise(seeds, positions, int(candidates.shape[1]), vocab, draws)
+        return rrs_reference(p, q, candidates, uniforms, exponentials, validate=validate)
+    from vispec.kernels.multi_verify_triton import launch_rrs
+
+    return launch_rrs(p, q_base, candidates, seeds, positions, draws, block=block)

@@ -18,7 +18,7 @@ N_ROUNDS: tl.constexpr = tl.constexpr(10)
 
 
 @triton.jit
-def _u32(x):
+def u32(x):
     """Low 32 bits of an integer as uint32 (the PyTorch reference masks with ``& 0xFFFFFFFF``)."""
     return (tl.full((), 0, tl.int64) + x).to(tl.uint32)
 
@@ -33,7 +33,7 @@ def uniform_from_word(x):
 def scalar_uniform(seed, position, stream, draw):
     """The uniform :func:`vispec.kernels.philox.uniforms` gives without a vocabulary (word 0, ``c0 = 0``)."""
     zero = tl.zeros((1,), dtype=tl.uint32)
-    w0, w1, w2, w3 = tl.random.philox(seed, zero, zero + _u32(position), zero + _u32(stream), zero + _u32(draw), N_ROUNDS)
+    w0, w1, w2, w3 = tl.random.philox(seed, zero, zero + u32(position), zero + u32(stream), zero + u32(draw), N_ROUNDS)
     return tl.sum(uniform_from_word(w0), axis=0)
 
 
@@ -42,7 +42,7 @@ def tile_words(seed, tile_start, position, stream, draw, BLOCK: tl.constexpr):
     """``[BLOCK]`` uint32 words for vocabulary entries ``tile_start + arange(BLOCK)`` (``tile_start % 4 == 0``)."""
     blocks = (tile_start // 4 + tl.arange(0, BLOCK // 4)).to(tl.uint32)
     zero = tl.zeros((BLOCK // 4,), dtype=tl.uint32)
-    w0, w1, w2, w3 = tl.random.philox(seed, blocks, zero + _u32(position), zero + _u32(stream), zero + _u32(draw), N_ROUNDS)
+    w0, w1, w2, w3 = tl.random.philox(seed, blocks, zero + u32(position), zero + u32(stream), zero + u32(draw), N_ROUNDS)
     return tl.interleave(tl.interleave(w0, w2), tl.interleave(w1, w3))
 
 
@@ -63,7 +63,7 @@ def tile_uniforms64(seed, tile_start, position, stream, draw, BLOCK: tl.constexp
     """``[BLOCK]`` float64 uniforms with 53 random bits (:func:`vispec.kernels.philox.uniforms64`)."""
     blocks = (tile_start // 2 + tl.arange(0, BLOCK // 2)).to(tl.uint32)
     zero = tl.zeros((BLOCK // 2,), dtype=tl.uint32)
-    w0, w1, w2, w3 = tl.random.philox(seed, blocks, zero + _u32(position), zero + _u32(stream), zero + _u32(draw), N_ROUNDS)
+    w0, w1, w2, w3 = tl.random.philox(seed, blocks, zero + u32(position), zero + u32(stream), zero + u32(draw), N_ROUNDS)
     high = tl.interleave(w0, w2).to(tl.uint64)
     low = tl.interleave(w1, w3).to(tl.uint64)
     bits = (high >> 5) * 67108864 + (low >> 6)

@@ -37,7 +37,9 @@ class DecodeStats:
       of a verification's output distribution from the exact target (:mod:`vispec.decoding.acceptance`);
     * ``extra``: further per-sample counters (e.g. ``drafter_nfe`` for draft-model decoding);
     * ``windows``: for the batch, how many passes ran with each window (``{window: passes}``; an
-      image decoder's padded window, which ``window="auto"`` chooses per pass).
+      image decoder's padded window, which ``window="auto"`` chooses per pass);
+    * ``commits``: ``[B, W]`` image decoders: ``commits[b, k]`` is how many of sample ``b``'s verification
+      passes committed ``k`` tokens (column 1: the single-token passes; the prefill is not a pass).
     """
 
     nfe: Tensor
@@ -48,6 +50,7 @@ class DecodeStats:
     tv_max: Optional[Tensor] = None
     extra: dict[str, Tensor] = field(default_factory=dict)
     windows: dict[int, int] = field(default_factory=dict)
+    commits: Optional[Tensor] = None
 
     @property
     def tokens_per_forward(self) -> Tensor:
@@ -62,7 +65,7 @@ class DecodeStats:
         return self.accepted_drafts.double() / (self.nfe - 1).clamp_min(1).double()
 
     def per_sample(self) -> list[dict]:
-        """One dict of Python numbers per sample (only the statistics this decoder has)."""
+        """One dict of Python numbers per sample (only the statistics this decoder has; ``commits`` as a list)."""
         columns: dict[str, tuple[Tensor, type]] = {
             "nfe": (self.nfe, int), "tokens": (self.tokens, int), "tokens_per_forward": (self.tokens_per_forward, float),
             "latency_s": (self.latency_s, float),
@@ -74,7 +77,13 @@ class DecodeStats:
         for name, values in self.extra.items():
             columns[name] = (values, float if values.dtype.is_floating_point else int)
         lists = {name: (values.tolist(), kind) for name, (values, kind) in columns.items()}
-        return [{name: kind(values[i]) for name, (values, kind) in lists.items()} for i in range(int(self.nfe.shape[0]))]
+        rows = [{name: kind(values[i]) for name, (values, kind) in lists.items()} for i in range(int(self.nfe.shape[0]))]
+        if self.commits is not None:  # a list indexed by k (passes committing k tokens), trailing zeros trimmed
+            for row, counts in zip(rows, self.commits.tolist()):
+                while counts and counts[-1] == 0:
+                    counts.pop()
+                row["commits"] = counts
+        return rows
 
     def summary(self) -> dict[str, float]:
         """Means over the batch (``tv_max``: the maximum)."""

@@ -30,6 +30,11 @@ Models: a named GPT config (``GPT-mini``, ``GPT-B``, ``GPT-L``, ...) randomly in
 A randomly initialised model has nearly uniform next-token distributions at LlamaGen's init scale
 (std 0.02), where no drafting scheme can be accepted often; ``init_std`` scales the random weights
 up to make distributions peaked, which is still no substitute for a trained model.
+
+Tokens committed per pass (:mod:`vispec.eval.bench.commits`): every method's row (and every sweep row, over its
+timed rounds) keeps ``commits_per_pass``, the passes per number of tokens committed (``stats.commits`` summed over
+the decoded images, a list indexed by that number); the ``1-token`` column is its share of one-token passes, and a
+second table gives the shares in log2 bins with the mean tokens per pass (:func:`commits_plot` draws them).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import torch
 
 from vispec.decoding.compiled import outside_torch_function_mode
 from vispec.decoding import DecodingConfig, WindowStats, decode
+from vispec.eval.bench.commits import KEY as COMMITS_KEY, format_commits_table, histogram, merge, share
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
 from vispec.models.llamagen_gpt import GPT_CONFIGS, LlamaGenCondition, LlamaGenGPT
@@ -149,7 +155,8 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
     labels = torch.arange(cfg.num_images) % _num_classes(model)
     gens = [torch.Generator().manual_seed(cfg.seed * 100003 + i) for i in range(cfg.num_images)]
     nfe, accepted, latency = [], [], []
-    single: Optional[list] = []
+    single: Optional[list] = []  # only for decoders without a commits histogram
+    commits: Optional[list[int]] = []  # passes per number of tokens committed (None: a decode did not count them)
     with PeakMemory(device) as memory:
         start = time.perf_counter()
         for lo in range(0, cfg.num_images, cfg.batch_size):
@@ -161,22 +168,29 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
             nfe += out.stats.nfe.tolist()
             accepted += out.stats.accepted_per_forward.tolist()
             latency += out.stats.latency_s.tolist()
+            commits = None if commits is None or out.stats.commits is None else merge([commits, histogram(out.stats.commits)])
             counted = out.stats.extra.get("single_passes", out.stats.nfe - 1 if out.method == "ar" else None)
             single = None if counted is None or single is None else single + counted.tolist()  # AR: every pass
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         total = time.perf_counter() - start
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return {
+    if commits is not None:  # passes that committed one token, from the histogram (every decoder, AR included)
+        single_share = share(commits, 1)
+    else:  # NaN: not counted
+        single_share = float("nan") if single is None else sum(single) / max(sum(nfe) - len(nfe), 1)
+    row = {
         "nfe": mean(nfe),
         "accepted_per_forward": mean(accepted),
         "tokens_per_forward": cfg.image_tokens / mean(nfe),
-        "single_token_passes": (float("nan") if single is None  # passes that committed one token (NaN: not counted)
-                                else sum(single) / max(sum(nfe) - len(nfe), 1)),
+        "single_token_passes": single_share,
         "latency_s": mean(latency),
         "images_per_s": cfg.num_images / total,
         "peak_mem_mb": memory.peak_mb,
     }
+    if commits is not None:
+        row[COMMITS_KEY] = commits
+    return row
 
 
 def _sampling(cfg: DecoderBenchConfig) -> SamplingConfig:
@@ -249,6 +263,7 @@ class _Contender:
         self.steps: list[int] = []
         self.windows: Counter = Counter()
         self.last_windows: dict = {}
+        self.commits: Optional[list[int]] = []  # over the timed rounds; None: a decode did not count them
         self.compiles_in_timed = 0
 
     def decode_batch(self, lo: int):
@@ -281,6 +296,8 @@ class _Contender:
             self.steps.append(sum(out.stats.windows.values()))
             self.windows.update(out.stats.windows)
             self.last_windows = dict(sorted(out.stats.windows.items(), reverse=True))
+            if self.commits is not None:
+                self.commits = None if out.stats.commits is None else merge([self.commits, histogram(out.stats.commits)])
 
     def counts(self) -> tuple[float, float, dict]:
         """Host syncs per step and aten ops per step, each over one untimed decode of one batch."""
@@ -348,6 +365,7 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
                 "syncs_per_step": syncs, "syncs_by_name": sync_names, "ops_per_step": ops,
                 "windows": con.last_windows, "windows_total": dict(sorted(con.windows.items(), reverse=True)),
                 "round_s": con.round_s, "warmup_s": warmup[con], "compiles_in_timed": con.compiles_in_timed,
+                **({COMMITS_KEY: con.commits} if con.commits is not None else {}),
             })
         if partial:
             partial({"config": config, "rows": list(rows)})
@@ -390,9 +408,15 @@ def format_sweep_table(result: dict) -> str:
 
 
 def format_table(result: dict) -> str:
-    """A fixed-width table of a bench result (either mode)."""
-    if "rows" in result:
-        return format_sweep_table(result)
+    """A fixed-width table of a bench result (either mode), then the tokens committed per pass of each method
+    (:func:`vispec.eval.bench.commits.format_commits_table`)."""
+    commits = format_commits_table(result)
+    main = format_sweep_table(result) if "rows" in result else _format_methods_table(result)
+    return main + ("\n\n" + commits if commits else "")
+
+
+def _format_methods_table(result: dict) -> str:
+    """The one-batch-size table: one line per method."""
     cols = [("method", "{:<16}"), ("nfe", "{:>8.1f}"), ("acc/fwd", "{:>8.3f}"), ("step x", "{:>7.2f}"), ("1-token", "{:>8.1%}"),
             ("latency s", "{:>10.3f}"), ("speedup", "{:>8.2f}"), ("img/s", "{:>7.2f}"), ("peak MB", "{:>8.0f}")]
     keys = ["nfe", "accepted_per_forward", "step_compression", "single_token_passes", "latency_s", "speedup", "images_per_s",
@@ -403,3 +427,11 @@ def format_table(result: dict) -> str:
         cells = [cols[0][1].format(method)] + [fmt.format(res[k]) for (_, fmt), k in zip(cols[1:], keys)]
         lines.append(" ".join(cells))
     return "\n".join(lines)
+
+
+def commits_plot(result: dict, path: str, size: tuple[int, int] = (900, 600)) -> str:
+    """``--plot PATH``: the histogram of tokens committed per pass, one colour per method, at ``<PATH stem>.commits.png``
+    (:func:`vispec.eval.bench.commits.commits_plot`); returns that path."""
+    from vispec.eval.bench import commits
+
+    return commits.commits_plot(result, path, size)

@@ -57,6 +57,11 @@ Method labels follow :meth:`vispec.decoding.DecodingConfig.parse`; ``:window=N``
 the measured total-variation distance of a verification's output from the exact target (mean over
 images of the per-image mean, and the max), and :func:`speed_fid_plot` draws step compression
 against FID for every row (the speed/quality curve).
+
+Tokens committed per pass (:mod:`vispec.eval.bench.commits`): each method's row keeps ``commits_per_pass``, the
+passes of its batched run (every image; the prefill is no pass) per number of tokens committed, a list indexed by
+that number; its ``1-token`` column is the share of passes committing one token, and a second table gives the
+shares in log2 bins with the mean tokens per pass (:func:`speed_fid_plot` draws them too, ``<stem>.commits.png``).
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from vispec.decoding import AcceptanceConfig, DecodingConfig
+from vispec.eval.bench.commits import KEY as COMMITS_KEY, commits_plot, format_commits_table, merge as merge_commits
+from vispec.eval.bench.commits import share as commits_share
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import check_device, environment
 from vispec.eval.bench.distributed import Workers, one_process_seconds, open_store, run_units
@@ -227,13 +234,30 @@ def result_settings(cfg: ImageBenchConfig) -> dict:
 
 
 def _json_stats(stats: dict) -> dict:
-    """A pipeline's per-image stats as JSON values (numbers, strings, booleans)."""
-    return {k: v for k, v in stats.items() if isinstance(v, (bool, int, float, str))}
+    """A pipeline's per-image stats as JSON values (numbers, strings, booleans; ``commits``, the passes per
+    number of tokens committed, as a list indexed by that number)."""
+    out = {k: v for k, v in stats.items() if isinstance(v, (bool, int, float, str))}
+    if stats.get("commits") is not None:
+        commits = stats["commits"]
+        out["commits"] = merge_commits([commits.tolist() if hasattr(commits, "tolist") else commits])
+    return out
+
+
+def commits_histogram(stats: list[dict]) -> Optional[list[int]]:
+    """Passes per number of tokens committed (:mod:`vispec.eval.bench.commits`) summed over the images, or None
+    when some image's stats do not carry ``commits``."""
+    if not stats or not all("commits" in r for r in stats):
+        return None
+    return merge_commits(r["commits"] for r in stats)
 
 
 def single_token_share(stats: list[dict]) -> float:
-    """The share of passes (the prefill excluded) that committed one token: from the speculative decoders'
-    ``single_passes``; every pass where no draft was ever accepted (AR); NaN for decoders that do not count it."""
+    """The share of passes (the prefill excluded) that committed one token: from the images' ``commits``
+    histograms (every decoder, AR included) where they carry one; else from the speculative decoders'
+    ``single_passes``, every pass where no draft was ever accepted (AR), NaN for decoders that count neither."""
+    hist = commits_histogram(stats)
+    if hist is not None:
+        return commits_share(hist, 1)
     passes = sum(r["nfe"] - 1 for r in stats)
     if all("single_passes" in r for r in stats):
         return sum(r["single_passes"] for r in stats) / max(passes, 1)
@@ -253,6 +277,9 @@ def _batched_row(task, records: list, conditions) -> dict:
         row["tv_mean"] = sum(r["tv_mean"] for r in measured) / len(measured) if measured else float("nan")
         row["tv_max"] = max(r["tv_max"] for r in measured) if measured else float("nan")
     row["single_token_passes"] = single_token_share(stats)
+    hist = commits_histogram(stats)
+    if hist is not None:
+        row[COMMITS_KEY] = hist
     if "drafter_nfe" in stats[0]:
         row["drafter_nfe_batched"] = sum(r["drafter_nfe"] for r in stats) / n
     return row
@@ -504,6 +531,9 @@ def format_image_table(result: dict) -> str:
                  f"(+-{noise['clip_score_interval']:.2f})")
     lines.append(line)
     lines.append(_task_class(result).describe_real(real))
+    commits = format_commits_table(result)
+    if commits:
+        lines += ["", commits]
     if result.get("throughput"):
         lines += ["", format_throughput_table(result)]
     return "\n".join(lines)
@@ -532,10 +562,14 @@ def format_throughput_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def speed_fid_plot(result: dict, path: str, size: tuple[int, int] = (900, 600)) -> str:
+def speed_fid_plot(result: dict, path: str, size: tuple[int, int] = (900, 600), commits: bool = True) -> str:
     """A PNG of step compression (x) against FID (y), one labelled point per method, with the AR
     sampling-noise band and the FID = 1.1 x AR line; the y label names the FID features (``config["fid_features"]``).
-    Drawn with PIL (no plotting dependency)."""
+    With ``commits`` (and a result whose methods carry the histogram) also the histogram of tokens committed per
+    pass next to it, ``<path stem>.commits.png`` (:func:`vispec.eval.bench.commits.commits_plot`). Drawn with PIL
+    (no plotting dependency). Returns ``path``."""
+    if commits and format_commits_table(result):
+        commits_plot(result, path, size)
     from PIL import Image, ImageDraw
 
     rows = {name: r for name, r in result["methods"].items() if not name.startswith("ar-reseed")}

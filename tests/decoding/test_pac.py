@@ -8,7 +8,8 @@ import torch
 from helpers import tiny_gpt
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.pac import tree_layout
+from vispec.decoding.pac import pac_layout, tree_layout
+from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
 
@@ -34,11 +35,35 @@ def test_spec_defaults_names_and_errors():
     wide = DecodingConfig.parse("sjd-pac:window=32,tree_width=4,tree_depth=2")
     assert wide.name == "sjd-pac:window=32,tree_width=4,tree_depth=2" and DecodingConfig.parse(wide.name) == wide
     assert DecodingConfig.parse("mc-sjd", base=wide).window == 16  # another strategy drops the tree and its window
+    gumbel = DecodingConfig.parse("sjd-pac-gumbel:tree_width=4")
+    assert (gumbel.coupling, gumbel.tree_width) == ("gumbel", 4) and gumbel.name == "sjd-pac-gumbel:tree_width=4"
+    assert DecodingConfig.parse("sjd-pac:coupling=gumbel") == DecodingConfig.parse("sjd-pac-gumbel")
+    assert DecodingConfig.parse(gumbel.name) == gumbel
     for spec, words in [("sjd-pac:window=12", "must hold its tree of 13 slots"), ("sjd:tree_width=2", "apply to sjd-pac"),
                         ("sjd-pac+lantern:k=3", "exact rule only"), ("sjd-pac:tree_depth=0", "tree_depth must be"),
-                        ("sjd-pac:window=auto", "applies to sjd and mc-sjd"), ("sjd-pac:coupling=gumbel", "coupling for strategy")]:
+                        ("sjd-pac:window=auto,tree_width=8", "the largest window 'auto' picks is 64"),
+                        ("sjd-pac:coupling=none", "coupling for strategy")]:
         with pytest.raises(ValueError, match=words):
             DecodingConfig.parse(spec)
+
+
+def test_smaller_windows_drop_the_deepest_levels():
+    """window="auto" runs windows 1, 2, 4, ...: each holds the deepest tree that fits (K = 3: 1, 4, 13 slots)."""
+    shapes = {w: (pac_layout(w, 3, 3).levels, pac_layout(w, 3, 3).main) for w in (1, 2, 4, 8, 16, 64)}
+    assert shapes == {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 6), 16: (3, 6), 64: (3, 54)}
+    assert DecodingConfig.parse("sjd-pac:window=auto").largest_window == 64
+
+
+@pytest.mark.parametrize("spec", ["sjd-pac:window=auto", "sjd-pac-gumbel:window=auto"])
+def test_auto_windows_switch_layouts_and_keep_the_batch_independence(model, spec):
+    """Chosen per pass: with one-pass blocks and costs that favour no window, the chooser moves between layouts
+    (chains, shallow and full trees); the passes of every window add up, and the histogram accounts for them."""
+    stats = WindowStats(starting_costs={1: [(0, 1.0)], 2: [(0, 1.2)], 4: [(0, 1.4)], 8: [(0, 1.6)], 16: [(0, 1.8)]},
+                        settings=ChooserSettings(block=1, settle=0, maturity=10**9, margin=0.0))
+    out = _run(model, spec, labels=LABELS * 2, seeds=range(10), window_stats=stats)
+    assert len(out.stats.windows) > 1 and sum(out.stats.windows.values()) == int(out.stats.nfe.max()) - 1
+    assert out.stats.commits.sum(1).tolist() == (out.stats.nfe - 1).tolist()
+    assert out.method == spec and bool((out.tokens >= 0).all())
 
 
 def test_layout_main_path_first_then_the_tree_breadth_first():
@@ -55,23 +80,25 @@ def test_layout_main_path_first_then_the_tree_breadth_first():
         tree_layout(12, 3, 3)
 
 
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
 @pytest.mark.parametrize("chain", ["tree_depth=1", "tree_width=1"])
-def test_a_tree_without_branches_is_mc_sjd_maximal(model, chain):
-    """With K = 1 or D = 1 the window is a chain and SJD-PAC is MC-SJD's maximal coupling, on the same noise:
+def test_a_tree_without_branches_is_mc_sjd(model, chain, coupling):
+    """With K = 1 or D = 1 the window is a chain and SJD-PAC is MC-SJD with the same coupling, on the same noise:
     the same tokens and passes (the tree code runs for K = 1: recursive rejection with one candidate)."""
-    chain_run = _run(model, f"sjd-pac:window=6,{chain}")
-    mc = _run(model, "mc-sjd:window=6")
+    chain_run = _run(model, f"sjd-pac-{coupling}:window=6,{chain}")
+    mc = _run(model, f"mc-sjd-{coupling}:window=6")
     assert torch.equal(chain_run.tokens, mc.tokens) and torch.equal(chain_run.stats.nfe, mc.stats.nfe)
 
 
-def test_outputs_do_not_depend_on_the_batch_or_the_slots(model):
+@pytest.mark.parametrize("spec", ["sjd-pac:window=16", "sjd-pac-gumbel:window=16"])
+def test_outputs_do_not_depend_on_the_batch_or_the_slots(model, spec):
     """Per-sample keyed noise: a sample alone, in a batch, or streamed through fewer slots gives the same tokens."""
-    batch = _run(model, "sjd-pac:window=16")
-    streamed = _run(model, "sjd-pac:window=16", max_batch_size=2)
-    alone = _run(model, "sjd-pac:window=16", labels=[LABELS[3]], seeds=[3])
+    batch = _run(model, spec)
+    streamed = _run(model, spec, max_batch_size=2)
+    alone = _run(model, spec, labels=[LABELS[3]], seeds=[3])
     assert torch.equal(batch.tokens, streamed.tokens) and torch.equal(batch.stats.nfe, streamed.stats.nfe)
     assert torch.equal(alone.tokens[0], batch.tokens[3])
-    assert batch.method == "sjd-pac:window=16" and batch.stats.windows == {16: int(batch.stats.nfe.max()) - 1}
+    assert batch.method == spec and batch.stats.windows == {16: int(batch.stats.nfe.max()) - 1}
     passes = batch.stats.nfe - 1
     single = batch.stats.extra["single_passes"]
     assert bool((single <= passes).all()) and bool((batch.stats.accepted_drafts + passes == 16 - 1).all())
@@ -86,9 +113,24 @@ def test_trees_commit_more_tokens_per_pass_than_the_chain(model):
 
 
 @pytest.mark.slow
-def test_compiled_step_is_fullgraph_and_matches_eager():
+@pytest.mark.parametrize("spec", ["sjd-pac:window=16", "sjd-pac-gumbel:window=16"])
+def test_compiled_step_is_fullgraph_and_matches_eager(spec):
     """float64 weights: the compiled graph's rounding cannot flip a sampled token, so tokens are equal."""
     model = tiny_gpt(vocab_size=8, block_size=16, num_classes=3, class_dropout_prob=0.1).double()
-    eager = _run(model, "sjd-pac:window=16", labels=[0, 1, 2])
-    compiled = _run(model, "sjd-pac:window=16", labels=[0, 1, 2], compile=True)  # fullgraph=True: a break raises
+    eager = _run(model, spec, labels=[0, 1, 2])
+    compiled = _run(model, spec, labels=[0, 1, 2], compile=True)  # fullgraph=True: a break raises
     assert torch.equal(eager.tokens, compiled.tokens) and torch.equal(eager.stats.nfe, compiled.stats.nfe)
+
+
+@pytest.mark.parametrize("spec", ["ar", "sjd", "mc-sjd:window=8", "sjd-pac:window=16", "sjd-pac-gumbel:window=16"])
+def test_commit_histogram_accounts_for_every_pass_and_token(model, spec):
+    """``stats.commits[b, k]``: sample b's passes that committed k tokens; the passes sum to nfe - 1 (the
+    prefill is not a pass), the tokens to N - 1 (token 0 comes from the prefill), column 1 is single_passes."""
+    out = _run(model, spec)
+    commits = out.stats.commits
+    k = torch.arange(commits.shape[1])
+    assert commits[:, 0].eq(0).all()
+    assert commits.sum(1).tolist() == (out.stats.nfe - 1).tolist()
+    assert (commits * k).sum(1).tolist() == [15] * len(LABELS)
+    if spec != "ar":
+        assert commits[:, 1].tolist() == out.stats.extra["single_passes"].tolist()

@@ -108,7 +108,7 @@ def test_nan_logits_raise_at_the_step_read_back():
 
 @pytest.mark.parametrize("kwargs,match", [({"compile": "yes"}, "compile must be True or False"),
                                           ({"max_batch_size": 0}, "max_batch_size"),
-                                          ({"decoding": "sd:window=auto"}, "window='auto' applies to sjd and mc-sjd")])
+                                          ({"decoding": "sd:window=auto"}, "window='auto' applies to sjd, mc-sjd and sjd-pac")])
 def test_bad_arguments_name_themselves(kwargs, match):
     model = _model()
     condition = LlamaGenCondition(class_labels=torch.arange(2))

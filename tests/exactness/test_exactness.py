@@ -156,7 +156,8 @@ def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None,
 
 
 @pytest.mark.parametrize("method,max_batch_size", [("sjd-random:window=auto", None), ("mc-sjd-maximal:window=auto", None),
-                                                   ("mc-sjd-gumbel:window=auto", 300), ("sjd-horizontal:window=3", 257)])
+                                                   ("mc-sjd-gumbel:window=auto", 300), ("sjd-horizontal:window=3", 257),
+                                                   ("sjd-pac:window=auto", None), ("sjd-pac-gumbel:window=auto", 300)])
 def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size):
     """Windows chosen per pass from running acceptance, and requests streamed through fewer slots, stay exact."""
     model, joint, n = setup
@@ -317,7 +318,8 @@ def test_negative_control_edit_without_rewinding_the_cache_fails(setup, method, 
 # trees that cover the top-k support (K = 3) and narrower ones; windows from the bare tree to a chain past it
 # (window 10 with K = 2, D = 3: a main path of 6, the whole sequence)
 PAC_METHODS = ["sjd-pac:window=13", "sjd-pac:window=10,tree_width=2,tree_depth=3", "sjd-pac:window=8,tree_width=2,tree_depth=2",
-               "sjd-pac:window=6,tree_width=4,tree_depth=2"]
+               "sjd-pac:window=6,tree_width=4,tree_depth=2", "sjd-pac-gumbel:window=13",
+               "sjd-pac-gumbel:window=8,tree_width=2,tree_depth=2"]
 
 
 def sample_pac(model, spec: str, n: int, seed: int, max_batch_size=None) -> tuple[torch.Tensor, dict]:
@@ -341,7 +343,7 @@ def test_sjd_pac_matches_exact_joint(setup, method):
 def _published_siblings(q, old_q):
     """SJD-PAC's released sampler: siblings are further samples of the residual max(0, P - q_old) of the last
     pass, yet verified as draws without replacement from q = P."""
-    return (q - old_q).clamp_min(0)
+    return (q - old_q()).clamp_min(0)
 
 
 def _siblings_verified_against_unconditioned_q(q, candidates, validate=True):
@@ -355,12 +357,13 @@ def test_sjd_pac_negative_controls_fail(setup, control, monkeypatch):
     without replacement: it can see what the tree changes. Run on a quarter of the certificate's samples, which
     only makes rejecting harder (the test's power grows with n)."""
     import vispec.decoding.pac as pac_module
+    import vispec.kernels.multi_verify as multi_verify_module
 
     model, joint, n = setup
     if control == "published-siblings":
         monkeypatch.setattr(pac_module, "sibling_law", _published_siblings)
     else:
-        monkeypatch.setattr(pac_module, "without_replacement", _siblings_verified_against_unconditioned_q)
+        monkeypatch.setattr(multi_verify_module, "without_replacement", _siblings_verified_against_unconditioned_q)
     n = max(1024, n // 4 // 1024 * 1024)
     tokens, info = sample_pac(model, "sjd-pac:window=13", n, seed=2468)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)

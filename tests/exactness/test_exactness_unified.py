@@ -208,7 +208,7 @@ def test_exact_joint_respects_the_layout_and_is_nontrivial(setup):
 
 
 # SJD-PAC's trees (their own windows): branches at a forced row end hold only the forced token
-PAC_METHODS = ["sjd-pac:window=13", "sjd-pac:window=8,tree_width=2,tree_depth=2"]
+PAC_METHODS = ["sjd-pac:window=13", "sjd-pac:window=8,tree_width=2,tree_depth=2", "sjd-pac-gumbel:window=13"]
 
 
 @pytest.mark.parametrize("method", EXACT_METHODS + EXACT_RELAXED + PAC_METHODS)

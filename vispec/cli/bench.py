@@ -112,8 +112,9 @@ BENCHES = {
     "kernels": ("vispec.eval.bench.kernels", "KernelBenchConfig", "run_kernel_bench", "format_kernel_table"),
 }
 
-# bench name -> its plot function (the PNG goes next to --json unless --plot names it)
-PLOTS = {"image": "speed_fid_plot", "text": "accuracy_nfe_plot"}
+# bench name -> its plot function (the PNG goes next to --json unless --plot names it); image and decoders also
+# (decoders: only) write the histogram of tokens committed per pass at <plot stem>.commits.png
+PLOTS = {"image": "speed_fid_plot", "text": "accuracy_nfe_plot", "decoders": "commits_plot"}
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -151,6 +152,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     emit(getattr(module, table_name)(result), result, args.json_path)
     if plot:
         print(f"wrote {getattr(module, PLOTS[args.subcommand])(result, plot)}")
+        if args.subcommand == "image" and "commits_per_pass" in result["methods"].get("ar", {}):
+            print(f"wrote {os.path.splitext(plot)[0]}.commits.png")
     return 0
 
 
@@ -166,12 +169,15 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     decoders = bench.add_parser("decoders", help="AR vs SJD vs MC-SJD on a LlamaGen GPT (random init or tiny-c2i), "
                                                 "optionally swept over batch sizes, eager and compiled")
     add_config_args(decoders, DecoderBenchConfig, help=DECODER_HELP, splitters=specs)
+    decoders.add_argument("--plot", default=None, help="histogram of tokens committed per pass: --plot PATH writes "
+                                                       "<PATH stem>.commits.png (default: next to --json)")
     decoders.set_defaults(func=_cmd_bench)
 
     image = bench.add_parser("image", help="speed, accuracy and FID (text-to-image: and CLIP score) of the decoders on "
                                            "an image pipeline: class-to-image LlamaGen or text-to-image unified-token")
     add_config_args(image, ImageBenchConfig, help=IMAGE_HELP, splitters=specs)
-    image.add_argument("--plot", default=None, help="speed-versus-FID PNG (default: next to --json)")
+    image.add_argument("--plot", default=None, help="speed-versus-FID PNG (default: next to --json), and the histogram "
+                                                    "of tokens committed per pass at <PATH stem>.commits.png")
     image.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
     image.set_defaults(func=_cmd_bench)
 

@@ -95,7 +95,7 @@ def decode(
     if config.strategy == "sd":
         return decode_sd(model, drafter, condition, job, config, rule)
     if config.strategy == "sjd-pac":
-        return decode_pac(model, condition, job, config, rule)
+        return decode_pac(model, condition, job, config, rule, window_stats)
     return decode_sjd(model, condition, job, config, rule, window_stats)
 
 

@@ -84,6 +84,8 @@ def decode_ar(model: SpeculativeARModel, condition: Any, job: DecodeJob) -> Deco
         tokens[ids] = out
         latency[ids.cpu()] = start.clock.now()
     full = torch.full((requests,), num_tokens, dtype=torch.long)
+    commits = torch.zeros(requests, 3, dtype=torch.long)
+    commits[:, 1] = num_tokens - 1  # every pass after the prefill commits one token
     stats = DecodeStats(nfe=full.clone(), tokens=full, latency_s=latency, accepted_drafts=torch.zeros(requests, dtype=torch.long),
-                        windows={1: (requests + slots - 1) // slots * (num_tokens - 1)})
+                        windows={1: (requests + slots - 1) // slots * (num_tokens - 1)}, commits=commits)
     return DecodeOutput(tokens=tokens, stats=stats, method="ar")

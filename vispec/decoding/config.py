@@ -5,7 +5,7 @@ benchmarks)::
 
     spec    := variant [":" option ("," option)*] ["+" rule [":" rule-option ("," rule-option)*]]
     variant := "ar" | "sjd" ["-random" | "-horizontal" | "-vertical"] | "mc-sjd" ["-maximal" | "-gumbel"]
-             | "sjd-pac" | "sd" | "gsd"              ("gsd" is short for "sjd+gsd")
+             | "sjd-pac" ["-maximal" | "-gumbel"] | "sd" | "gsd"     ("gsd" is short for "sjd+gsd")
     option  := key "=" value, key in window, init, coupling, tree_width, tree_depth, guidance_scale, temperature,
                top_k, top_p, cfg_interval
     rule    := "exact" | "lantern" | "gsd" | "lumina"  (options: vispec.decoding.acceptance.AcceptanceConfig)
@@ -38,11 +38,12 @@ from vispec.sampling import SamplingConfig
 
 STRATEGIES = ("ar", "sjd", "mc-sjd", "sjd-pac", "sd")
 INITS = ("random", "horizontal", "vertical")
-COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sjd-pac": ("maximal",), "sd": ("none",)}
+COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sjd-pac": ("maximal", "gumbel"), "sd": ("none",)}
 DEFAULT_WINDOW = 16
 SD_DEFAULT_WINDOW = 5  # draft-model decoding: the pending token plus 4 drafted tokens per target forward
 PAC_DEFAULT_WINDOW = 64  # SJD-PAC: its paper's L (the tree's 13 slots and a chain of 51)
 AUTO_WINDOW = "auto"
+AUTO_LARGEST_WINDOW = 64  # window="auto" picks from 1, 2, 4, ..., 64 (a GPU's forward cost is flat well past it)
 
 
 def _window(text: str):
@@ -53,7 +54,7 @@ OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "tree_width": i
                 "temperature": float, "top_k": int, "top_p": float, "cfg_interval": int}
 TREE_KEYS = ("tree_width", "tree_depth")
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "cfg_interval")
-SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], sjd-pac, sd or gsd, optionally followed by "
+SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], sjd-pac[-maximal|-gumbel], sd or gsd, optionally followed by "
              "':key=value,...' (window, init, coupling, tree_width, tree_depth, sampling settings) and '+rule' (exact, "
              "lantern[:k=..,delta=..], gsd[:half_width=..], lumina)")
 
@@ -115,16 +116,17 @@ class DecodingConfig(PipelineComponent):
             (draft-model speculative decoding, Leviathan et al. 2023: a drafter GPT proposes
             ``window - 1`` tokens, the target verifies them in one forward).
         window: Jacobi window ``L`` (pending token plus ``L - 1`` drafts); ``>= 1``, or ``"auto"`` for sjd and
-            mc-sjd: each pass picks a window from 1, 2, 4, 8, 16 by measured step cost and running
-            acceptance (:mod:`vispec.decoding.windows`; exact all the same, but the tokens a seed gives
-            then depend on the machine's timings). For ``"sd"``
+            mc-sjd and sjd-pac: each pass picks a window from 1, 2, 4, ..., 64 by measured step cost and running
+            acceptance (:mod:`vispec.decoding.windows`; sjd-pac's tree loses levels in windows too small
+            for it; exact all the same, but the tokens a seed gives then depend on the machine's timings). For ``"sd"``
             the pending token plus the drafted tokens.
         init: draft initialisation for new window slots: ``"random"`` (uniform token),
             ``"horizontal"`` (copy the previous token in raster order, i.e. the left neighbour),
             ``"vertical"`` (copy the token one row above; horizontal on the first row).
         coupling: ``"none"`` for SJD; ``"maximal"`` (verify every slot, keep each slot's coupled output
             as its next draft) or ``"gumbel"`` (drafts by Gumbel-max with noise fixed per absolute
-            position) for MC-SJD; ``"maximal"`` for SJD-PAC (its adaptive continuation). ``None`` picks the
+            position) for MC-SJD and for SJD-PAC's main path (``"maximal"``, the default, is SJD-PAC's adaptive
+            continuation; ``"gumbel"`` composes its tree with MC-SJD's Gumbel coupling). ``None`` picks the
             strategy's default (stored resolved).
         tree_width, tree_depth: SJD-PAC's token tree (``"sjd-pac"``, :mod:`vispec.decoding.pac`): ``K``
             candidates per node on the first ``D - 1`` levels below the pending token (``D`` levels with
@@ -157,8 +159,8 @@ class DecodingConfig(PipelineComponent):
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if window != AUTO_WINDOW:
             check_int("window", window, minimum=1, hint=" or 'auto' (chosen per pass by cost)")
-        if window == AUTO_WINDOW and strategy not in ("sjd", "mc-sjd"):
-            raise ValueError(f"window='auto' applies to sjd and mc-sjd, not {strategy!r}; give an integer window")
+        if window == AUTO_WINDOW and strategy not in ("sjd", "mc-sjd", "sjd-pac"):
+            raise ValueError(f"window='auto' applies to sjd, mc-sjd and sjd-pac, not {strategy!r}; give an integer window")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         coupling = COUPLINGS[strategy][0] if self.coupling is None else self.coupling
@@ -170,9 +172,10 @@ class DecodingConfig(PipelineComponent):
         if strategy != "sjd-pac" and (self.tree_width, self.tree_depth) != (3, 3):
             raise ValueError(f"tree_width and tree_depth apply to sjd-pac, not {strategy!r}")
         if strategy == "sjd-pac":
-            if window == AUTO_WINDOW or window < self.tree_size:
+            if self.largest_window < self.tree_size:
                 raise ValueError(f"sjd-pac's window must hold its tree of {self.tree_size} slots (tree_width "
-                                 f"{self.tree_width}, tree_depth {self.tree_depth}), got {window!r}")
+                                 f"{self.tree_width}, tree_depth {self.tree_depth}), got {window!r}"
+                                 + (f" (the largest window 'auto' picks is {AUTO_LARGEST_WINDOW})" if window == AUTO_WINDOW else ""))
             if not rule.lossless:
                 raise ValueError(f"sjd-pac verifies its tree with the exact rule only, got acceptance {rule.name!r}")
         if strategy == "ar" and not rule.lossless:
@@ -194,9 +197,9 @@ class DecodingConfig(PipelineComponent):
 
     @property
     def largest_window(self) -> int:
-        """The window, or with ``window="auto"`` the largest one the chooser may pick (:data:`DEFAULT_WINDOW`)."""
+        """The window, or with ``window="auto"`` the largest one the chooser may pick (:data:`AUTO_LARGEST_WINDOW`)."""
         window = self.window
-        return DEFAULT_WINDOW if window == AUTO_WINDOW else window
+        return AUTO_LARGEST_WINDOW if window == AUTO_WINDOW else window
 
     @property
     def tree_size(self) -> int:
@@ -220,7 +223,7 @@ class DecodingConfig(PipelineComponent):
 
     def _label(self, sampling_keys: tuple[str, ...]) -> str:
         variant = {"ar": "ar", "sd": "sd", "sjd": f"sjd-{self.init}", "mc-sjd": f"mc-sjd-{self.coupling}",
-                   "sjd-pac": "sjd-pac"}[self.strategy]
+                   "sjd-pac": "sjd-pac" if self.coupling == "maximal" else f"sjd-pac-{self.coupling}"}[self.strategy]
         values, defaults = self.settings(), DecodingConfig.parse(variant).settings()
         keys = ("window",) + (("init",) if self.strategy != "sjd" else ()) + TREE_KEYS + sampling_keys
         options = [f"{k}={values[k]!r}" if isinstance(values[k], float) else f"{k}={values[k]}" for k in keys
@@ -257,7 +260,7 @@ class DecodingConfig(PipelineComponent):
             for key in TREE_KEYS:
                 settings.pop(key, None)
         if suffix:
-            settings["coupling" if strategy == "mc-sjd" else "init"] = suffix
+            settings["coupling" if strategy in ("mc-sjd", "sjd-pac") else "init"] = suffix
         settings.update(_parse_options(value, options))
         try:
             return cls(**{**settings, **overrides})
@@ -295,7 +298,7 @@ def _variant(value: str, label: str) -> tuple[str, str]:
     for strategy in ("mc-sjd", "sjd-pac", "sjd", "sd", "ar"):
         if label == strategy:
             return strategy, ""
-        if label.startswith(strategy + "-") and strategy in ("mc-sjd", "sjd"):
+        if label.startswith(strategy + "-") and strategy in ("mc-sjd", "sjd-pac", "sjd"):
             return strategy, label[len(strategy) + 1:]
     raise ValueError(f"unknown decoding {value!r}; expected {SPEC_HELP}")
 

@@ -15,6 +15,13 @@ token: a rejection invalidates every later draft. It adds two things to SJD:
   position, ranks ``1 .. K-1`` are drawn without replacement from that draft's ``q`` (the ``P`` row it was
   drawn from), excluding it. No extra forward: they come from distributions the last pass computed.
 
+Composed with MC-SJD's Gumbel coupling (``"sjd-pac-gumbel"``, :data:`PAC_GUMBEL`): the main path's next drafts are
+Gumbel-max samples of this pass's ``P`` rows with noise fixed per absolute position (the GUMBEL stream, draw 0)
+instead of coupled outputs; the tree and its verification are unchanged. What verification needs of a main
+draft is MC-SJD's Gumbel argument (the draft is distributed as the ``P`` row it was computed from, and the
+position's fixed noise decides nothing committed before the pass that commits the position); the composition
+is certified by the same enumeration tests as the maximal variant.
+
 One pass (every sample at once, each with its own tree, cache length and noise; :func:`pac_step`):
 
 1. fill the main path's missing drafts (:mod:`vispec.decoding.drafts`, one-hot ``q``); lay out the tree;
@@ -22,15 +29,17 @@ One pass (every sample at once, each with its own tree, cache length and noise; 
 3. the main path is verified as MC-SJD maximal verifies a chain (:func:`~vispec.decoding.speculative.verify_window`):
    its acceptances decide the chain below the tree, its coupled outputs are the next drafts;
 4. every tree node above the leaves verifies its ``K`` children by recursive rejection sampling
-   (:func:`vispec.kernels.multi_verify.rrs_reference`: candidate ``i`` accepted with probability
+   (:func:`vispec.kernels.multi_verify.rrs`, a PyTorch reference and a Triton kernel: candidate ``i`` accepted with probability
    ``min(1, r̄(x_i) / q_i(x_i))``, ``r ← max(0, r̄ - q_i)`` on a rejection, ``q_i = q`` without the earlier
    candidates, renormalised); the first accepted candidate is the node's child on the path;
 5. the path: the root, then each node's accepted child (a slot is on it iff it and all its ancestors were
    accepted by their parents; :func:`vispec.protocol.tree_ancestors`); it ends at depth ``e``. Committed:
    its ``e`` tokens and one more: the residual sample of the node where it ends (after all its candidates),
-   or a fresh sample of ``P`` at a leaf (the bonus token);
-6. the cache keeps the path (``rollback(keep=e + 1, path=)``); the main path's coupled outputs after depth
-   ``e`` become the next drafts with ``q := P``, and the next tree's siblings are drawn from those ``q``.
+   or a fresh sample of ``P`` at a leaf (the bonus token; at the main path's last row, the chain's bonus:
+   keyed by the pass under the maximal coupling, the position's fixed noise under Gumbel's);
+6. the cache keeps the path (``rollback(keep=e + 1, path=)``); the main path's coupled outputs (Gumbel: its
+   fixed-noise samples) after depth ``e`` become the next drafts with ``q := P``, and the next tree's siblings
+   are drawn from those ``q``.
 
 Exactness. Each node's verification is the recursion whose output is distributed as the target given the
 path above it, provided every candidate is distributed as its ``q_i`` given everything verification has
@@ -54,20 +63,22 @@ drafts. Here every sample has its own keyed noise, so outputs do not depend on t
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor
 
 from vispec.decoding.acceptance import AcceptanceRule
-from vispec.decoding.common import DecodeJob, resolve_grid_width, start_decoding
+from vispec.decoding.ar import decode_ar
+from vispec.decoding.common import DecodeJob, condition_size, resolve_grid_width, start_decoding
 from vispec.decoding.compiled import compiled
-from vispec.decoding.config import DecodingConfig
+from vispec.decoding.config import AUTO_WINDOW, DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens
-from vispec.decoding.speculative import MAXIMAL, RaggedBatch, verify_window
+from vispec.decoding.speculative import MAXIMAL, Coupling, RaggedBatch, verify_window
+from vispec.decoding.windows import WindowChooser, WindowStats, cost_key
 from vispec.kernels import race
-from vispec.kernels.multi_verify import rrs_noise, rrs_reference, without_replacement
+from vispec.kernels.multi_verify import rrs
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import Target
 from vispec.kernels.verify import SampleRequest
@@ -97,6 +108,11 @@ class TreeLayout:
     @property
     def width(self) -> int:
         return int(self.parents.shape[0])
+
+    def to(self, device: Union[str, torch.device]) -> "TreeLayout":
+        """The layout with its tensors on ``device`` (moved once per decode, not every pass)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), Tensor)})
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,6 +144,20 @@ def tree_layout(window: int, branching: int, levels: int) -> TreeLayout:
                       torch.tensor([d == levels - 1 and any(p) for p, d in zip(order, depth)]))
 
 
+def pac_layout(window: int, branching: int, levels: int) -> TreeLayout:
+    """The layout of a ``window``-slot pass of a decode whose tree has ``levels`` D: the tree loses its deepest
+    levels until it fits (``window="auto"`` runs windows from 1 up; K = 1 or D = 1 is a chain)."""
+    fits = [d for d in range(1, levels + 1) if sum(branching ** k for k in range(d)) <= window]
+    return tree_layout(window, branching, max(fits))
+
+
+#: the main path under MC-SJD's Gumbel coupling: next drafts by Gumbel-max with noise fixed per position (the
+#: GUMBEL stream, draw 0); every rejected row still gets its residual sample, since the path may end at any
+#: main row the chain rejected (its residual is the committed token there)
+PAC_GUMBEL = Coupling(every_rejection=True, fresh="tail", fixed_noise=True)
+PAC_COUPLINGS = {"maximal": MAXIMAL, "gumbel": PAC_GUMBEL}
+
+
 @dataclass(frozen=True)
 class PACStep:
     """What a step needs besides the batch: fixed for a whole decode."""
@@ -135,7 +165,9 @@ class PACStep:
     model: Any
     job: DecodeJob
     rule: AcceptanceRule
-    tree: TreeLayout
+    tree: TreeLayout  # this pass's window
+    levels: int  # the decode's D (siblings are kept for every level of the largest tree)
+    coupling: Coupling  # the main path's: MAXIMAL (the paper's continuation) or PAC_GUMBEL
     init: str
     grid_width: int
     vocab: int
@@ -159,10 +191,11 @@ def _candidates(step: PACStep, batch: RaggedBatch, main_tokens: Tensor, main_wid
     return torch.where(valid, tokens, -1), valid
 
 
-def sibling_law(q: Tensor, old_q: Tensor) -> Tensor:
+def sibling_law(q: Tensor, old_q: Callable[[], Tensor]) -> Tensor:
     """The weights siblings are drawn from (without the main draft, without replacement): the main draft's own
-    ``q``, which is what verification assumes. (``old_q``: the law the position's previous draft came from;
-    the paper's sampler draws from the residual ``max(0, q - old_q)`` instead, a negative control in the tests.)"""
+    ``q``, which is what verification assumes. (``old_q()``: the law the position's previous draft came from,
+    computed only if asked for; the paper's sampler draws from the residual ``max(0, q - old_q)`` instead, a
+    negative control in the tests.)"""
     return q
 
 
@@ -171,23 +204,23 @@ def _draw_siblings(step: PACStep, batch: RaggedBatch, q: Tensor, main_tokens: Te
     from ``q[:, d-1]`` without the main draft ``main_tokens[:, d-1]``, keyed by (position, SIBLING, pass)."""
     tree = step.tree
     batch_size, vocab = q.shape[0], q.shape[-1]
-    levels = max(tree.levels - 1, 1)
+    levels = max(step.levels - 1, 1)
     siblings = max(tree.branching - 1, 1)
-    if tree.levels == 1 or tree.branching == 1:
+    if step.levels == 1 or tree.branching == 1:
         return torch.zeros(batch_size, levels, siblings, dtype=torch.long, device=q.device)
-    depth = torch.arange(1, tree.levels, device=q.device)
-    weights = q[:, : tree.levels - 1].to(torch.float64)  # [B, D-1, V]
-    first = main_tokens[:, : tree.levels - 1]
+    depth = torch.arange(1, step.levels, device=q.device)
+    weights = q[:, : step.levels - 1].to(torch.float64)  # [B, D-1, V]
+    first = main_tokens[:, : step.levels - 1]
     weights = weights.scatter(-1, first[..., None], 0.0)
     positions = (batch.n - 1)[:, None] + depth[None, :]  # the new root is at n - 1
-    rows = batch_size * (tree.levels - 1)
-    seeds = batch.seeds[:, None].expand(-1, tree.levels - 1).reshape(rows)
-    draws = batch.nfe[:, None].expand(-1, tree.levels - 1).reshape(rows)
+    rows = batch_size * (step.levels - 1)
+    seeds = batch.seeds[:, None].expand(-1, step.levels - 1).reshape(rows)
+    draws = batch.nfe[:, None].expand(-1, step.levels - 1).reshape(rows)
     noise = race.exponentials_for(seeds, positions.reshape(rows), torch.full_like(seeds, int(Stream.SIBLING)), draws, vocab)
     keys = weights.reshape(rows, vocab) / noise.to(torch.float64)
     top, index = keys.topk(tree.branching - 1, dim=-1)  # decreasing: a sequential draw without replacement
-    valid = (top > 0).view(batch_size, tree.levels - 1, -1) & ((depth - 1)[None, :] < count[:, None])[..., None]
-    return torch.where(valid, index.view(batch_size, tree.levels - 1, -1) + 1, 0)
+    valid = (top > 0).view(batch_size, step.levels - 1, -1) & ((depth - 1)[None, :] < count[:, None])[..., None]
+    return torch.where(valid, index.view(batch_size, step.levels - 1, -1) + 1, 0)
 
 
 def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tensor:
@@ -196,7 +229,7 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
     n, live, nfe = batch.n, batch.live, batch.nfe
     draft_count, draft_q = batch.state["draft_count"], batch.state["draft_q"]
     device, width, main = n.device, tree.width, tree.main
-    depth, rank = tree.depth.to(device), tree.rank.to(device)
+    depth, rank = tree.depth, tree.rank
     slot = torch.arange(width, device=device)
     main_width = torch.where(live, (job.num_tokens - n).clamp(max=main), 1)  # main rows, the root included
 
@@ -217,7 +250,7 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
     slot_valid = slot_valid & (live[:, None] | (slot == 0))
 
     # 2. one forward over the tree; row j gives P for position n + depth(j)
-    parents = tree.parents.to(device).expand(n.shape[0], -1)
+    parents = tree.parents.expand(n.shape[0], -1)
     out = model.forward_window(batch.cache(), tokens.clamp_min(0), longest, parents=parents)
     batch_size, _, vocab = out.cond.shape
     owner = torch.arange(batch_size, device=device)[:, None].expand(-1, width)
@@ -230,12 +263,12 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
     # 3. the main path as a chain (MC-SJD maximal): chain acceptances, coupled outputs for the next drafts
     drafts = torch.cat([tokens[:, 1:main], torch.full_like(tokens[:, :width - main + 1], -1)], dim=1)
     drafts = torch.where(slot[None, :] < (main_width - 1)[:, None], drafts, -1)
-    verified = verify_window(target, step.rule, drafts, main_width - 1, main_width, nfe, MAXIMAL, q=draft_q,
+    verified = verify_window(target, step.rule, drafts, main_width - 1, main_width, nfe, step.coupling, q=draft_q,
                              q_dense=slot[None, :] < draft_count[:, None])
 
     # 4. recursive rejection sampling at every node with K children
     probs = target.probabilities().view(batch_size, width, vocab)
-    internal = tree.internal.to(device)
+    internal = tree.internal
     inner = internal.shape[0]
     if inner:
         child_depth = depth[internal] + 1
@@ -245,24 +278,23 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
         one_hot = torch.nn.functional.one_hot(cand[..., 0].clamp_min(0), vocab).to(torch.float64)
         q_base = torch.where(dense[..., None], q_main, one_hot).reshape(-1, vocab)
         rows = batch_size * inner
-        q_ranks = without_replacement(q_base, cand.reshape(rows, -1), validate=False)
         verified_at = (n[:, None] + depth[internal][None, :]).reshape(rows)
-        u, e = rrs_noise(batch.seeds[:, None].expand(-1, inner).reshape(rows), verified_at, tree.branching, vocab,
-                         nfe[:, None].expand(-1, inner).reshape(rows))
         p_rows = probs[:, internal].reshape(rows, vocab)
         p_rows = torch.where(p_rows.sum(-1, keepdim=True) > 0, p_rows, 1.0)  # rows of absent nodes: any mass
-        accepted_rank, rrs_token = rrs_reference(p_rows, q_ranks, cand.reshape(rows, -1), u, e, validate=False)
+        accepted_rank, rrs_token = rrs(p_rows, q_base, cand.reshape(rows, -1), batch.seeds[:, None].expand(-1, inner).reshape(rows),
+                                       verified_at, nfe[:, None].expand(-1, inner).reshape(rows), backend=job.backend,
+                                       validate=False)
         accepted_rank, rrs_token = accepted_rank.view(batch_size, inner), rrs_token.view(batch_size, inner)
     else:
         accepted_rank = rrs_token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
 
     # 5. the path: each slot accepted by its parent, and all its ancestors too
-    parent_internal = tree.parent_internal.to(device)
+    parent_internal = tree.parent_internal
     by_tree = accepted_rank.gather(1, parent_internal.clamp_min(0).expand(batch_size, -1)) == rank
     by_chain = verified.accepted.gather(1, (slot - 1).clamp_min(0).expand(batch_size, -1))
     chosen = torch.where(parent_internal >= 0, by_tree, by_chain) | (slot == 0)
     chosen = chosen & slot_valid
-    on_path = ~((~chosen)[:, None, :] & tree.ancestors.to(device)[None]).any(-1)
+    on_path = ~((~chosen)[:, None, :] & tree.ancestors[None]).any(-1)
     e = torch.where(on_path, depth, 0).amax(-1)  # [B] the path's depth
     end = (on_path & (depth[None, :] == e[:, None])).long().argmax(-1)  # [B] the slot it ends at
     path = torch.zeros(batch_size, width + 1, dtype=torch.long, device=device)
@@ -270,12 +302,14 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
     path = path[:, :width]  # path[b, d]: its slot at depth d (d <= e)
 
     # the committed token after the path: a residual of the node it ends at, or a bonus sample at a leaf
-    side_leaf = tree.side_leaf.to(device)[None, :] & slot_valid
+    side_leaf = tree.side_leaf[None, :] & slot_valid
     leaf_fresh = target.sample(SampleRequest(fresh=side_leaf.reshape(-1), fresh_draws=nfe[:, None].expand(-1, width).reshape(-1)))[1]
     leaf_fresh = leaf_fresh.view(batch_size, width)
-    end_internal = tree.internal_index.to(device)[end]  # [B] index of the end node among the internal ones, -1 if none
+    end_internal = tree.internal_index[end]  # [B] index of the end node among the internal ones, -1 if none
     main_next = torch.where(end < main_width - 1, verified.coupled.gather(1, end[:, None])[:, 0],
                             verified.fresh.gather(1, end[:, None])[:, 0])
+    # the last main row has no candidates below it: its bonus is the chain's (as MC-SJD samples it)
+    end_internal = torch.where(end == main_width - 1, -1, end_internal)
     next_token = torch.where(end_internal >= 0, rrs_token.gather(1, end_internal.clamp_min(0)[:, None])[:, 0],
                              torch.where(side_leaf.gather(1, end[:, None])[:, 0], leaf_fresh.gather(1, end[:, None])[:, 0],
                                          main_next))
@@ -290,17 +324,24 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
 
     # 6. keep the path's keys and values; the main path's outputs after e are the next drafts, q := P
     model.rollback(batch.cache(), torch.where(live, e + 1, 0), path=path)
-    next_tokens = torch.where(slot[None, :] < (main_width - 1)[:, None], verified.coupled, verified.fresh)
+    coupled_tail = slot[None, :] < (main_width - 1)[:, None]
+    if step.coupling.fixed_noise:  # Gumbel: every row after the path samples P with its position's fixed noise
+        coupled_tail = torch.zeros_like(coupled_tail)
+    next_tokens = torch.where(coupled_tail, verified.coupled, verified.fresh)
     at = n_before[:, None] + slot
     write = (slot[None, :] > e[:, None]) & (slot[None, :] < main_width[:, None])
     batch.tokens.scatter_(1, at, torch.where(write, next_tokens, batch.tokens.gather(1, at)))
     count = (main_width - 1 - e).clamp_min(0)
     q_rows = (e[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)).clamp(max=main - 1)
     next_q = probs[:, :main].gather(1, q_rows[..., None].expand(-1, -1, vocab)).to(draft_q.dtype)
-    first_drafts = batch.tokens.gather(1, (batch.n[:, None] + torch.arange(max(tree.levels - 1, 1), device=device)))
-    old_rows = (e[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)).clamp(max=draft_q.shape[1] - 1)
-    old_q = torch.where((old_rows < draft_count[:, None])[..., None], draft_q.gather(1, old_rows[..., None].expand(-1, -1, vocab)),
-                        torch.nn.functional.one_hot(main_tokens.gather(1, (old_rows + 1).clamp(max=main - 1)), vocab).to(draft_q.dtype))
+    first_drafts = batch.tokens.gather(1, (batch.n[:, None] + torch.arange(max(step.levels - 1, 1), device=device)))
+
+    def old_q() -> Tensor:  # the law each next main draft's previous draft came from (for sibling_law's controls)
+        rows = (e[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)).clamp(max=draft_q.shape[1] - 1)
+        one_hot = torch.nn.functional.one_hot(main_tokens.gather(1, (rows + 1).clamp(max=main - 1)), vocab)
+        return torch.where((rows < draft_count[:, None])[..., None], draft_q.gather(1, rows[..., None].expand(-1, -1, vocab)),
+                           one_hot.to(draft_q.dtype))
+
     batch.state["side_ids"] = _draw_siblings(step, batch, sibling_law(next_q, old_q), first_drafts, count)
     batch.state["draft_count"], batch.state["draft_q"] = count, next_q
     return target.status
@@ -308,7 +349,7 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
 
 @torch.no_grad()
 def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decoding: DecodingConfig,
-               rule: AcceptanceRule) -> DecodeOutput:
+               rule: AcceptanceRule, window_stats: Optional[WindowStats] = None) -> DecodeOutput:
     """Decode ``job.num_tokens`` tokens per sample with SJD-PAC (module docstring); ``decoding.window`` slots
     per pass, ``decoding.tree_width`` and ``decoding.tree_depth`` shape the tree. ``stats.extra
     ["single_passes"]`` counts each sample's passes that committed one token (the paper's headline figure)."""
@@ -316,10 +357,23 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         raise ValueError(f"decode_pac needs strategy 'sjd-pac', got {decoding.strategy!r}")
     if not rule.lossless:
         raise ValueError(f"sjd-pac verifies its tree with the exact rule only, got {rule.config.name!r}")
-    window = decoding.window
-    tree = tree_layout(window, decoding.tree_width, decoding.tree_depth)
+    auto = decoding.window == AUTO_WINDOW
+    stats = WindowStats() if auto and window_stats is None else window_stats
+    largest, width, depth = decoding.largest_window, decoding.tree_width, decoding.tree_depth
+    tree = tree_layout(largest, width, depth)
+
+    def chooser_for(slots: int) -> WindowChooser:
+        return WindowChooser(largest, stats, cost_key(model, slots, job.compile), tokens_key=decoding.name, slots=slots,
+                             chain=lambda window: pac_layout(window, width, depth).main)
+
+    if auto:
+        slots = min(condition_size(condition), job.max_batch_size or condition_size(condition))
+        if chooser_for(slots).prefers_ar(job.num_tokens):  # no window beats AR here (exact either way)
+            out = decode_ar(model, condition, job)
+            out.method = decoding.method
+            return out
     grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width, decoding.init)
-    start = start_decoding(model, condition, job, window=window, grid_width=grid_width)
+    start = start_decoding(model, condition, job, window=largest, grid_width=grid_width)
     q_dtype = torch.float64 if start.logits.cond.dtype == torch.float64 else torch.float32
     zeros = torch.zeros(start.batch, dtype=torch.long, device=start.device)
     state = {
@@ -329,18 +383,30 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
                                 device=start.device),  # siblings of the main draft at depth d (token + 1; 0: none)
         "single_passes": zeros.clone(),
     }
-    batch = RaggedBatch(start, job, job.num_tokens, window, caches={"target": (model, start.state)}, state=state,
+    batch = RaggedBatch(start, job, job.num_tokens, largest, caches={"target": (model, start.state)}, state=state,
                         reported=("single_passes",), fixed=job.compile)
-    step = PACStep(model, job, rule, tree, decoding.init, grid_width, start.vocab)
+    chooser = chooser_for(start.batch) if auto else None
+    coupling = PAC_COUPLINGS[decoding.coupling]
+    steps = {}  # per window
     run = compiled(pac_step) if job.compile else pac_step
-    passes = 0
+    used: dict[int, int] = {}
     while batch.running:
-        status = run(step, batch, None if job.compile else batch.longest())
-        batch.sync(status)
-        passes += 1
+        need = batch.widths(largest)
+        window = chooser.choose(need, batch.longest(), batch.live_count, batch.remaining()) if chooser else largest
+        if window not in steps:
+            steps[window] = PACStep(model, job, rule, pac_layout(window, width, depth).to(start.device), tree.levels, coupling,
+                                    decoding.init, grid_width, start.vocab)
+        before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)]
+        status = run(steps[window], batch, None if job.compile else batch.longest())
+        after = batch.sync(status)
+        used[window] = used.get(window, 0) + 1
+        if chooser is not None:
+            live = [(n, a) for (n, is_live), a in zip(before, after) if is_live]
+            main = steps[window].tree.main
+            chooser.record(window, [a - n - 1 for n, a in live], [min(main, job.num_tokens - n) for n, _ in live])
         edited = batch.report(job.callback)
         if edited is not None:  # drafts and siblings made from the old tokens are dropped
             batch.state["draft_count"] = torch.where(edited < job.num_tokens, 0, batch.state["draft_count"])
     out = batch.output(decoding.method, None)
-    out.stats.windows = {window: passes}
+    out.stats.windows = used
     return out

@@ -184,6 +184,7 @@ class RaggedBatch:
         self.n = torch.ones(slots, dtype=torch.long, device=device)  # committed tokens
         self.nfe = torch.ones(slots, dtype=torch.long, device=device)  # forward passes (the prefill included)
         self.accepted = torch.zeros(slots, dtype=torch.long, device=device)
+        self.commits = torch.zeros(slots, room + 2, dtype=torch.long, device=device)  # [b, k]: passes committing k
         self.seeds = start.seeds[:slots].clone()
         self.live = torch.ones(slots, dtype=torch.bool, device=device)
         self.caches = dict(caches)
@@ -194,6 +195,7 @@ class RaggedBatch:
         self._tokens = torch.zeros(requests, num_tokens, dtype=torch.long, device=device)
         self._nfe = torch.ones(requests, dtype=torch.long, device=device)
         self._accepted = torch.zeros(requests, dtype=torch.long, device=device)
+        self._commits = torch.zeros(requests, room + 2, dtype=torch.long, device=device)
         self._latency = torch.zeros(requests, dtype=torch.float64)
         self._extra = {name: torch.zeros(requests, dtype=torch.long, device=device) for name in reported}
         self._committed = torch.ones(requests, dtype=torch.long, device=device)
@@ -238,6 +240,7 @@ class RaggedBatch:
         self.n = self.n + (m + 1) * self.live
         self.nfe = self.nfe + self.live
         self.accepted = self.accepted + m
+        self.commits.scatter_add_(1, (m + 1)[:, None], self.live[:, None].long())
 
     def sync(self, status: Optional[Tensor] = None) -> list[int]:
         """The step's one read-back: committed counts (and the step's status) to the host; then finished
@@ -275,7 +278,7 @@ class RaggedBatch:
         finished = [self.ids_host[b] for b in done]
         at = torch.tensor(finished, dtype=torch.long, device=device)
         self._tokens[at] = self.tokens[slots, : self.num_tokens]
-        self._nfe[at], self._accepted[at] = self.nfe[slots], self.accepted[slots]
+        self._nfe[at], self._accepted[at], self._commits[at] = self.nfe[slots], self.accepted[slots], self.commits[slots]
         self._committed[at] = self.num_tokens
         self._latency[torch.tensor(finished, dtype=torch.long)] = self.clock.now()
         for name in self.reported:
@@ -310,7 +313,7 @@ class RaggedBatch:
         self.status = torch.maximum(self.status, status)
         self.tokens[slots] = 0
         self.tokens[slots, 0] = first
-        self.n[slots], self.nfe[slots], self.accepted[slots] = 1, 1, 0
+        self.n[slots], self.nfe[slots], self.accepted[slots], self.commits[slots] = 1, 1, 0, 0
         self.seeds[slots], self.ids[slots] = seeds, requests
         for tensor in self.state.values():
             tensor[slots] = 0
@@ -322,8 +325,8 @@ class RaggedBatch:
         """Drop every slot not in ``keep_list`` (and its cache rows)."""
         keep = torch.tensor(keep_list, dtype=torch.long, device=self.n.device)
         self.caches = {name: (model, model.select(state, keep)) for name, (model, state) in self.caches.items()}
-        self.ids, self.tokens, self.n, self.nfe, self.accepted, self.seeds, self.live = (
-            t[keep] for t in (self.ids, self.tokens, self.n, self.nfe, self.accepted, self.seeds, self.live))
+        self.ids, self.tokens, self.n, self.nfe, self.accepted, self.commits, self.seeds, self.live = (
+            t[keep] for t in (self.ids, self.tokens, self.n, self.nfe, self.accepted, self.commits, self.seeds, self.live))
         self.state = {name: t[keep] for name, t in self.state.items()}
         self.n_host = [self.n_host[b] for b in keep_list]
         self.ids_host = [self.ids_host[b] for b in keep_list]
@@ -370,7 +373,8 @@ class RaggedBatch:
         """The decode's result in the caller's batch order (``tv``: the lossy rule's measured TV, if any)."""
         nfe = self._nfe.cpu()
         stats = DecodeStats(nfe=nfe, tokens=torch.full_like(nfe, self.num_tokens), latency_s=self._latency,
-                            accepted_drafts=self._accepted.cpu(), extra={k: v.cpu() for k, v in self._extra.items()})
+                            accepted_drafts=self._accepted.cpu(), extra={k: v.cpu() for k, v in self._extra.items()},
+                            commits=self._commits.cpu())
         if tv is not None:
             stats.tv_mean, stats.tv_max = tv.result()
         return DecodeOutput(tokens=self._tokens, stats=stats, method=method)

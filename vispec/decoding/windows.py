@@ -183,11 +183,15 @@ class WindowChooser:
         slots: the batch slots; step times are recorded only while every slot is live (a batch that
             sheds finished samples runs cheaper passes near its end, which would flatter the windows that
             ran then, as tokens are counted per live sample).
+        chain: the most tokens a pass of a window can commit (default: the window; a tree window commits at
+            most its main path, :func:`vispec.decoding.pac.pac_layout`).
     """
 
     def __init__(self, largest: int, stats: Optional[WindowStats] = None, key: Hashable = "", tokens_key: Hashable = None,
-                 clock: Callable[[], float] = time.perf_counter, slots: Optional[int] = None):
+                 clock: Callable[[], float] = time.perf_counter, slots: Optional[int] = None,
+                 chain: Optional[Callable[[int], int]] = None):
         self.windows, self.clock, self.key, self.slots = window_set(largest), clock, key, slots
+        self.chain = chain or (lambda window: window)
         self._live = slots
         self.stats = WindowStats() if stats is None else stats
         self.settings = self.stats.settings
@@ -322,7 +326,7 @@ class WindowChooser:
         ``window`` costs, and its ramp is taken as free."""
         share = self.all_accepted.get(window)
         share = 1.0 if window == 1 else (statistics.fmean(share) if share else 1.0)
-        tokens = min(self.expected_tokens(window) + share * (wider - window), need)
+        tokens = min(self.expected_tokens(window) + share * (self.chain(wider) - self.chain(window)), need)
         return tokens / self.cost(window, at, growth) / (1 + self.settings.margin)
 
     def _pick(self, candidates: list[int], need: int, at: int) -> int:
@@ -374,9 +378,10 @@ class WindowChooser:
                     _append(self.costs, window, (at, per_pass))
             self._warm.add(window)
             self._run, self._run_start = [], None
-        full = [m + 1 for m, width in zip(num_accepted, widths) if width >= window]  # samples not cut short by N
+        rows = self.chain(window)
+        full = [m + 1 for m, width in zip(num_accepted, widths) if width >= rows]  # samples not cut short by N
         if window > 1 and full and self._in_block > self._settle:
             _append(self.tokens, window, statistics.fmean(full))
-            _append(self.all_accepted, window, statistics.fmean(t == window for t in full))
+            _append(self.all_accepted, window, statistics.fmean(t == rows for t in full))
         elif window > 1 and full:
             _append(self.ramp, (self._from, window), statistics.fmean(full))
