@@ -151,11 +151,13 @@ def draw_commits_plot(result: dict, path: str, size: tuple[int, int] = (900, 600
     draw.text((w // 2 - 90, h - 25), "tokens committed per pass", fill="black")
     draw.text((8, top - 20), "share of passes", fill="black")
     draw.text((w // 2 - 150, 8), "tokens committed per verification pass, per method", fill="black")
-    for j, (name, hist) in enumerate(histograms.items()):  # legend, top right
+    labels = {name: f"{name} (mean {mean_per_pass(hist):.2f})" for name, hist in histograms.items()}
+    legend_x = w - right - 20 - max(draw.textlength(label) for label in labels.values())  # wide enough for every label
+    for j, (name, label) in enumerate(labels.items()):  # legend, top right
         y = top + 6 + 14 * j
         colour = COLOURS[j % len(COLOURS)]
-        draw.rectangle([w - right - 230, y + 2, w - right - 222, y + 10], fill=colour)
-        draw.text((w - right - 216, y), f"{name} (mean {mean_per_pass(hist):.2f})", fill=colour)
+        draw.rectangle([legend_x - 14, y + 2, legend_x - 6, y + 10], fill=colour)
+        draw.text((legend_x, y), label, fill=colour)
     image.save(path)
     return path
 

@@ -352,7 +352,11 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
                rule: AcceptanceRule, window_stats: Optional[WindowStats] = None) -> DecodeOutput:
     """Decode ``job.num_tokens`` tokens per sample with SJD-PAC (module docstring); ``decoding.window`` slots
     per pass, ``decoding.tree_width`` and ``decoding.tree_depth`` shape the tree. ``stats.extra
-    ["single_passes"]`` counts each sample's passes that committed one token (the paper's headline figure)."""
+    ["single_passes"]`` counts each sample's passes that committed one token (the paper's headline figure),
+    ``stats.commits`` the passes by tokens committed. With ``window="auto"`` each pass's window comes from
+    :class:`~vispec.decoding.windows.WindowChooser` over 1, 2, 4, ..., 64 (:func:`pac_layout`: smaller windows
+    hold shallower trees; ``window_stats``: its measurements, kept by the caller), and a decode its
+    measurements give to AR runs :func:`~vispec.decoding.ar.decode_ar`."""
     if decoding.strategy != "sjd-pac":
         raise ValueError(f"decode_pac needs strategy 'sjd-pac', got {decoding.strategy!r}")
     if not rule.lossless:
