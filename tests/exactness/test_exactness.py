@@ -139,10 +139,14 @@ def _residual_from_target(p, q):
 AUTO_COSTS = {1: [(0, 1.0)], 2: [(0, 1.5)], 4: [(0, 2.4)], 8: [(0, 4.0)], 16: [(0, 7.0)]}
 
 
-def _switch_every_pass() -> WindowStats:
-    """Fixed step costs (the returned measurements start from them), fresh acceptance tables and one-pass
-    blocks: the chooser decides every pass from the acceptance it has seen so far."""
-    return WindowStats(starting_costs=AUTO_COSTS, settings=ChooserSettings(block=1, settle=0, maturity=10**9, margin=0.0))
+# nearly flat costs: wide windows pay, so SJD-PAC's chooser also runs its windows of 4 and 8 slots (trees of depth 2)
+FLAT_COSTS = {1: [(0, 1.0)], 2: [(0, 1.05)], 4: [(0, 1.1)], 8: [(0, 1.15)], 16: [(0, 1.2)]}
+
+
+def _switch_every_pass(costs: Optional[dict] = None) -> WindowStats:
+    """Fixed step costs (the returned measurements start from them; default :data:`AUTO_COSTS`), fresh acceptance
+    tables and one-pass blocks: the chooser decides every pass from the acceptance it has seen so far."""
+    return WindowStats(starting_costs=costs or AUTO_COSTS, settings=ChooserSettings(block=1, settle=0, maturity=10**9, margin=0.0))
 
 
 def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None,
@@ -157,16 +161,18 @@ def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None,
 
 @pytest.mark.parametrize("method,max_batch_size", [("sjd-random:window=auto", None), ("mc-sjd-maximal:window=auto", None),
                                                    ("mc-sjd-gumbel:window=auto", 300), ("sjd-horizontal:window=3", 257),
-                                                   ("sjd-pac:window=auto", None), ("sjd-pac-gumbel:window=auto", 300)])
+                                                   ("sjd-pac:window=auto", 600), ("sjd-pac-gumbel:window=auto", 300)])
 def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size):
     """Windows chosen per pass from running acceptance, and requests streamed through fewer slots, stay exact."""
     model, joint, n = setup
-    stats = _switch_every_pass()
+    stats = _switch_every_pass(FLAT_COSTS if method.startswith("sjd-pac") else None)
     tokens, windows = sample_adaptive(model, method, n, seed=4321, max_batch_size=max_batch_size, window_stats=stats)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\n{method} (slots {max_batch_size or n}): n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} windows={windows}")
     if "auto" in method:
         assert len(windows) > 1, "the chooser never switched windows; the test would not cover adaptive windows"
+    if method.startswith("sjd-pac"):
+        assert any(w >= 4 for w in windows), "no pass ran a tree (windows of 4 slots and more hold one)"
     assert p_value > ALPHA, f"{method} deviates from the exact AR joint (p={p_value:.2e}, TV={tv:.4f})"
 
 

@@ -183,8 +183,9 @@ class WindowChooser:
         slots: the batch slots; step times are recorded only while every slot is live (a batch that
             sheds finished samples runs cheaper passes near its end, which would flatter the windows that
             ran then, as tokens are counted per live sample).
-        chain: the most tokens a pass of a window can commit (default: the window; a tree window commits at
-            most its main path, :func:`vispec.decoding.pac.pac_layout`).
+        chain: the most tokens a pass of a window can commit, for windows that hold token trees (SJD-PAC: its
+            main path, :func:`vispec.decoding.pac.pac_layout`). Then a wider window's side branches can add
+            tokens for samples that rejected a draft too, so its ceiling is the most it can commit.
     """
 
     def __init__(self, largest: int, stats: Optional[WindowStats] = None, key: Hashable = "", tokens_key: Hashable = None,
@@ -192,6 +193,7 @@ class WindowChooser:
                  chain: Optional[Callable[[int], int]] = None):
         self.windows, self.clock, self.key, self.slots = window_set(largest), clock, key, slots
         self.chain = chain or (lambda window: window)
+        self.trees = chain is not None
         self._live = slots
         self.stats = WindowStats() if stats is None else stats
         self.settings = self.stats.settings
@@ -327,6 +329,8 @@ class WindowChooser:
         share = self.all_accepted.get(window)
         share = 1.0 if window == 1 else (statistics.fmean(share) if share else 1.0)
         tokens = min(self.expected_tokens(window) + share * (self.chain(wider) - self.chain(window)), need)
+        if self.trees:  # side branches help samples that rejected a draft as well: only the main path bounds it
+            tokens = min(max(self.chain(wider), self.expected_tokens(window)), need)
         return tokens / self.cost(window, at, growth) / (1 + self.settings.margin)
 
     def _pick(self, candidates: list[int], need: int, at: int) -> int:
