@@ -152,8 +152,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     emit(getattr(module, table_name)(result), result, args.json_path)
     if plot:
         print(f"wrote {getattr(module, PLOTS[args.subcommand])(result, plot)}")
-        if args.subcommand == "image" and "commits_per_pass" in result["methods"].get("ar", {}):
-            print(f"wrote {os.path.splitext(plot)[0]}.commits.png")
+        commits = importlib.import_module("vispec.eval.bench.commits")
+        if args.subcommand == "image" and commits.format_commits_table(result):  # speed_fid_plot's own condition
+            print(f"wrote {commits.commits_plot_path(plot)}")
     return 0
 
 
