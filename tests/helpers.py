@@ -49,6 +49,14 @@ def tiny_gpt(
 @torch.no_grad()
 def exact_joint(model: LlamaGenGPT, class_label: int, num_tokens: int, sampling: SamplingConfig) -> tuple[Tensor, Tensor]:
     """All ``V ** num_tokens`` sequences and their exact AR probabilities (float64), by enumeration."""
+    seqs, probs = exact_conditionals(model, class_label, num_tokens, sampling)
+    return seqs, probs.gather(-1, seqs[..., None]).squeeze(-1).prod(dim=1)
+
+
+@torch.no_grad()
+def exact_conditionals(model: LlamaGenGPT, class_label: int, num_tokens: int, sampling: SamplingConfig) -> tuple[Tensor, Tensor]:
+    """All ``V ** num_tokens`` sequences ``[S, N]`` and the processed targets ``[S, N, V]`` (float64) of each
+    position given the sequence's prefix."""
     vocab = model.image_vocab_size
     seqs = torch.tensor(list(itertools.product(range(vocab), repeat=num_tokens)), dtype=torch.long)
     count = seqs.shape[0]
@@ -60,9 +68,7 @@ def exact_joint(model: LlamaGenGPT, class_label: int, num_tokens: int, sampling:
         cond = torch.cat([cond, rest.cond], dim=1)
         uncond = None if uncond is None else torch.cat([uncond, rest.uncond], dim=1)
     positions = torch.arange(num_tokens)[None].expand(count, -1)
-    probs = process_logits(cond.double(), None if uncond is None else uncond.double(), positions, sampling)
-    joint = probs.gather(-1, seqs[..., None]).squeeze(-1).prod(dim=1)
-    return seqs, joint
+    return seqs, process_logits(cond.double(), None if uncond is None else uncond.double(), positions, sampling)
 
 
 def sequence_index(tokens: Tensor, vocab: int) -> Tensor:

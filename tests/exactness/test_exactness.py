@@ -14,6 +14,10 @@ power against ``δ = 0.03`` is at least 0.99 at level ``α = 1e-3``; the tests u
 
 Negative controls: the same test must reject a decoder whose rejection step resamples from ``p``
 instead of the residual ``max(0, p - q)`` (the bias of Lumina-mGPT 2.0's SJD).
+
+SJD-PAC is also certified analytically: tests/pac_chain_reference.py propagates its state through every random
+choice of a pass and must give the AR joint to rounding; with the paper's sibling drafting it gives that drafting's
+exact output joint, its TV from the AR joint, and the distribution the decoder's negative control must match.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from scipy import stats
 
 import vispec.kernels.verify as verify_module
 from vispec.decoding import DecodingConfig, decode
+from vispec.decoding.pac import tree_layout
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.kernels.verify import Drafts, accept_reference, noise_race, sample_reference
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
 
-from helpers import exact_joint, sequence_index, tiny_gpt
+from helpers import exact_conditionals, exact_joint, sequence_index, tiny_gpt
+from pac_chain_reference import exact_sibling_law, pac_chain_joint
 
 ALPHA = 1e-3
 POWER = 0.99
@@ -347,7 +353,7 @@ def test_sjd_pac_matches_exact_joint(setup, method):
 
 def _published_siblings(q, old_q):
     """SJD-PAC's released sampler: siblings are further samples of the residual max(0, P - q_old) of the last
-    pass, yet verified as draws without replacement from q = P."""
+    pass at their position, yet verified as draws without replacement from q = P."""
     return (q - old_q()).clamp_min(0)
 
 
@@ -356,11 +362,62 @@ def _siblings_verified_against_unconditioned_q(q, candidates, validate=True):
     return q.to(torch.float64)[:, None, :].expand(-1, candidates.shape[1], -1) / q.to(torch.float64).sum(-1)[:, None, None]
 
 
+# the PAC_METHODS configurations as (window, tree_width K, tree_depth D)
+PAC_TREES = [(13, 3, 3), (10, 2, 3), (8, 2, 2), (6, 4, 2)]
+
+
+def pac_chain(model, window: int, branching: int, levels: int, init: str = "horizontal",
+              sibling_law=exact_sibling_law) -> torch.Tensor:
+    """:func:`pac_chain_reference.pac_chain_joint` on the test model as a ``[V ** N]`` tensor in enumeration order."""
+    vocab = model.image_vocab_size
+    seqs, probs = exact_conditionals(model, CLASS_LABEL, NUM_TOKENS, SAMPLING)
+    table = probs.tolist()
+    strides = [vocab ** (NUM_TOKENS - 1 - i) for i in range(NUM_TOKENS)]
+
+    def cond(context: tuple) -> list:
+        return table[sum(t * s for t, s in zip(context, strides))][len(context)]
+
+    final = pac_chain_joint(cond, NUM_TOKENS, vocab, branching, levels, tree_layout(window, branching, levels).main,
+                            init, sibling_law, track_old=sibling_law is not exact_sibling_law)
+    joint = torch.zeros(vocab ** NUM_TOKENS, dtype=torch.float64)
+    joint[sequence_index(torch.tensor(list(final.keys())), vocab)] = torch.tensor(list(final.values()), dtype=torch.float64)
+    return joint
+
+
+def published_sibling_law(q: list, old) -> list:
+    """:func:`_published_siblings` on the chain's plain lists."""
+    return [max(0.0, a - b) for a, b in zip(q, old())]
+
+
+@pytest.mark.parametrize("window,branching,levels", PAC_TREES)
+@pytest.mark.parametrize("init", ["horizontal", "random"])
+def test_exact_chain_of_sjd_pac_equals_the_ar_joint(setup, window, branching, levels, init):
+    """SJD-PAC is exact analytically: its state propagated through every random choice of every pass (tree,
+    recursive rejection sampling, the maximal coupling's next drafts) gives the AR joint to rounding."""
+    model, joint, _ = setup
+    chain = pac_chain(model, window, branching, levels, init)
+    tv = 0.5 * float((chain - joint).abs().sum())
+    print(f"\nexact chain of sjd-pac (window {window}, K {branching}, D {levels}, init {init}): TV from the AR joint {tv:.2e}")
+    assert abs(float(chain.sum()) - 1.0) < 1e-9 and tv < 1e-9
+
+
+@pytest.mark.parametrize("window,branching,levels", PAC_TREES)
+def test_published_sibling_law_has_a_measured_bias(setup, window, branching, levels):
+    """The paper's sibling drafting: the exact TV of the whole decoder's output from the AR joint (chain)."""
+    model, joint, _ = setup
+    chain = pac_chain(model, window, branching, levels, sibling_law=published_sibling_law)
+    tv = 0.5 * float((chain - joint).abs().sum())
+    print(f"\nsjd-pac with the published sibling law (window {window}, K {branching}, D {levels}): exact TV of its "
+          f"output joint from the AR joint {tv:.4f}")
+    assert abs(float(chain.sum()) - 1.0) < 1e-9 and tv > 1e-3
+
+
 @pytest.mark.parametrize("control", ["published-siblings", "unconditioned-q"])
 def test_sjd_pac_negative_controls_fail(setup, control, monkeypatch):
     """The same test rejects the paper's sibling drafting and a verification that ignores the draws
-    without replacement: it can see what the tree changes. Run on a quarter of the certificate's samples, which
-    only makes rejecting harder (the test's power grows with n)."""
+    without replacement: it can see what the tree changes. The paper's drafting runs on the certificate's ``n``
+    (its exact TV is about a third of the test's design TV) and must match the chain's exact joint of that
+    drafting; the unconditioned verification on a quarter of it, which only makes rejecting harder."""
     import vispec.decoding.pac as pac_module
     import vispec.kernels.multi_verify as multi_verify_module
 
@@ -369,8 +426,14 @@ def test_sjd_pac_negative_controls_fail(setup, control, monkeypatch):
         monkeypatch.setattr(pac_module, "sibling_law", _published_siblings)
     else:
         monkeypatch.setattr(multi_verify_module, "without_replacement", _siblings_verified_against_unconditioned_q)
-    n = max(1024, n // 4 // 1024 * 1024)
+        n = max(1024, n // 4 // 1024 * 1024)
     tokens, info = sample_pac(model, "sjd-pac:window=13", n, seed=2468)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\nnegative control {control}: n={n} chi2={statistic:.1f} p={p_value:.2e} TV={tv:.4f} {info}")
     assert p_value < ALPHA, f"the exactness test failed to detect {control}"
+    if control == "published-siblings":
+        chain = pac_chain(model, 13, 3, 3, sibling_law=published_sibling_law)
+        statistic, p_chain, tv_chain = chi_square_vs_exact(tokens, chain, model.image_vocab_size)
+        print(f"  exact TV of its output joint (chain) {0.5 * float((chain - joint).abs().sum()):.4f}; "
+              f"vs the chain's joint: chi2={statistic:.1f} p={p_chain:.4f} TV={tv_chain:.4f}")
+        assert p_chain > ALPHA, "the decoder's published-siblings control does not produce the chain's joint"

@@ -52,12 +52,15 @@ of the ACCEPT stream), shared by same-depth nodes of which at most one is on the
 decision reuses noise another committed decision used. tests/exactness/test_exactness.py checks the joint
 distribution against enumeration.
 
-What differs from the paper's released sampler (``scheduler/sjd_pac_iteration_lumina_mgpt.py``), each of
-which makes it inexact, so each is a negative control in the tests: its siblings are residual samples of the
-last pass verified as draws without replacement from ``P``; among siblings it commits the longest accepted
-path, not the first accepted candidate; with every main draft accepted its next root comes from its uniform
-padding distribution instead of ``P``. Also: one generator for the batch (batch 1 only), global RNG for
-drafts. Here every sample has its own keyed noise, so outputs do not depend on the batch.
+What differs from the paper's released sampler (``scheduler/sjd_pac_iteration_lumina_mgpt.py``): its
+siblings are samples of the residual ``max(0, P - q_old)`` of the last pass at their position, verified as draws
+without replacement from ``P``; among siblings it commits the longest accepted path, not the first accepted
+candidate; with every main draft accepted its next root comes from its uniform padding distribution instead of
+``P``; one generator for the batch (batch 1 only) and global RNG for drafts. The sibling drafting alone makes it
+inexact: it is a negative control in tests/exactness/test_exactness.py (``sibling_law``), whose exact output
+joint tests/pac_chain_reference.py computes (TV 0.011 from the AR joint on the tiny test GPT with K 3, D 3,
+window 13; 0.025 with K 2, D 3, window 10). The other two are not modelled. Here every sample has its own keyed
+noise, so outputs do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -336,11 +339,16 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
     next_q = probs[:, :main].gather(1, q_rows[..., None].expand(-1, -1, vocab)).to(draft_q.dtype)
     first_drafts = batch.tokens.gather(1, (batch.n[:, None] + torch.arange(max(step.levels - 1, 1), device=device)))
 
-    def old_q() -> Tensor:  # the law each next main draft's previous draft came from (for sibling_law's controls)
-        rows = (e[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)).clamp(max=draft_q.shape[1] - 1)
-        one_hot = torch.nn.functional.one_hot(main_tokens.gather(1, (rows + 1).clamp(max=main - 1)), vocab)
-        return torch.where((rows < draft_count[:, None])[..., None], draft_q.gather(1, rows[..., None].expand(-1, -1, vocab)),
-                           one_hot.to(draft_q.dtype))
+    def old_q() -> Tensor:
+        """For sibling_law's controls: the law of the draft this pass verified at each next draft's position
+        (slot ``s = e + 1 + i`` holds position ``n + s``, drafted at slot ``s + 1``): its dense ``q`` or one-hot
+        on an initialised draft; zeros where this pass had no draft there (the chain's bonus row)."""
+        rows = e[:, None] + 1 + torch.arange(draft_q.shape[1], device=device)
+        had_draft = (rows + 1 < main_width[:, None])[..., None]
+        dense = draft_q.gather(1, rows.clamp(max=draft_q.shape[1] - 1)[..., None].expand(-1, -1, vocab))
+        one_hot = torch.nn.functional.one_hot(main_tokens.gather(1, (rows + 1).clamp(max=main - 1)), vocab).to(draft_q.dtype)
+        law = torch.where((rows < draft_count[:, None])[..., None], dense, one_hot)
+        return torch.where(had_draft, law, torch.zeros_like(law))
 
     batch.state["side_ids"] = _draw_siblings(step, batch, sibling_law(next_q, old_q), first_drafts, count)
     batch.state["draft_count"], batch.state["draft_q"] = count, next_q
