@@ -156,8 +156,10 @@ def pac_layout(window: int, branching: int, levels: int) -> TreeLayout:
 
 #: the main path under MC-SJD's Gumbel coupling: next drafts by Gumbel-max with noise fixed per position (the
 #: GUMBEL stream, draw 0); every rejected row still gets its residual sample, since the path may end at any
-#: main row the chain rejected (its residual is the committed token there)
-PAC_GUMBEL = Coupling(every_rejection=True, fresh="tail", fixed_noise=True)
+#: main row the chain rejected (its residual is the committed token there). Every row samples ``P``, not only
+#: those after the chain's first rejection: the tree's float64 test decides the path, and where it rejects a
+#: draft the chain's test (in the logits' dtype) kept, the rows after the path still need their next drafts.
+PAC_GUMBEL = Coupling(every_rejection=True, fresh="every", fixed_noise=True)
 PAC_COUPLINGS = {"maximal": MAXIMAL, "gumbel": PAC_GUMBEL}
 
 

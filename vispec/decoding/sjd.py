@@ -96,7 +96,11 @@ def sjd_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optiona
     need_init = (slot[None, :] >= 1) & in_window & (positions >= known[:, None])
     init = init_draft_tokens(step.init, batch.tokens, positions, known, step.grid_width, step.vocab, batch.seeds, batch.nfe)
     batch.tokens.scatter_(1, positions, torch.where(need_init, init, batch.tokens.gather(1, positions)))
-    window_tokens = batch.tokens.gather(1, positions)
+    # Rows past a sample's own width are padding (the widest sample's, or the compiled window set's, or an
+    # idle slot's: width 1): they read buffer positions no real row uses (stale drafts, or past N for idle
+    # slots), which once held -1 after a one-row pass and crashed compiled steps. They feed token 0, so the embedding sees only ids in [0, V) whatever the buffer holds there; their
+    # outputs are padding rows of the target and their keys are rolled back, so no real row depends on them.
+    window_tokens = torch.where(in_window, batch.tokens.gather(1, positions), 0)
 
     # 2. one forward; row j gives P_j for position n + j and verifies window token j + 1
     out = model.forward_window(batch.cache(), window_tokens, longest)

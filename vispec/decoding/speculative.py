@@ -47,6 +47,8 @@ class Coupling:
     * ``fresh``: which rows sample ``P`` itself: ``"tail"``, every row from the first output not yet
       decided on (the bonus token and the next Jacobi drafts); ``"last"``, the window's last row (it
       has no old draft to couple with); ``"bonus"``, the bonus row only, when every draft was accepted;
+      ``"every"``, every row of the window (SJD-PAC's Gumbel main path: its tree decides where the path
+      ends, and every row after it needs a draft even where this chain accepted);
     * ``fixed_noise``: fresh rows use the GUMBEL stream with draw 0, the same noise for a position
       over the whole decode (MC-SJD's Gumbel coupling), instead of SAMPLE keyed by the pass.
     """
@@ -129,6 +131,8 @@ def verify_window(
         fresh = slot[None, :] == (width - 1)[:, None]
     elif coupling.fresh == "tail":
         fresh = (slot[None, :] >= torch.where(all_accepted[:, 0], m, m + 1)[:, None]) & (slot[None, :] < width[:, None])
+    elif coupling.fresh == "every":
+        fresh = slot[None, :] < width[:, None]
     else:
         fresh = (slot[None, :] == num_drafts[:, None]) & all_accepted
     stream, fresh_draws = (Stream.GUMBEL, torch.zeros_like(flat_draws)) if coupling.fixed_noise else (Stream.SAMPLE, flat_draws)
@@ -236,7 +240,11 @@ class RaggedBatch:
         """Commit ``d_1 .. d_m`` (already in place, ``m = num_accepted [B]``) and ``x_{m+1} = next_token [B]`` on
         live slots; count the pass."""
         m = torch.where(self.live, num_accepted, 0)
-        self.tokens.scatter_(1, (self.n + m)[:, None], next_token[:, None])  # idle slots: past their output
+        at = (self.n + m)[:, None]
+        # Idle slots keep what their buffer holds: a step samples nothing for them (-1, e.g. the one-row pass),
+        # and a later, wider window still reads their positions past N as padding. The buffer so holds only
+        # token ids in [0, V), and no gather or embedding of a padded row can see an out-of-range index.
+        self.tokens.scatter_(1, at, torch.where(self.live[:, None], next_token[:, None], self.tokens.gather(1, at)))
         self.n = self.n + (m + 1) * self.live
         self.nfe = self.nfe + self.live
         self.accepted = self.accepted + m
