@@ -14,6 +14,11 @@ Configurations are untrusted too: :class:`CheckedFromPretrained` (a base class o
 and :func:`check_pipeline_folder` compare the tensor shapes a folder's weight files declare (safetensors
 headers, read without loading a tensor) with the model its ``config.json`` describes, built with its
 parameters on the meta device, so a config asking for a 20-GB embedding fails before anything is allocated.
+That build is bounded too (:func:`parameter_limit`): a config counting 100,000 layers stops after a few hundred
+parameters, not after building them all. The unified pipeline's transformer (a transformers model) is checked the
+same way, and first by the config fields its weights reveal (:data:`TRANSFORMERS_WEIGHT_FACTS`:
+``vocab_size``, ``num_hidden_layers``, ``vq_config.num_embeddings``, ...), so the error names the field, the
+config's value and the weights' (:func:`check_config_fields`, which the Lumina-mGPT converter runs as well).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import os
 import pickle
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -228,23 +234,34 @@ def bin_shapes(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return _unwrap_state_dict(loaded, path)
 
 
-def weight_file_shapes(folder: str | os.PathLike, variant: Optional[str] = None) -> Optional[tuple[str, dict[str, torch.Tensor]]]:
-    """``(file, tensors)`` of a diffusers model folder's weights as meta tensors, read without loading them:
-    safetensors (a single file or the shards its index lists, with diffusers' names for ``variant``) from
-    their headers, else ``.bin`` files with :func:`bin_shapes`; ``None`` when the folder has neither."""
-    from diffusers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFETENSORS_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, _add_variant
+# the weight file names of each library: (safetensors, safetensors index, .bin, .bin index)
+_WEIGHT_NAMES = {
+    "diffusers": ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json",
+                  "diffusion_pytorch_model.bin", "diffusion_pytorch_model.bin.index.json"),
+    "transformers": ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"),
+}
 
+
+def weight_file_shapes(folder: str | os.PathLike, variant: Optional[str] = None,
+                       library: str = "diffusers") -> Optional[tuple[str, dict[str, torch.Tensor]]]:
+    """``(file, tensors)`` of a model folder's weights as meta tensors, read without loading them:
+    safetensors (a single file or the shards its index lists, with ``library``'s file names, ``"diffusers"``
+    or ``"transformers"``, for ``variant``) from their headers, else ``.bin`` files with :func:`bin_shapes`;
+    ``None`` when the folder has neither."""
+    from diffusers.utils import _add_variant
+
+    safe_single, safe_index, bin_single, bin_index = (_add_variant(name, variant) for name in _WEIGHT_NAMES[library])
     folder = os.fspath(folder)
-    single = os.path.join(folder, _add_variant(SAFETENSORS_WEIGHTS_NAME, variant))
+    single = os.path.join(folder, safe_single)
     if os.path.isfile(single):
         return single, safetensors_header(single)[0]
-    index = os.path.join(folder, _add_variant(SAFE_WEIGHTS_INDEX_NAME, variant))  # diffusers' names for shards
+    index = os.path.join(folder, safe_index)
     reader = lambda path: safetensors_header(path)[0]  # noqa: E731
     if not os.path.isfile(index):
-        single = os.path.join(folder, _add_variant(WEIGHTS_NAME, variant))
+        single = os.path.join(folder, bin_single)
         if os.path.isfile(single):
             return single, bin_shapes(single)
-        index, reader = os.path.join(folder, _add_variant(WEIGHTS_INDEX_NAME, variant)), bin_shapes
+        index, reader = os.path.join(folder, bin_index), bin_shapes
     if not os.path.isfile(index):
         return None
     try:
@@ -294,12 +311,55 @@ class _LargeFactoriesOnMeta(torch.overrides.TorchFunctionMode):
         return numel
 
 
-def build_on_meta(model_cls: type, config: Mapping[str, Any]) -> torch.nn.Module:
-    """``model_cls.from_config(config)`` with its parameters on the meta device: the shapes a configuration
-    asks for, whatever their size, without allocating them."""
-    with _LargeFactoriesOnMeta(), warnings.catch_warnings():
+class TooManyParameters(ValueError):
+    """A model being built registers more parameters than :func:`parameter_limit` allows."""
+
+
+def too_many_parameters(config_path: str, model_name: str, limit: int, source: str, held: int) -> ValueError:
+    """The error for a config whose model outgrew :func:`parameter_limit`: the config, the limit, the weights."""
+    return ValueError(f"{config_path} describes a {model_name} of more than {limit} parameter tensors, but {source} "
+                      f"holds {held}: a count in the config (layers, blocks) exceeds the weights'")
+
+
+@contextlib.contextmanager
+def parameter_limit(limit: Optional[int]):
+    """Within the block, building modules that register more than ``limit`` parameters in all raises
+    :class:`TooManyParameters` at the first one past it: a configuration whose counts (layers, blocks) exceed
+    what its weight files hold stops before it builds them all, even on the meta device (a million layers of
+    Python objects); :func:`too_many_parameters` words the error for users. ``None``: no limit."""
+    if limit is None:
+        yield
+        return
+    count = 0
+
+    def hook(module: torch.nn.Module, name: str, param: Any) -> None:
+        nonlocal count
+        count += 1
+        if count > limit:
+            raise TooManyParameters(f"the model registers more than {limit} parameter tensors")
+
+    handle = torch.nn.modules.module.register_module_parameter_registration_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def tensor_budget(num_tensors: int) -> int:
+    """The parameter tensors a model built for a weight file of ``num_tensors`` tensors may register: twice
+    those and some more (tied weights, parts a file may omit), far below what a runaway count builds."""
+    return 2 * num_tensors + 256
+
+
+def build_on_meta(model_cls: type, config: Any, max_parameters: Optional[int] = None) -> torch.nn.Module:
+    """``model_cls.from_config(config)`` (diffusers), or ``model_cls(config)`` for a transformers model given its
+    config object, with its parameters on the meta device: the shapes a configuration asks for, whatever their
+    size, without allocating them; at most ``max_parameters`` parameter tensors (:func:`parameter_limit`)."""
+    with _LargeFactoriesOnMeta(), warnings.catch_warnings(), parameter_limit(max_parameters):
         warnings.simplefilter("ignore")  # diffusers warns about config keys a class does not take
-        return model_cls.from_config(dict(config))
+        if isinstance(config, Mapping):
+            return model_cls.from_config(dict(config))
+        return model_cls(config)
 
 
 def read_json_object(path: str) -> dict[str, Any]:
@@ -317,23 +377,186 @@ def read_json_object(path: str) -> dict[str, Any]:
 def check_model_folder(model_cls: type, folder: str | os.PathLike, variant: Optional[str] = None) -> None:
     """Raise ``ValueError`` unless the weights in ``folder`` (safetensors or ``.bin``) fit the model
     ``folder/config.json`` describes (:func:`check_state_dict` on shapes only); nothing is loaded or
-    allocated. A folder without a config or without weights is left to the loader, which reports it."""
+    allocated. A folder without a config or without weights is left to the loader, which reports it.
+
+    ``model_cls`` is a diffusers model or a transformers ``PreTrainedModel`` (a unified pipeline's transformer).
+    For transformers models, the config fields the weights reveal (:data:`TRANSFORMERS_WEIGHT_FACTS`) are checked
+    first, each named with the config's value and the weights', and only the shapes of the keys both sides have
+    are compared (transformers renames and ties some keys, and reports missing ones itself). Either way the
+    model is built on the meta device with at most :func:`tensor_budget` parameter tensors."""
     folder = os.fspath(folder)
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
         return
-    found = weight_file_shapes(folder, variant)
+    transformers_model = is_transformers_model(model_cls)
+    found = weight_file_shapes(folder, variant, "transformers" if transformers_model else "diffusers")
     if found is None:
         return
     source, tensors = found
-    config = read_json_object(config_path)
+    config: Any = read_json_object(config_path)
+    if transformers_model:
+        config = transformers_config(model_cls, config, config_path)
+        check_config_fields(config, tensors, weight_facts(model_cls), config_path, source)
+    limit = tensor_budget(len(tensors))
     try:
-        model = build_on_meta(model_cls, config)
+        model = build_on_meta(model_cls, config, limit)
+    except TooManyParameters:
+        raise too_many_parameters(config_path, model_cls.__name__, limit, source, len(tensors)) from None
     except (ValueError, TypeError) as err:  # a config the class refuses: its own words
         raise ValueError(f"{config_path} does not describe a valid {model_cls.__name__}: {err}") from None
     except Exception:  # noqa: BLE001 - a constructor that cannot run with meta parameters: left to the loader
         return
+    if transformers_model:  # transformers renames some keys and ties others: the shapes of the shared keys
+        model = _StateDictView({k: v for k, v in model.state_dict().items() if k in tensors})
+        tensors = {k: v for k, v in tensors.items() if k in model.state_dict()}
     check_state_dict(model, tensors, source, f"the model {config_path} describes")
+
+
+class _StateDictView:
+    """Only what :func:`check_state_dict` reads of a model: ``state_dict()``."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]):
+        self._tensors = dict(tensors)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._tensors
+
+
+def is_transformers_model(model_cls: Any) -> bool:
+    """Whether ``model_cls`` is a transformers ``PreTrainedModel`` class."""
+    from transformers import PreTrainedModel
+
+    return isinstance(model_cls, type) and issubclass(model_cls, PreTrainedModel)
+
+
+def transformers_config(model_cls: type, config: Mapping[str, Any], config_path: str) -> Any:
+    """``model_cls``'s config object from a ``config.json`` dict (what ``from_pretrained`` builds the model from,
+    defaults filled in); a config transformers refuses is a ``ValueError`` naming the file."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return model_cls.config_class.from_dict(dict(config))
+    except Exception as err:  # noqa: BLE001 - untrusted values: transformers raises many types
+        reason = " ".join(line.strip() for line in str(err).splitlines() if line.strip())[:300] or type(err).__name__
+        raise ValueError(f"{config_path} does not describe a valid {model_cls.__name__}: {reason}") from None
+
+
+# ---- config fields the weight files reveal --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightFact:
+    """A config field that the weight files reveal, so that a config can be checked against the headers before
+    a model is built (and the error names the field).
+
+    ``field`` is a dotted path into the config (``"vq_config.num_embeddings"``). With ``dim`` an integer, the field
+    equals dimension ``dim`` of tensor ``key``, and the fact applies when the files hold ``key`` (they may omit
+    parts: Lumina-mGPT drops its VQ encoder). With ``dim=None`` the field counts the numbered blocks under the
+    prefix ``key`` (``"model.layers."``: ``model.layers.0.*``, ``model.layers.1.*``, ...), and the fact applies
+    when the files hold at least one such block (a config counting blocks a file lacks entirely is caught by
+    :func:`parameter_limit` and the missing keys).
+    """
+
+    field: str
+    key: str
+    dim: Optional[int] = 0
+
+
+def _decoder_facts(field_prefix: str, prefix: str, head: str = "lm_head.weight") -> tuple[WeightFact, ...]:
+    """The facts of a Llama-style decoder whose config fields sit under ``field_prefix``, its weights under
+    ``prefix`` and its output head at ``head``."""
+    embed = f"{prefix}embed_tokens.weight"
+    return (WeightFact(f"{field_prefix}vocab_size", embed, 0), WeightFact(f"{field_prefix}vocab_size", head, 0),
+            WeightFact(f"{field_prefix}hidden_size", embed, 1),
+            WeightFact(f"{field_prefix}intermediate_size", f"{prefix}layers.0.mlp.gate_proj.weight", 0),
+            WeightFact(f"{field_prefix}num_hidden_layers", f"{prefix}layers.", None))
+
+
+def _vq_facts(codes_field: str, prefix: str, encoder_blocks: str) -> tuple[WeightFact, ...]:
+    """The facts of the VQ image tokenizer inside a unified model, its weights under ``prefix`` and its first
+    encoder level's residual blocks under ``prefix + encoder_blocks``."""
+    codebook = f"{prefix}quantize.embedding.weight"
+    return (WeightFact(f"vq_config.{codes_field}", codebook, 0), WeightFact("vq_config.embed_dim", codebook, 1),
+            WeightFact("vq_config.base_channels", f"{prefix}encoder.conv_in.weight", 0),
+            WeightFact("vq_config.num_res_blocks", prefix + encoder_blocks, None))
+
+
+#: Per transformers ``model_type``: the config fields its weights reveal. Key names are those of the files: the
+#: in-memory names of transformers 5.x, and for Emu3 also the names its checkpoints are saved under
+#: (``text_model.model.*``, ``vqmodel.*``; transformers renames them on load). A fact whose tensor a file lacks
+#: does not apply, so listing both forms is safe.
+TRANSFORMERS_WEIGHT_FACTS: dict[str, tuple[WeightFact, ...]] = {
+    "chameleon": _decoder_facts("", "model.") + _vq_facts("num_embeddings", "model.vqmodel.", "encoder.down.0.block."),
+    "emu3": _decoder_facts("text_config.", "text_model.model.", "text_model.lm_head.weight")
+    + _decoder_facts("text_config.", "model.text_model.")
+    + _vq_facts("codebook_size", "vqmodel.", "encoder.down_block.down.0.block.")
+    + _vq_facts("codebook_size", "model.vqmodel.", "encoder.down_block.down.0.block."),
+    "janus": _decoder_facts("text_config.", "model.language_model.")
+    + _vq_facts("num_embeddings", "model.vqmodel.", "encoder.down.0.block.")
+    + (WeightFact("vq_config.num_embeddings", "model.generation_embeddings.weight", 0),
+       WeightFact("vq_config.num_embeddings", "model.generation_head.vision_head.weight", 0),
+       WeightFact("vision_config.hidden_size", "model.vision_model.embeddings.patch_embedding.weight", 0),
+       WeightFact("vision_config.num_hidden_layers", "model.vision_model.encoder.layers.", None)),
+}
+
+
+def weight_facts(model_cls: type) -> tuple[WeightFact, ...]:
+    """The :class:`WeightFact` s of a transformers model class (by its config's ``model_type``); none when unknown."""
+    return TRANSFORMERS_WEIGHT_FACTS.get(getattr(model_cls.config_class, "model_type", None), ())
+
+
+def _config_field(config: Any, path: str) -> Any:
+    """The value at dotted ``path`` in a config object or dict; None when a step is absent."""
+    for name in path.split("."):
+        config = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        if config is None:
+            return None
+    return config
+
+
+def _blocks(tensors: Mapping[str, torch.Tensor], prefix: str) -> list[int]:
+    """The sorted block numbers ``N`` of the tensors named ``prefix + "N." + ...``."""
+    found = set()
+    for name in tensors:
+        head, _, _ = name[len(prefix):].partition(".") if name.startswith(prefix) else ("", "", "")
+        if head.isdigit():
+            found.add(int(head))
+    return sorted(found)
+
+
+def _fact_mismatch(fact: WeightFact, value: Any, tensors: Mapping[str, torch.Tensor]) -> Optional[str]:
+    """Why ``value`` (the config's) contradicts the weights by ``fact``; None when it fits or the fact does not apply."""
+    if fact.dim is None:
+        blocks = _blocks(tensors, fact.key)
+        if not blocks:
+            return None
+        held = len(blocks)
+        evidence = f"{fact.key}{blocks[0]}" + (f" to {fact.key}{blocks[-1]}" if held > 1 else "")
+    else:
+        if fact.key not in tensors or tensors[fact.key].dim() <= fact.dim:
+            return None
+        held = int(tensors[fact.key].shape[fact.dim])
+        evidence = f"{fact.key} has shape {tuple(tensors[fact.key].shape)}"
+    if isinstance(value, int) and not isinstance(value, bool) and value == held:
+        return None
+    return f"{fact.field} is {value!r} but the weights hold {held} ({evidence})"
+
+
+def check_config_fields(config: Any, tensors: Mapping[str, torch.Tensor], facts: tuple[WeightFact, ...],
+                        config_path: str, source: str) -> None:
+    """Raise one ``ValueError`` naming every config field that contradicts the weights (``tensors``: meta tensors
+    from the files' headers, :func:`safetensors_header`), by ``facts``: the config's value and the weights'. Run it
+    before a model is built: a config asking for 100,000 layers or a 20M-row codebook fails here, allocating nothing."""
+    problems: dict[str, str] = {}
+    for fact in facts:
+        if fact.field in problems:
+            continue
+        value = _config_field(config, fact.field)
+        problem = None if value is None else _fact_mismatch(fact, value, tensors)
+        if problem is not None:
+            problems[fact.field] = problem
+    if problems:
+        raise ValueError(f"{config_path} does not match the weights in {source}: " + "; ".join(problems.values()))
 
 
 class CheckedFromPretrained:
@@ -350,19 +573,22 @@ class CheckedFromPretrained:
 
 
 def _component_class(library: Any, class_name: Any) -> Optional[type]:
-    """A ``model_index.json`` component's class, for diffusers and vispec components only (importing other
-    libraries named by an untrusted file is left to diffusers' loader); ``None`` when not a diffusers model."""
+    """A ``model_index.json`` component's class, for diffusers, transformers and vispec components only (importing
+    other libraries named by an untrusted file is left to diffusers' loader); ``None`` when not a diffusers model
+    or a transformers ``PreTrainedModel`` (the unified pipeline's transformer)."""
     from diffusers.models.modeling_utils import ModelMixin
 
     if not isinstance(library, str) or not isinstance(class_name, str):
         return None
-    if library != "diffusers" and not library.startswith("vispec."):
+    if library not in ("diffusers", "transformers") and not library.startswith("vispec."):
         return None
     try:
         cls = getattr(importlib.import_module(library), class_name, None)
-    except ImportError:
+    except Exception:  # noqa: BLE001 - a name the library cannot import (missing backend): left to the loader
         return None
-    return cls if isinstance(cls, type) and issubclass(cls, ModelMixin) else None
+    if not isinstance(cls, type):
+        return None
+    return cls if issubclass(cls, ModelMixin) or is_transformers_model(cls) else None
 
 
 def pipeline_kind(folder: str | os.PathLike) -> Optional[str]:
@@ -383,7 +609,7 @@ def check_pipeline_folder(path: str | os.PathLike, expected_class: Optional[str]
     ``ValueError`` (naming the folder) when: ``model_index.json`` is unreadable; the pipeline is not
     ``expected_class`` (``hints[found class]`` is appended, e.g. the command for that kind); a component the index
     names has no subfolder; a model component's weights do not fit its config (:func:`check_model_folder`,
-    which covers diffusers' own ``VQModel`` too)."""
+    which covers diffusers' own ``VQModel`` and transformers models, the unified pipeline's transformer, too)."""
     folder = os.fspath(path)
     index_path = os.path.join(folder, "model_index.json")
     try:

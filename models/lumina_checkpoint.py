@@ -48,8 +48,20 @@ from typing import Any, Optional
 import torch
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-from vispec.models.checkpoints import check_state_dict, read_json_object
-from vispec.models.llada_checkpoint import read_sharded_safetensors
+from vispec.checks import check_int
+
+from vispec.models.checkpoints import (
+    TRANSFORMERS_WEIGHT_FACTS,
+    TooManyParameters,
+    check_config_fields,
+    check_state_dict,
+    parameter_limit,
+    read_json_object,
+    safetensors_header,
+    tensor_budget,
+    too_many_parameters,
+)
+from vispec.models.llada_checkpoint import read_sharded_safetensors, shard_files
 
 __all__ = [
     "LuminaSpecialTokens",
@@ -190,6 +202,8 @@ _FORK_DEFAULTS: dict[str, Any] = {
     "model_parallel_size": 1, "swin_norm": False, "mlp_bias": False,
 }
 _ROPE_KEYS = ("rope_theta", "rope_scaling")
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "model_parallel_size")
 _VQ_FIELDS = ("embed_dim", "num_embeddings", "double_latent", "latent_channels", "resolution", "in_channels",
               "base_channels", "channel_multiplier", "num_res_blocks", "attn_resolutions", "dropout", "attn_type",
               "initializer_range")
@@ -234,6 +248,8 @@ def lumina_chameleon_config(official_config: Mapping[str, Any]) -> ChameleonConf
     fields = {key: official_config.get(key, default) for key, default in _FORK_DEFAULTS.items()}
     if fields["num_key_value_heads"] is None:
         fields["num_key_value_heads"] = fields["num_attention_heads"]
+    for key in _SIZE_FIELDS:
+        check_int(f"config.json {key}", fields[key], minimum=1)
     heads, kv_heads, mp = fields["num_attention_heads"], fields["num_key_value_heads"], fields["model_parallel_size"]
     if fields["hidden_size"] % heads or heads % kv_heads or kv_heads % mp:
         raise ValueError(f"config.json: hidden_size ({fields['hidden_size']}) must be a multiple of num_attention_heads "
@@ -247,12 +263,14 @@ def lumina_chameleon_config(official_config: Mapping[str, Any]) -> ChameleonConf
         raise ValueError(f"config.json vocabulary_map must be an object; got {type(vocabulary).__name__}")
     if not official_config.get("mask_image_logits", True):
         vocabulary = {k: v for k, v in vocabulary.items() if not str(k).startswith("IMGIMG")}
-    return ChameleonConfig(
-        **fields,
-        rope_parameters=_rope_parameters(official_config),
-        vq_config={k: vq[k] for k in _VQ_FIELDS if k in vq},
-        vocabulary_map=dict(vocabulary),
-    )
+    try:
+        return ChameleonConfig(**fields, rope_parameters=_rope_parameters(official_config),
+                               vq_config={k: vq[k] for k in _VQ_FIELDS if k in vq}, vocabulary_map=dict(vocabulary))
+    except ValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 - transformers' strict config validation: one line naming the file
+        reason = " ".join(line.strip() for line in str(err).splitlines() if line.strip())[:300]
+        raise ValueError(f"config.json is not a valid Chameleon config: {reason or type(err).__name__}") from None
 
 
 # ----------------------------------------------------------------------------------------- weights
@@ -314,13 +332,47 @@ def _read_config(folder: str) -> dict[str, Any]:
     return read_json_object(path)
 
 
+def _checked_meta_model(folder: str, config: ChameleonConfig) -> ChameleonForConditionalGeneration:
+    """The model ``config`` describes, built on the meta device once the weight files' headers allow it (no
+    tensor is read, nothing allocated): first the config fields the weights reveal (each named with the config's
+    value and the weights'), then at most :func:`tensor_budget` parameter tensors, then every converted key and
+    shape (:func:`check_state_dict`), and a VQ encoder (built fresh from ``vq_config``, never loaded) no larger than
+    the whole checkpoint."""
+    config_path = os.path.join(folder, "config.json")
+    shapes: dict[str, torch.Tensor] = {}
+    for shard in shard_files(folder):
+        shapes.update(safetensors_header(shard)[0])
+    check_config_fields(config, shapes, TRANSFORMERS_WEIGHT_FACTS["chameleon"], config_path, folder)
+    limit = tensor_budget(len(shapes))
+    try:
+        with torch.device("meta"), parameter_limit(limit):
+            model = ChameleonForConditionalGeneration(config)
+    except TooManyParameters:
+        raise too_many_parameters(config_path, "ChameleonForConditionalGeneration", limit, folder, len(shapes)) from None
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    expected = {k: v for k, v in model.state_dict().items() if not k.startswith(LUMINA_VQMODEL_PREFIX) and k not in tied}
+    layout = types.SimpleNamespace(state_dict=lambda: expected)  # check_state_dict reads only .state_dict()
+    converted = convert_lumina_state_dict(shapes)  # meta tensors in, meta tensors out
+    check_state_dict(layout, {k: v for k, v in converted.items() if k not in tied}, folder,
+                     "the transformers Chameleon model its config.json describes")
+    vq_size = sum(p.numel() for p in model.model.vqmodel.parameters())
+    held = sum(t.numel() for t in shapes.values())
+    if vq_size > held:
+        raise ValueError(f"{config_path} vq_config describes a VQ encoder of {vq_size} parameters, more than the whole "
+                         f"checkpoint in {folder} holds ({held}); Lumina-mGPT 2.0 never uses it (vispec builds it from "
+                         "vq_config, unloaded): give vq_config the released values")
+    return model
+
+
 def load_lumina_chameleon(path: str | os.PathLike, *,
                           dtype: Optional[torch.dtype] = None) -> ChameleonForConditionalGeneration:
     """A transformers ``ChameleonForConditionalGeneration`` (eval mode) from a Lumina-mGPT 2.0 folder
     (``config.json`` + ``model.safetensors`` or shards with ``model.safetensors.index.json``).
 
-    The language model is built on the meta device and takes the converted tensors (one copy of the weights in
-    memory, in the files' dtype unless ``dtype`` is given); keys are checked strictly, except that the unused
+    Before any tensor is read, the config is checked against the files' headers (:func:`_checked_meta_model`:
+    a config asking for more layers, a larger vocabulary or codebook than the weights hold is one ``ValueError``
+    naming the field and both values). The language model is built on the meta device and takes the converted
+    tensors (one copy of the weights in memory, in the files' dtype unless ``dtype`` is given); keys are checked strictly, except that the unused
     Chameleon VQ encoder (:data:`LUMINA_VQMODEL_PREFIX`) is built fresh from ``vq_config`` (randomly initialised)
     and ``lm_head.weight`` may be absent when the config ties it to the embeddings.
     """
@@ -328,20 +380,14 @@ def load_lumina_chameleon(path: str | os.PathLike, *,
 
     folder = os.fspath(path)
     config = lumina_chameleon_config(_read_config(folder))
+    model = _checked_meta_model(folder, config)
     state_dict = convert_lumina_state_dict(read_sharded_safetensors(folder))
     if dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
-    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    with torch.device("meta"):
-        model = ChameleonForConditionalGeneration(config)
-    expected = {k: v for k, v in model.state_dict().items() if not k.startswith(LUMINA_VQMODEL_PREFIX) and k not in tied}
-    layout = types.SimpleNamespace(state_dict=lambda: expected)  # check_state_dict reads only .state_dict()
-    check_state_dict(layout, {k: v for k, v in state_dict.items() if k not in tied}, folder,
-                     "the transformers Chameleon model its config.json describes")
     model.load_state_dict(state_dict, strict=False, assign=True)
     model.model.rotary_emb = ChameleonRotaryEmbedding(config=config)  # non-persistent buffers: rebuilt off meta
     model.model.vqmodel = ChameleonVQVAE._from_config(config.vq_config).to(model.model.embed_tokens.weight.dtype)
-    if tied:
+    if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     on_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if on_meta:  # pragma: no cover - a transformers version with other meta-built tensors

@@ -99,7 +99,7 @@ def test_unknown_and_missing_keys_are_reported(tmp_path):
 def test_config_that_does_not_fit_the_weights(tmp_path):
     config = official_config()
     weights = official_weights(config)
-    with pytest.raises(ValueError, match=r"shape mismatches \['lm_head\.weight: checkpoint \(96, 64\) vs model \(128, 64\)'"):
+    with pytest.raises(ValueError, match=r"vocab_size is 128 but the weights hold 96 \(model\.embed_tokens\.weight has shape \(96, 64\)\)"):
         load_lumina_chameleon(write_folder(tmp_path / "vocab", {**config, "vocab_size": 128}, weights))
     bad_norm = dict(weights, **{"model.layers.0.self_attn.q_norm.weight": torch.ones(3, 16)})
     with pytest.raises(ValueError, match=r"q_norm\.weight: 3 group\(s\) of head_dim 16 do not divide the 64 rows"):
