@@ -27,6 +27,7 @@ start), a negative prompt (Emu3), or the prompt with every token but BOS and ima
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vispec.checks import check_int
+from vispec.models.offload import materialized, module_device, run_offload_hook
 from vispec.processors import PeriodicForcedToken
 from vispec.protocol import WindowLogits, check_path, check_tree, keep_path, tree_ancestors, tree_depths, window_visibility
 
@@ -257,12 +259,12 @@ def lm_head_backbone(module: nn.Module, body: nn.Module, embed: nn.Embedding, he
     ids = torch.arange(layout.vocab_size)
     ids = layout.model_ids(ids)
 
-    def image_head(hidden: Tensor) -> Tensor:
-        bias = None if head.bias is None else _rows_of(head.bias, ids)
-        return F.linear(hidden, _rows_of(head.weight, ids), bias)
+    def image_head(hidden: Tensor) -> Tensor:  # the head's rows, read through the offload hook if it parks them
+        bias = None if head.bias is None else _rows_of(materialized(head, "bias"), ids)
+        return F.linear(hidden, _rows_of(materialized(head), ids), bias)
 
     return Backbone(body, embed, lambda tokens: embed(layout.model_ids(tokens)), image_head, config, module,
-                    lambda: _rows_of(embed.weight, ids))
+                    lambda: _rows_of(materialized(embed), ids))
 
 
 class _ImageEmbeddings:
@@ -274,6 +276,17 @@ class _ImageEmbeddings:
     @property
     def weight(self) -> Tensor:
         return self._backbone.image_embeddings()
+
+
+def _fires_offload_hook(method: Callable) -> Callable:
+    """Fire the wrapped transformer's offload hook before ``method`` (the decoders call these methods, which
+    run the transformer's parts, never its ``forward``): under model offload it moves to its device every call."""
+    @functools.wraps(method)
+    def wrapper(self: "UnifiedTokenModel", *args: Any, **kwargs: Any) -> Any:
+        run_offload_hook(self.model)
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class UnifiedTokenModel(nn.Module):
@@ -322,7 +335,30 @@ class UnifiedTokenModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the model computes: its weights' device, or the offload hooks' execution device while
+        sequential offload parks the weights on ``meta``."""
+        return module_device(self.model)
+
+    @property
+    def max_positions(self) -> Optional[int]:
+        """The transformer's context (its text config's ``max_position_embeddings``); None when it names none."""
+        value = getattr(self.backbone.config, "max_position_embeddings", None)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    def check_context(self, longest_prompt: int, num_tokens: int) -> None:
+        """Raise a ValueError when a prompt of ``longest_prompt`` tokens (the image prefix included) and
+        ``num_tokens`` image tokens need more positions than :attr:`max_positions`."""
+        limit = self.max_positions
+        if limit is not None and longest_prompt + num_tokens > limit:
+            raise ValueError(f"a prompt of {longest_prompt} tokens (image prefix included) and {num_tokens} image tokens "
+                             f"need {longest_prompt + num_tokens} positions, beyond the model's context of {limit} "
+                             f"(max_position_embeddings)")
+
+    def cache_bytes(self, rows: int, capacity: int) -> int:
+        """Bytes of the key/value cache :meth:`prefill` allocates for ``rows`` rows (samples, and their
+        unconditional twins under guidance) of ``capacity`` positions."""
+        layers, heads, head_dim = self.backbone.geometry
+        return 2 * layers * rows * heads * capacity * head_dim * self.dtype.itemsize
 
     @property
     def dtype(self) -> torch.dtype:
@@ -368,6 +404,7 @@ class UnifiedTokenModel(nn.Module):
         return torch.tensor(ids, dtype=torch.long)
 
     # ---- the decoder protocol -----------------------------------------------------------------------------
+    @_fires_offload_hook
     @torch.no_grad()
     def prefill(self, condition: UnifiedCondition, *, guidance: bool, max_new_tokens: int, window: int = 1,
                 validate: bool = True) -> tuple[UnifiedDecodeState, WindowLogits]:
@@ -377,6 +414,7 @@ class UnifiedTokenModel(nn.Module):
         check_int("max_new_tokens", max_new_tokens, minimum=1, maximum=self.layout.num_tokens)
         check_int("window", window, minimum=1)
         longest = max(r.numel() for r in rows_ids)
+        self.check_context(longest, max_new_tokens)
         layers, heads, head_dim = self.backbone.geometry
         cache = RaggedKVCache(layers, len(rows_ids), heads, longest + max_new_tokens + window, head_dim, self.dtype,
                               self.device)
@@ -386,6 +424,7 @@ class UnifiedTokenModel(nn.Module):
         state.lengths = lengths
         return state, self._split(state, last)
 
+    @_fires_offload_hook
     @torch.no_grad()
     def refill(self, state: UnifiedDecodeState, index: Tensor, condition: UnifiedCondition) -> WindowLogits:
         """Start new samples in slots ``index [k]`` (continuous batching): their prompts overwrite those rows'
@@ -406,6 +445,7 @@ class UnifiedTokenModel(nn.Module):
         k = index.shape[0]
         return WindowLogits(last[:k], last[k:] if state.guidance else None)
 
+    @_fires_offload_hook
     @torch.no_grad()
     def forward_window(self, state: UnifiedDecodeState, tokens: Tensor, longest: Optional[int] = None,
                        parents: Optional[Tensor] = None) -> WindowLogits:

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from torch import nn
 
+from vispec.models.offload import materialized
 from vispec.models.unified import Backbone, ImageLayout, lm_head_backbone
 
 
@@ -155,7 +156,7 @@ def janus_backbone(model: nn.Module, layout: ImageLayout) -> Backbone:
     language = inner.language_model
     return Backbone(language, language.get_input_embeddings(), model.prepare_embeddings_for_image_generation,
                     inner.generation_head, model.config.text_config, model,
-                    lambda: inner.generation_embeddings.weight)
+                    lambda: materialized(inner.generation_embeddings))  # with values under sequential offload too
 
 
 def janus_special_ids(model: nn.Module) -> dict[str, int]:

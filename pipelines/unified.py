@@ -42,6 +42,7 @@ from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_r
 from vispec.decoding.neighbors import NeighborTables
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_vq import decode_tokens
+from vispec.models.offload import available_memory, materialized
 from vispec.models.unified import CFG_MODES, ImageLayout, UnifiedTokenModel
 from vispec.models.unified_families import chameleon_backbone, emu3_backbone, janus_backbone
 from vispec.outputs import UNDECIDED, DecodeProgress
@@ -51,6 +52,17 @@ from vispec.pipelines.embedded import resolve_model_path
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 FAMILIES = {"chameleon": chameleon_backbone, "emu3": emu3_backbone, "janus": janus_backbone}
 FAR = 1e4  # the end-of-row token's codebook row for LANTERN: farther from every code than codes are from each other
+ID_ROLES = {"image_start_id": "the image-start token", "eol_id": "the end-of-row token", "bos_id": "the BOS token",
+            "pad_id": "the pad token", "image_end_ids": "an image-end token", "prompt_suffix_ids": "a prompt-suffix token",
+            "code_offset": "the first image code"}  # the config fields that name vocabulary ids, for errors
+
+
+def _check_prompt_text(name: str, value: Any) -> None:
+    """``value`` (the ``name`` argument) is a string or a non-empty list / tuple of strings, else a ValueError."""
+    if isinstance(value, str):
+        return
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(p, str) for p in value):
+        raise ValueError(f"{name} must be a string or a non-empty list of strings, got {value!r}")
 
 
 @dataclass
@@ -107,19 +119,85 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
     def layout(self, height: int, width: int) -> ImageLayout:
         """The image layout of a ``height x width`` image (module docstring)."""
         cfg = self.config
-        unit = cfg.downsample if cfg.resolution_token_base is None else int(np.lcm(cfg.downsample, cfg.resolution_unit))
+        unit = self._size_unit()
         for name, value in (("height", height), ("width", width)):
             check_int(name, value, minimum=unit, hint=f" and a multiple of {unit}")
             if value % unit:
                 why = "the tokenizer's downsampling" + (" and the resolution tokens' unit" if unit != cfg.downsample else "")
                 raise ValueError(f"{name} must be a multiple of {unit} ({why}), got {value}")
+        self._check_vocabulary_ids()
         prefix = () if cfg.image_start_id is None else (cfg.image_start_id,)
         if cfg.resolution_token_base is not None:
+            self._check_resolution_tokens(height, width)
             prefix += (cfg.resolution_token_base + height // cfg.resolution_unit,
                        cfg.resolution_token_base + width // cfg.resolution_unit)
         return ImageLayout(rows=height // cfg.downsample, cols=width // cfg.downsample, num_codes=cfg.num_codes,
                            code_offset=cfg.code_offset, eol_id=cfg.eol_id, prefix=prefix,
                            suffix=tuple(cfg.image_end_ids))
+
+    def _size_unit(self) -> int:
+        """``height`` and ``width`` are multiples of this: the downsampling, and the resolution tokens' unit."""
+        cfg = self.config
+        return cfg.downsample if cfg.resolution_token_base is None else int(np.lcm(cfg.downsample, cfg.resolution_unit))
+
+    def _vocabulary_size(self) -> Optional[int]:
+        """The transformer's input vocabulary (prompt and image-layout ids index it); None if it has no embedding."""
+        get = getattr(self.transformer, "get_input_embeddings", None)
+        embedding = get() if callable(get) else None
+        size = getattr(embedding, "num_embeddings", None)
+        return size if isinstance(size, int) else None
+
+    def _reserved_ids(self) -> dict[str, tuple[int, int]]:
+        """The ``model_index.json`` fields that name vocabulary ids: field -> (first id, last id)."""
+        cfg = self.config
+        ids = {name: getattr(cfg, name) for name in ("image_start_id", "eol_id", "bos_id", "pad_id")}
+        spans = {name: (value, value) for name, value in ids.items() if value is not None}
+        for name in ("image_end_ids", "prompt_suffix_ids"):
+            if getattr(cfg, name):
+                spans[name] = (min(getattr(cfg, name)), max(getattr(cfg, name)))
+        if cfg.family != "janus":  # Janus codes come from their own head, not the vocabulary
+            spans["code_offset"] = (cfg.code_offset, cfg.code_offset + cfg.num_codes - 1)
+        if cfg.resolution_token_base is not None:
+            spans["resolution_token_base"] = (cfg.resolution_token_base, cfg.resolution_token_base)
+        return spans
+
+    def _check_vocabulary_ids(self) -> None:
+        """Every id the config names lies in the transformer's vocabulary (an id past it would fail in the
+        embedding lookup, mid-decode); the error names the ``model_index.json`` field."""
+        size = self._vocabulary_size()
+        if size is None:
+            return
+        for name, (first, last) in self._reserved_ids().items():
+            if not isinstance(first, int) or isinstance(first, bool) or first < 0 or last >= size:
+                what = f"ids {first}..{last}" if first != last else f"id {first}"
+                if name == "code_offset":
+                    what = f"code ids {first}..{last} (code_offset + num_codes {self.config.num_codes})"
+                raise ValueError(f"{name} (model_index.json) gives {what}, outside the transformer's vocabulary of "
+                                 f"{size} ids (0..{size - 1})")
+
+    def _check_resolution_tokens(self, height: int, width: int) -> None:
+        """The resolution tokens ``resolution_token_base + size / resolution_unit`` must stay below the next id the
+        config gives another role (codes, end of row, image start / end) and inside the vocabulary; the error
+        names ``height`` / ``width`` and the largest size that keeps them there."""
+        cfg = self.config
+        base = cfg.resolution_token_base
+        others = {name: span for name, span in self._reserved_ids().items() if name != "resolution_token_base"}
+        above = [(first, f"id {first} is {ID_ROLES[name]} ({name})") for name, (first, _) in others.items() if first > base]
+        size = self._vocabulary_size()
+        above += [(size, f"the vocabulary has {size} ids")] if size is not None else []
+        for name, (first, last) in others.items():
+            if first <= base <= last:
+                raise ValueError(f"resolution_token_base {base} (model_index.json) is an id of {name} ({first}..{last})")
+        if not above:
+            return
+        end, owner = min(above)
+        largest = (end - 1 - base) * cfg.resolution_unit
+        for name, value in (("height", height), ("width", width)):
+            token = base + value // cfg.resolution_unit
+            if token >= end:
+                raise ValueError(f"{name}={value} needs the resolution token {token} (resolution_token_base {base} + "
+                                 f"{name} / {cfg.resolution_unit}), past this model's resolution tokens, which end at "
+                                 f"id {end - 1} ({owner}): {name} must be at most {largest}")
 
     def unified_model(self, layout: ImageLayout) -> UnifiedTokenModel:
         """The transformer as a decoder-protocol model for ``layout``."""
@@ -135,6 +213,83 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         suffix = list(self.config.prompt_suffix_ids)
         return [list(ids) + suffix for ids in self.tokenizer(texts)["input_ids"]]
 
+    # ------------------------------------------------------------------ checks before any work
+    def _prompt_ids(self, prompt: Any, negative_prompt: Any, height: int, width: int
+                    ) -> tuple[list[list[int]], Optional[list[list[int]]]]:
+        """The call's prompts and negative prompts (one per prompt, or None) as token ids, each argument checked
+        under its own name."""
+        _check_prompt_text("prompt", prompt)
+        prompts = self.encode_prompt(prompt, height, width)
+        if negative_prompt is None:
+            return prompts, None
+        if self.config.cfg_mode != "negative":
+            raise ValueError(f"negative_prompt needs a model whose guidance takes one (cfg_mode 'negative'); this one "
+                             f"uses cfg_mode {self.config.cfg_mode!r}")
+        _check_prompt_text("negative_prompt", negative_prompt)
+        negatives = self.encode_prompt(negative_prompt, height, width)
+        if len(negatives) not in (1, len(prompts)):
+            raise ValueError(f"negative_prompt has {len(negatives)} prompts for {len(prompts)} prompts: give one, or "
+                             f"one per prompt")
+        return prompts, negatives * len(prompts) if len(negatives) == 1 else negatives
+
+    def _check_pixel_decoder(self, output_type: str) -> None:
+        """Pixels need a vqvae or a transformer with ``decode_image_tokens``; refused before decoding otherwise."""
+        if output_type != "latent" and self.vqvae is None and not hasattr(self.transformer, "decode_image_tokens"):
+            raise ValueError(f"output_type={output_type!r} needs an image decoder, and this pipeline has no vqvae and "
+                             f"its transformer cannot decode image tokens; use output_type='latent' (code grids) or "
+                             f"give the pipeline a vqvae")
+
+    def _check_context(self, model: UnifiedTokenModel, layout: ImageLayout, prompts: list[list[int]],
+                       negatives: Optional[list[list[int]]], height: int, width: int) -> None:
+        """Every prompt row (template, image prefix) and the image's tokens must fit the transformer's context
+        (``max_position_embeddings``); the error names ``height`` / ``width`` when the image alone does not fit,
+        else ``prompt`` or ``negative_prompt``."""
+        limit = model.max_positions
+        if limit is None:
+            return
+        prefix, image = len(layout.prefix), layout.num_tokens
+        if prefix + image >= limit:  # not even a one-token prompt fits
+            largest = self._largest_square(limit - prefix - 1)
+            hint = f"; the largest square image that fits is {largest}x{largest}" if largest else ""
+            raise ValueError(f"height={height} and width={width} give {image} image tokens ({layout.rows} rows of "
+                             f"{layout.row_length}) after a {prefix}-token image prefix, beyond the transformer's "
+                             f"context of {limit} positions (max_position_embeddings){hint}")
+        for name, rows in (("prompt", prompts), ("negative_prompt", negatives or [])):
+            longest = max((len(r) for r in rows), default=0)
+            if longest + prefix + image > limit:
+                raise ValueError(f"{name} is {longest} tokens long (template included); with the {prefix + image} tokens "
+                                 f"of a {height}x{width} image it needs {longest + prefix + image} positions, beyond the "
+                                 f"transformer's context of {limit} (max_position_embeddings): shorten it to at most "
+                                 f"{limit - prefix - image} tokens or ask for a smaller image")
+
+    def _largest_square(self, budget: int) -> int:
+        """The largest square size (a multiple of the size unit) whose image tokens fit in ``budget`` positions;
+        0 if none does."""
+        cfg, unit = self.config, self._size_unit()
+        size = 0
+        while True:
+            side = (size + unit) // cfg.downsample
+            if side * (side + (cfg.eol_id is not None)) > budget:
+                return size
+            size += unit
+
+    def _check_memory(self, model: UnifiedTokenModel, layout: ImageLayout, rows: list[list[int]], batch: int,
+                      max_batch_size: Optional[int], guidance: bool, output_type: str) -> None:
+        """Refuse a call whose key/value cache (``max_batch_size`` images at a time, all at once by default), token
+        grids and pixels would not fit the execution device's available memory (a lower estimate: activations
+        and the image decoder's work come on top). The error names ``num_images_per_prompt``."""
+        slots = batch if max_batch_size is None else min(batch, check_int("max_batch_size", max_batch_size, minimum=1))
+        capacity = max(len(r) for r in rows) + len(layout.prefix) + layout.num_tokens
+        need = model.cache_bytes(slots * (2 if guidance else 1), capacity) + batch * layout.num_tokens * 8
+        if output_type != "latent":
+            need += batch * 3 * layout.rows * layout.cols * self.config.downsample ** 2 * 4
+        free = available_memory(self._execution_device)
+        if free is not None and need > free:
+            raise ValueError(f"num_images_per_prompt: {batch} images ({slots} decoded at a time) need at least "
+                             f"{need / 2 ** 30:.1f} GiB for the key/value cache and outputs, more than the "
+                             f"{free / 2 ** 30:.1f} GiB available on {self._execution_device}; ask for fewer images per "
+                             f"call or set max_batch_size")
+
     # ------------------------------------------------------------------ acceptance
     def codebook(self) -> torch.Tensor:
         """LANTERN's latent space over the decoder vocabulary: the VQ codebook, and a far row for end of row."""
@@ -142,7 +297,7 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         if embedding is None:
             raise ValueError("acceptance 'lantern' needs the pipeline's vqvae codebook (quantize.embedding); this "
                              "pipeline has no vqvae")
-        codes = embedding.weight.detach().float()
+        codes = materialized(embedding).detach().float()  # with values under sequential offload too
         if self.config.eol_id is None:
             return codes
         return torch.cat([codes, torch.full((1, codes.shape[1]), FAR, dtype=codes.dtype, device=codes.device)])
@@ -184,41 +339,42 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
 
         Args:
             prompt: one prompt or a list; negative_prompt: likewise (models with ``cfg_mode="negative"``).
-            height, width: pixels (multiples of the tokenizer's downsampling; default the config's).
+            height, width: pixels (multiples of the tokenizer's downsampling; default the config's); the size's
+                resolution tokens must lie below the next id the config gives another role, and prompt, image
+                prefix and image tokens must fit the transformer's context (``max_position_embeddings``).
             guidance_scale, temperature, top_k, top_p: override ``decoding_config``'s sampling defaults (top-k
                 and top-p act on the codes: the end-of-row token is forced, never sampled).
             decoding: a spec (``"ar"``, ``"sjd"``, ``"mc-sjd:window=16"``, ``"mc-sjd+lantern:k=100,delta=0.1"``);
                 acceptance: a rule given on its own (:mod:`vispec.decoding.acceptance`).
             num_images_per_prompt, generator (one, or one per image), output_type (``"pil"``, ``"np"``,
                 ``"pt"``, ``"latent"``: code grids), return_dict (False: ``(images,)``), callbacks and
-                ``max_batch_size`` as in :class:`vispec.pipelines.LlamaGenPipeline`.
+                ``max_batch_size`` as in :class:`vispec.pipelines.LlamaGenPipeline`. A call whose key/value cache
+                (``max_batch_size`` images at a time; all by default), code grids and pixels need more than the
+                execution device's available memory is refused before any work (``num_images_per_prompt`` named).
+
+        Every argument, and every vocabulary id ``model_index.json`` names, is checked before decoding starts.
         """
         tensor_inputs = self.check_common_inputs(output_type, OUTPUT_TYPES, "num_images_per_prompt", num_images_per_prompt,
                                                  callback_on_step_end, callback_on_step_end_tensor_inputs)
         height = self.config.default_height if height is None else height
         width = self.config.default_width if width is None else width
         layout = self.layout(height, width)
+        self._check_pixel_decoder(output_type)
         config = DecodingConfig.resolve(decoding, base=self.decoding_config, acceptance=acceptance)
         if config.strategy == "sd":
             raise ValueError("decoding 'sd' needs a drafter model; UnifiedImagePipeline has none: use 'ar', 'sjd' or 'mc-sjd'")
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
+        sampling.check_vocab(layout.vocab_size)  # what the decoders check once started
+        prompts, negatives = self._prompt_ids(prompt, negative_prompt, height, width)
         model = self.unified_model(layout)
+        self._check_context(model, layout, prompts, negatives, height, width)
+        batch = len(prompts) * num_images_per_prompt
+        check_generator(generator, batch)
+        self._check_memory(model, layout, prompts + (negatives or []), batch, max_batch_size,
+                           sampling.uses_guidance, output_type)
         rule = self.acceptance_rule(acceptance if isinstance(acceptance, AcceptanceRule) else config.rule, model)
-        prompts = self.encode_prompt(prompt, height, width)
-        negatives = None
-        if negative_prompt is not None:
-            if self.config.cfg_mode != "negative":
-                raise ValueError(f"negative_prompt needs a model whose guidance takes one (cfg_mode 'negative'); this one "
-                                 f"uses cfg_mode {self.config.cfg_mode!r}")
-            negatives = self.encode_prompt(negative_prompt, height, width)
-            if len(negatives) not in (1, len(prompts)):
-                raise ValueError(f"negative_prompt has {len(negatives)} prompts for {len(prompts)} prompts")
-            negatives = negatives * len(prompts) if len(negatives) == 1 else negatives
-        check_int("num_images_per_prompt", num_images_per_prompt, minimum=1)
         repeat = lambda rows: [r for r in rows for _ in range(num_images_per_prompt)]  # noqa: E731
         condition = model.condition(repeat(prompts), None if negatives is None else repeat(negatives))
-        batch = condition.batch_size
-        check_generator(generator, batch)
         self._layout = layout
         tokens, stats = self.decode_image_tokens(
             model, condition, num_tokens=layout.num_tokens, sampling=sampling, config=config, rule=rule,

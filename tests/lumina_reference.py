@@ -28,7 +28,7 @@ def official_config(mp: int = 2, swin: bool = False, mask: bool = False, **extra
         "architectures": ["ChameleonXLLMXForConditionalGeneration"], "model_type": "chameleon",
         "torch_dtype": "float32", "transformers_version": "4.46.0",
         "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu", "max_position_embeddings": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu", "max_position_embeddings": 128,
         "initializer_range": 0.02, "rms_norm_eps": 1e-5, "use_cache": True, "pad_token_id": None, "bos_token_id": 1,
         "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 5000.0, "rope_scaling": None,
         "attention_bias": False, "attention_dropout": 0.0, "model_parallel_size": mp, "swin_norm": swin,

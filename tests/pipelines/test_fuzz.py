@@ -152,6 +152,112 @@ def test_text_pipeline_arguments(text_pipe, kwargs):
     assert out.sequences.shape[0] >= 1
 
 
+# ---- the unified-token pipeline (issue 28) --------------------------------------------------------
+
+UNIFIED_ARGS = ["prompt", "negative_prompt", "height", "width", "num_images_per_prompt", "guidance_scale", "temperature",
+                "top_k", "top_p", "output_type", "generator", "decoding", "max_batch_size"]
+LONG_PROMPT = " ".join(["cat"] * 300)  # past the tiny transformer's 256 positions
+
+
+@pytest.fixture(scope="module")
+def unified_pipe():
+    """The tiny unified pipeline with negative-prompt guidance (so ``negative_prompt`` is taken, and checked),
+    counting calls of its decode entry: a refusal must come before any. The memory bound sees 8 MiB free on any
+    machine: ``num_images_per_prompt=10**5`` with a small ``max_batch_size`` fits real memory and would run for
+    hours (the valid calls here need far less)."""
+    from unified_helpers import tiny_unified_pipeline
+    import vispec.pipelines.unified as unified
+    from vispec.pipelines import UnifiedImagePipeline
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(unified, "available_memory", lambda device: 8 * 2**20)
+
+    base = tiny_unified_pipeline()
+    modules = {name: getattr(base, name) for name in ("transformer", "tokenizer", "decoding_config", "vqvae")}
+    settings = {k: v for k, v in base.config.items() if not k.startswith("_") and k not in modules}
+    pipe = UnifiedImagePipeline(**modules, **{**settings, "cfg_mode": "negative"})
+    pipe.set_progress_bar_config(disable=True)
+    pipe.decode_calls = 0
+    decode = pipe.decode_image_tokens
+
+    def counted(*args, **kwargs):
+        pipe.decode_calls += 1
+        return decode(*args, **kwargs)
+
+    pipe.decode_image_tokens = counted
+    yield pipe
+    patch.undo()
+
+
+@FUZZ
+@given(kwargs=st.fixed_dictionaries(
+    {"prompt": _or_any(st.sampled_from(["a red cat", ["blue sky", "the sea"], "", LONG_PROMPT]))},
+    optional={"negative_prompt": _or_any(st.sampled_from([None, "grass", ["dog", "sky"], LONG_PROMPT])),
+              "height": _or_any(st.sampled_from([8, 16, 24])), "width": _or_any(st.sampled_from([8, 16, 32])),
+              "num_images_per_prompt": _or_any(st.integers(1, 2)), "guidance_scale": _or_any(st.floats(1.0, 4.0)),
+              "temperature": _or_any(st.floats(0.5, 1.5)), "top_k": _or_any(st.integers(0, 16)),
+              "top_p": _or_any(st.floats(0.1, 1.0)), "max_batch_size": _or_any(st.integers(1, 4)),
+              "output_type": _or_any(st.sampled_from(["pil", "np", "pt", "latent"])),
+              "decoding": _or_any(st.sampled_from(["ar", "mc-sjd:window=3", "sjd"])) | decoding_specs(),
+              "generator": st.sampled_from([None, None, None, 0, "seed", [torch.Generator()]])}))
+def test_unified_pipeline_arguments(unified_pipe, kwargs):
+    """Every call runs, or is refused with a ValueError / TypeError naming an argument before decoding starts."""
+    before = unified_pipe.decode_calls
+    try:
+        out = unified_pipe(**kwargs)
+    except Exception as err:  # noqa: BLE001 - checked below
+        _assert_clear(err, UNIFIED_ARGS + SPEC_KEYS + ["bogus", "drafter", "codebook"])
+        assert unified_pipe.decode_calls == before, f"refused after decoding started: {err}"
+        event("refused")
+        return
+    event("ran")
+    assert unified_pipe.decode_calls == before + 1 and len(out.images) > 0
+    if isinstance(out.images, torch.Tensor) and out.images.is_floating_point():
+        assert bool(torch.isfinite(out.images).all())
+
+
+UNIFIED_VALID = {
+    "prompt": st.sampled_from(["a red cat", ["blue sky", "the sea"], ""]),
+    "negative_prompt": st.sampled_from([None, "grass", ["dog"], ""]),
+    "height": st.sampled_from([8, 16]), "width": st.sampled_from([8, 16, 24]),  # small: valid calls run
+    "num_images_per_prompt": st.integers(1, 2), "guidance_scale": st.floats(1.0, 4.0),
+    "temperature": st.floats(0.5, 1.5), "top_k": st.integers(0, 16), "top_p": st.floats(0.1, 1.0),
+    "max_batch_size": st.sampled_from([None, 1, 3]), "output_type": st.sampled_from(["pil", "np", "pt", "latent"]),
+    "decoding": st.sampled_from(["ar", "mc-sjd:window=3", "sjd", "mc-sjd+lantern:k=2,delta=0.2"]),
+    "generator": st.sampled_from([None, torch.Generator().manual_seed(1)]),
+}
+# bad values the types and ranges above miss: past the context, past the resolution tokens, past memory
+UNIFIED_BAD = {"prompt": [LONG_PROMPT, [], ["a", 3]], "negative_prompt": [LONG_PROMPT, [], 5, ["a", "b", "c"]],
+               "height": [64, 72, 160, 12], "width": [64, 160, 20], "num_images_per_prompt": [10**5, 10**7, 0],
+               "generator": [[torch.Generator()] * 3, "seed", 0], "output_type": ["jpg", None]}
+
+
+@settings(FUZZ, max_examples=30)
+@given(data=st.data())
+def test_unified_pipeline_one_bad_argument(unified_pipe, data):
+    """Valid calls with at most one argument replaced by any value: they run, or the error names that argument
+    (a decoding spec's own keys too) and comes before decoding starts."""
+    kwargs = {"prompt": "a red cat", **data.draw(st.fixed_dictionaries({}, optional=UNIFIED_VALID))}
+    name = data.draw(st.sampled_from([None, *UNIFIED_VALID]))
+    if name is not None:
+        special = st.sampled_from(UNIFIED_BAD[name]) if name in UNIFIED_BAD else ANY_VALUE
+        anything = ANY_VALUE.filter(lambda v: name != "num_images_per_prompt" or not isinstance(v, int) or v < 3
+                                    or v > 10**6)  # no valid but slow 3..70 images per call
+        kwargs[name] = data.draw(st.one_of(anything, special, decoding_specs()) if name == "decoding"
+                                 else st.one_of(anything, special))
+    before = unified_pipe.decode_calls
+    try:
+        out = unified_pipe(**kwargs)
+    except Exception as err:  # noqa: BLE001 - checked below
+        assert name is not None, f"a valid call was refused: {err!r}"
+        _assert_clear(err, [name] + (SPEC_KEYS + ["bogus", "drafter", "spec"] if name == "decoding" else []))
+        assert unified_pipe.decode_calls == before, f"refused after decoding started: {err}"
+        event(f"refused {name}")
+        return
+    event("ran")
+    assert unified_pipe.decode_calls == before + 1 and len(out.images) > 0
+
+
 # ---- the command line -----------------------------------------------------------------------------
 
 FLAG_VALUES = st.sampled_from(["0", "1", "-1", "abc", "nan", "inf", "", "1,2", "2.5", "mc-sjd", "ar", "sjd:bogus=1",

@@ -176,3 +176,112 @@ def test_no_tokenizer_with_input_ids(tpipe):
         bare(input_ids=ids, output_type="text")
     with pytest.raises(ValueError, match="need a tokenizer; this pipeline has none: pass input_ids"):
         bare(prompt="sort")
+
+
+# ---- the unified-token pipeline (issue 28: items 2-6 and 6b) -----------------------------------------
+
+@pytest.fixture(scope="module")
+def upipe():
+    from unified_helpers import tiny_unified_pipeline
+
+    return tiny_unified_pipeline()
+
+
+def unified_variant(pipe, **changes):
+    """``pipe``'s components and settings with ``changes`` (settings, or ``vqvae=None``)."""
+    from vispec.pipelines import UnifiedImagePipeline
+
+    modules = {name: getattr(pipe, name) for name in ("transformer", "tokenizer", "decoding_config", "vqvae")}
+    settings = {k: v for k, v in pipe.config.items() if not k.startswith("_") and k not in modules}
+    new = UnifiedImagePipeline(**{**modules, **settings, **changes})
+    new.set_progress_bar_config(disable=True)
+    return new
+
+
+def unified_work(pipe):
+    return Work(pipe.transformer.model.embed_tokens)
+
+
+LONG_PROMPT = " ".join(["cat"] * 300)  # the tiny transformer's context is 256 positions
+
+
+@pytest.mark.parametrize("changes, kwargs, match", [
+    # 2: past the resolution tokens (ids text+3 .. text+11: n <= 8, sizes <= 64), then past the context
+    ({}, dict(height=72), "height=72 needs the resolution token .*height must be at most 64"),
+    ({}, dict(width=160), "width=160 needs the resolution token .*width must be at most 64"),
+    ({}, dict(height=64, width=64), "height=64 and width=64 give 272 image tokens .*context of 256 positions "
+                                    "\\(max_position_embeddings\\); the largest square image that fits is 56x56"),
+    # 3: a prompt past the context
+    ({}, dict(prompt=LONG_PROMPT), "prompt is 30\\d tokens long .*context of 256 .*shorten it to at most \\d+ tokens"),
+    ({"cfg_mode": "negative"}, dict(negative_prompt=LONG_PROMPT), "negative_prompt is 30\\d tokens long"),
+    # 4: pixels without a pixel decoder
+    ({"vqvae": None}, dict(output_type="pil"), "output_type='pil' needs an image decoder.*output_type='latent'"),
+    ({"vqvae": None}, dict(output_type="np"), "output_type='np' needs an image decoder"),
+    # 5: negative_prompt is named as itself
+    ({"cfg_mode": "negative"}, dict(negative_prompt=[]), "negative_prompt must be a string or a non-empty list"),
+    ({"cfg_mode": "negative"}, dict(negative_prompt=5), "negative_prompt must be a string or a non-empty list"),
+    ({"cfg_mode": "negative"}, dict(negative_prompt=["a", 5]), "negative_prompt must be a string"),
+    ({"cfg_mode": "negative"}, dict(prompt=["a", "b"], negative_prompt=["x", "y", "z"]), "negative_prompt has 3 prompts for 2"),
+    ({}, dict(prompt=[]), "^prompt must be a string or a non-empty list"),
+    # found by the fuzzing: top_k past the decoder vocabulary (16 codes and end of row) was refused mid-decode
+    ({}, dict(top_k=18), "top_k=18 is larger than the vocabulary \\(17 tokens\\)"),
+    # 6: config ids past the vocabulary, named by their model_index.json field
+    ({"resolution_token_base": 10_000}, {}, "resolution_token_base \\(model_index.json\\) gives id 10000, outside the "
+                                           "transformer's vocabulary of \\d+ ids"),
+    ({"image_start_id": 10_000}, {}, "image_start_id \\(model_index.json\\) gives id 10000, outside"),
+    ({"image_end_ids": [3, 9999]}, {}, "image_end_ids \\(model_index.json\\) gives ids 3..9999, outside"),
+    ({"eol_id": -1}, {}, "eol_id \\(model_index.json\\) gives id -1, outside"),
+    ({"num_codes": 4096}, {}, "code_offset \\(model_index.json\\) gives code ids .*num_codes 4096.*outside"),
+])
+def test_unified_bad_inputs_fail_before_any_work(upipe, changes, kwargs, match):
+    pipe = unified_variant(upipe, **changes) if changes else upipe
+    with unified_work(pipe) as work, pytest.raises(ValueError, match=match):
+        pipe(**{"prompt": "a red cat", "output_type": "latent", **kwargs})
+    assert work.calls == 0
+
+
+def test_unified_resolution_token_base_inside_the_codes(upipe):
+    code0 = upipe.config.code_offset
+    pipe = unified_variant(upipe, resolution_token_base=code0 + 2)
+    with unified_work(pipe) as work, pytest.raises(ValueError, match=f"resolution_token_base {code0 + 2} .* is an id of "
+                                                                      "code_offset"):
+        pipe("a red cat", output_type="latent")
+    assert work.calls == 0
+
+
+def test_unified_largest_sizes_still_run(upipe):
+    """The limits are tight: the largest square image that fits the context, and a prompt of the longest
+    allowed length, decode."""
+    gen = [torch.Generator().manual_seed(0)]
+    assert upipe("a red cat", height=56, width=56, decoding="mc-sjd:window=16", generator=gen,
+                 output_type="latent").images.shape == (1, 14, 14)
+    image = 3 + 4 * 5  # prefix and the default 16x16 image's 4 rows of 4 codes and an end of row
+    longest = upipe.transformer.config.max_position_embeddings - image
+    words = len(upipe.encode_prompt("a", 16, 16)[0]) - 1  # the template's tokens besides the word
+    prompt = " ".join(["cat"] * (longest - words))
+    assert len(upipe.encode_prompt(prompt, 16, 16)[0]) == longest
+    assert upipe(prompt, decoding="ar", generator=gen, output_type="latent").images.shape == (1, 4, 4)
+
+
+def test_unified_negative_prompt_runs(upipe):
+    pipe = unified_variant(upipe, cfg_mode="negative")
+    gen = lambda: [torch.Generator().manual_seed(i) for i in range(2)]  # noqa: E731
+    out = pipe(["a red cat", "blue sky"], negative_prompt="grass", generator=gen(), output_type="latent")
+    same = pipe(["a red cat", "blue sky"], negative_prompt=["grass", "grass"], generator=gen(), output_type="latent")
+    assert out.images.shape == (2, 4, 4) and torch.equal(out.images, same.images)
+
+
+@pytest.mark.parametrize("count", [10**5, 10**7])
+def test_unified_num_images_per_prompt_is_bounded_by_memory(upipe, monkeypatch, count):
+    import vispec.pipelines.unified as unified
+
+    monkeypatch.setattr(unified, "available_memory", lambda device: 8 * 2**20)  # 8 MiB free, on any machine
+    with unified_work(upipe) as work, pytest.raises(ValueError, match=f"num_images_per_prompt: {count} images "
+                                                                       f"\\({count} decoded at a time\\) need at least"):
+        upipe("a red cat", num_images_per_prompt=count, output_type="latent")
+    with pytest.raises(ValueError, match="1 decoded at a time"):  # the outputs alone do not fit either
+        upipe("a red cat", num_images_per_prompt=count, max_batch_size=1, output_type="latent")
+    assert work.calls == 0
+    out = upipe("a red cat", num_images_per_prompt=2, generator=[torch.Generator().manual_seed(i) for i in range(2)],
+                output_type="latent")
+    assert out.images.shape == (2, 4, 4)

@@ -93,3 +93,48 @@ def test_offload_without_an_accelerator_is_diffusers_error():
         pytest.skip("an accelerator is present")
     with pytest.raises(RuntimeError, match="requires accelerator"):
         image_pipe().enable_model_cpu_offload()
+
+
+# ---- the unified-token pipeline (issue 28, items 1 and 6b) ----------------------------------------
+
+def _unified():
+    from unified_helpers import tiny_unified_pipeline
+
+    return tiny_unified_pipeline()
+
+
+def _seeds(count: int = 2) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(i) for i in range(count)]
+
+
+def test_unified_model_offload_fires_for_every_transformer_call(hook_calls):
+    """The decoders run the transformer's parts (``prefill`` / ``forward_window`` of the wrapper), never its
+    ``forward``; its model-offload hook must still fire on each of those calls (on a GPU: the move to it)."""
+    pipe = _unified()
+    prompts = ["a red cat", "blue sky"]
+    want = pipe(prompts, generator=_seeds(), output_type="pt").images
+    pipe.enable_model_cpu_offload(device="cpu")
+    for decoding, batch in (("mc-sjd", None), ("ar", 1)):  # max_batch_size=1 streams: prefill, then a refill
+        hook_calls.clear()
+        out = pipe(prompts, generator=_seeds(), output_type="pt", decoding=decoding, max_batch_size=batch)
+        if decoding == "mc-sjd":
+            torch.testing.assert_close(out.images, want, rtol=0, atol=0)
+        nfe = out.stats[0]["nfe"] if batch is None else sum(s["nfe"] for s in out.stats)
+        assert hook_calls[id(pipe.transformer)] == nfe > 1
+        assert hook_calls[id(pipe.vqvae)] == 1
+    assert all(hasattr(m, "_hf_hook") for m in (pipe.transformer, pipe.vqvae))
+
+
+def test_unified_sequential_offload_gives_the_same_codes(hook_calls):
+    """``enable_sequential_cpu_offload(device="cpu")`` runs (the weights on ``meta`` between forwards; the cache
+    on the hooks' device) and gives the same codes and pixels; LANTERN's codebook is read through the hook."""
+    pipe = _unified()
+    want = pipe(["a red cat", "blue sky"], generator=_seeds(), output_type="latent").images
+    want_lantern = pipe("a red cat", generator=_seeds(1), output_type="pt", decoding="mc-sjd+lantern:k=2,delta=0.2").images
+    pipe.enable_sequential_cpu_offload(device="cpu")
+    assert pipe.transformer.lm_head.weight.device.type == "meta"
+    assert torch.equal(pipe(["a red cat", "blue sky"], generator=_seeds(), output_type="latent").images, want)
+    assert _fired(hook_calls, pipe.transformer) > 0
+    lantern = pipe("a red cat", generator=_seeds(1), output_type="pt", decoding="mc-sjd+lantern:k=2,delta=0.2").images
+    torch.testing.assert_close(lantern, want_lantern, rtol=0, atol=0)
+    assert pipe.transformer.lm_head.weight.device.type == "meta"  # parked again
