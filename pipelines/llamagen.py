@@ -20,9 +20,10 @@ generators make every image independent of its batch), turns the token grid into
 decoder and returns images with per-image decoding statistics (``return_dict=False`` returns ``(images,)``
 as diffusers' image pipelines do; the statistics are then in ``pipe.last_stats``).
 
-What diffusers' PipelineTesterMixin expects of an AR pipeline holds here with two differences: there is no
-``num_inference_steps`` (a decoder takes as many forwards as it needs; ``num_timesteps`` is AR's count,
-an upper bound) and no ``latents`` (decoding starts from the condition alone). A step-end callback may
+What diffusers' PipelineTesterMixin expects of an AR pipeline holds here with two main differences: there is
+no ``num_inference_steps`` (a decoder takes as many forwards as it needs; ``num_timesteps`` is AR's count,
+an upper bound) and no ``latents`` (decoding starts from the condition alone); every mixin check that does
+not apply is listed, with the reason, in ``tests/pipelines/test_contract.py``. A step-end callback may
 return changed committed ``tokens``: the decoder rewinds its cache to the first change, feeds the edited
 tokens again and continues from them (:mod:`vispec.decoding.edits`; exact given the edited prefix), and
 ``pipe._interrupt = True`` stops and returns what is done.
