@@ -6,7 +6,9 @@ kernel modules' ``compile_configs()``. This catches what Triton's interpreter ac
 compiler rejects (``break``, non-power-of-two ``arange``, type errors). It must run with the
 interpreter off (the interpreter replaces kernels before they can be compiled), so tests call it
 in a subprocess. ``--kernel`` (repeatable) keeps the configurations whose name starts with a prefix, e.g.
-``--kernel multi_verify`` for the recursive rejection sampling kernel alone.
+``--kernel multi_verify`` for the recursive rejection sampling kernel alone. ``--progress`` shows a tqdm bar over
+the configurations on stderr (a full check takes minutes; ``vispec bench kernels`` passes it when its stderr is a
+terminal).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import importlib
 import json
 import sys
 import time
+from typing import Callable, Optional
 
 KERNEL_MODULES = ("vispec.kernels.philox_triton", "vispec.kernels.verify_triton", "vispec.kernels.unmask_triton",
                   "vispec.kernels.multi_verify_triton")
@@ -37,9 +40,14 @@ def kernel_configs() -> list[tuple[str, object, dict[str, str], dict[str, object
     return configs
 
 
-def compile_all(arch: int, prefixes: tuple[str, ...] = ()) -> list[dict]:
+def selected_configs(prefixes: tuple[str, ...] = ()) -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
+    """:func:`kernel_configs` whose name starts with one of ``prefixes`` (all of them if none is given)."""
+    return [config for config in kernel_configs() if not prefixes or config[0].startswith(prefixes)]
+
+
+def compile_all(arch: int, prefixes: tuple[str, ...] = (), done: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Compile each configuration (those whose name starts with one of ``prefixes``, if given) for
-    ``GPUTarget("cuda", arch, 32)``; one record per configuration."""
+    ``GPUTarget("cuda", arch, 32)``; one record per configuration, also passed to ``done(record)`` as it is made."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -48,9 +56,7 @@ def compile_all(arch: int, prefixes: tuple[str, ...] = ()) -> list[dict]:
     if interpreter_enabled():
         raise RuntimeError("TRITON_INTERPRET=1 is set: kernels are interpreted and cannot be compiled; unset it")
     records = []
-    for name, fn, signature, constexprs in kernel_configs():
-        if prefixes and not name.startswith(prefixes):
-            continue
+    for name, fn, signature, constexprs in selected_configs(prefixes):
         start = time.perf_counter()
         try:
             compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
@@ -60,7 +66,16 @@ def compile_all(arch: int, prefixes: tuple[str, ...] = ()) -> list[dict]:
             ok, error = False, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         records.append({"kernel": name, "arch": f"sm_{arch}", "ok": ok, "seconds": round(time.perf_counter() - start, 3),
                         "error": error})
+        if done is not None:
+            done(records[-1])
     return records
+
+
+def _bar(total: int, enabled: bool):
+    """tqdm on stderr over ``total`` compilations (disabled: counts silently)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="compiling", unit="kernel", disable=not enabled, file=sys.stderr, dynamic_ncols=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,10 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", action="append", default=[],
                         help="only configurations whose name starts with this prefix (e.g. multi_verify); repeatable")
     parser.add_argument("--json", help="write the records to this file")
+    parser.add_argument("--progress", action="store_true", help="a progress bar over the configurations on stderr")
     args = parser.parse_args(argv)
+    arches, prefixes = args.arch or [80, 90], tuple(args.kernel)
     records = []
-    for arch in args.arch or [80, 90]:
-        records += compile_all(arch, tuple(args.kernel))
+    with _bar(len(selected_configs(prefixes)) * len(arches), args.progress) as bar:
+        for arch in arches:
+            bar.set_description(f"compiling for sm_{arch}", refresh=False)
+            records += compile_all(arch, prefixes, done=lambda record: bar.update(1))
     failed = [r for r in records if not r["ok"]]
     for record in failed:
         print(f"FAILED {record['kernel']} {record['arch']}: {record['error']}")

@@ -43,75 +43,21 @@ import math
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from vispec.decoding.compiled import outside_torch_function_mode
 from vispec.decoding import DecodingConfig, WindowStats, decode
+from vispec.eval.bench.configs import ALL_METHODS, TRAINED_MODELS, DecoderBenchConfig  # noqa: F401 - re-exported
 from vispec.eval.bench.commits import KEY as COMMITS_KEY, format_commits_table, histogram, merge, share
 from vispec.eval.bench.memory import PeakMemory
-from vispec.eval.bench.report import check_device, environment
-from vispec.models.llamagen_gpt import GPT_CONFIGS, LlamaGenCondition, LlamaGenGPT
+from vispec.eval.bench.report import environment
+from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.profiling import HostSyncCounter
 from vispec.sampling import SamplingConfig
 
-ALL_METHODS = ("ar", "sjd-random", "sjd-horizontal", "sjd-vertical", "mc-sjd-maximal", "mc-sjd-gumbel")
-TRAINED_MODELS = ("tiny-c2i",)  # embedded pipelines whose transformer the bench can load
 WARMUP_RUNS = 3  # at most, per contender and batch size: a warm-up run is repeated while it compiled a graph
-
-
-@dataclass
-class DecoderBenchConfig:
-    model: str = "GPT-mini"
-    vocab_size: int = 16384
-    image_tokens: int = 256
-    num_classes: int = 1000
-    init_std: float = 0.02
-    methods: tuple[str, ...] = ALL_METHODS
-    window: int = 16
-    num_images: int = 4
-    batch_size: int = 1
-    batch_sizes: Optional[tuple[int, ...]] = None
-    compile: bool = False
-    rounds: int = 3
-    threads: int = 0
-    guidance_scale: float = 2.0
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str = "float32"
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def sweep(self) -> bool:
-        """Whether this is a batch sweep (``batch_sizes`` or ``compile`` given) rather than the one-batch-size run."""
-        return self.batch_sizes is not None or self.compile
-
-    def validate(self) -> None:
-        if self.model not in GPT_CONFIGS and self.model not in TRAINED_MODELS:
-            raise ValueError(f"unknown model {self.model!r}; expected one of {sorted(GPT_CONFIGS) + list(TRAINED_MODELS)}")
-        for method in self.methods:
-            decoding_config(method, self.window)
-        for name in ("num_images", "batch_size", "image_tokens", "vocab_size", "num_classes", "rounds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
-            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
-        if self.compile:
-            for method in self.methods:
-                if decoding_config(method, self.window).strategy not in ("ar", "sjd", "mc-sjd", "sjd-pac"):
-                    raise ValueError(f"--compile applies to ar, sjd, mc-sjd and sjd-pac, not {method!r}")
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0 (0: leave torch's thread count), got {self.threads}")
-        if self.init_std <= 0:
-            raise ValueError(f"init_std must be > 0, got {self.init_std}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        check_device(self.device)
 
 
 def decoding_config(method: str, window: int) -> DecodingConfig:

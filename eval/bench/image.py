@@ -69,16 +69,17 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from vispec.decoding import AcceptanceConfig, DecodingConfig
+from vispec.eval.bench.configs import ImageBenchConfig  # noqa: F401 - re-exported
 from vispec.eval.bench.commits import KEY as COMMITS_KEY, commits_plot, format_commits_table, merge as merge_commits
 from vispec.eval.bench.commits import share as commits_share
 from vispec.eval.bench.memory import PeakMemory
-from vispec.eval.bench.report import check_device, environment
+from vispec.eval.bench.report import environment
 from vispec.eval.bench.distributed import Workers, one_process_seconds, open_store, run_units
 
 SEED_STRIDE = 1_000_003
@@ -87,53 +88,6 @@ SEED_STRIDE = 1_000_003
 RESEED_OFFSET = 100_000_007
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..10 (beyond: the normal 1.96 is within 10%)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-
-
-@dataclass
-class ImageBenchConfig:
-    model: str = "tiny-c2i"
-    methods: tuple[str, ...] = ("ar", "sjd", "mc-sjd")
-    num_images: int = 1000
-    batch_size: int = 32
-    latency_images: int = 16
-    real_images: int = 1000
-    noise_repeats: int = 3
-    seed: int = 0
-    guidance_scale: Optional[float] = None
-    temperature: Optional[float] = None
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    evaluator: Optional[str] = None  # class-to-image: defaults to the model folder's "evaluator" subfolder
-    clip: Optional[str] = None  # text-to-image: a CLIP folder, defaults to the model folder's "clip" subfolder
-    device: str = "cpu"
-    lantern_k: tuple[int, ...] = (1000,)
-    lantern_delta: tuple[float, ...] = (0.1,)
-    batch_sizes: Optional[tuple[int, ...]] = None
-    compile: bool = False
-    rounds: int = 3
-    sweep_images: int = 16
-    results_dir: Optional[str] = None  # every image's result, written as its batch finishes; a rerun skips them
-    num_processes: Optional[int] = None  # the processes launched (torchrun); another world size is an error
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def sweep(self) -> bool:
-        """Whether a throughput sweep runs (``batch_sizes`` or ``compile`` given)."""
-        return self.batch_sizes is not None or self.compile
-
-    def validate(self) -> None:
-        """The numeric settings, before any model is loaded: a late failure would lose hours of work."""
-        for name in ("batch_size", "latency_images", "noise_repeats", "rounds", "sweep_images"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_images", "real_images"):  # FID needs two images per side
-            if getattr(self, name) < 2:
-                raise ValueError(f"{name} must be >= 2 (FID needs at least two images), got {getattr(self, name)}")
-        if self.noise_repeats > 40:
-            raise ValueError(f"noise_repeats must be <= 40 (distinct 32-bit seeds), got {self.noise_repeats}")
-        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
-            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
-        check_device(self.device)
 
 
 def expand_methods(methods: tuple[str, ...], lantern_k: tuple[int, ...], lantern_delta: tuple[float, ...]) -> list[str]:

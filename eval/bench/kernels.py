@@ -27,12 +27,13 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 import torch
 
 from vispec.eval.bench.report import check_device, environment
+from vispec.eval.bench.configs import KernelBenchConfig  # noqa: F401 - re-exported
 from vispec.kernels.backend import triton_available
 from vispec.kernels.target import Target
 from vispec.kernels.unmask import RowNoise, unmask_candidates
@@ -42,40 +43,6 @@ from vispec.sampling import SamplingConfig
 # HBM bandwidth in GB/s by device-name fragment (vendor data sheets)
 PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 80GB HBM3": 3350.0, "H100 PCIe": 2000.0, "H100": 3350.0,
              "A100-SXM4-80GB": 2039.0, "A100 80GB": 1935.0, "A100": 1555.0, "L40S": 864.0, "RTX 4090": 1008.0}
-
-
-@dataclass
-class KernelBenchConfig:
-    rows: tuple[int, ...] = (16, 128, 512, 2048)
-    vocab: tuple[int, ...] = (8192, 16384, 126464)
-    window: int = 16
-    guidance_scale: float = 4.0
-    dtype: str = "float32"
-    device: str = "auto"
-    repeats: int = 0  # 0: as many as fit in max_seconds (at least 1, at most 20)
-    max_seconds: float = 5.0
-    step_batch: int = 0  # samples in the decoding-step shares (0: 32 on CUDA, 4 on CPU)
-    peak_gbps: Optional[float] = None
-    ops: tuple[str, ...] = ("verify", "unmask")
-    compile_check: bool = True
-    seed: int = 0
-    extra: dict = field(default_factory=dict)
-
-    def validate(self) -> None:
-        if not self.rows or any(r < 1 for r in self.rows):
-            raise ValueError(f"rows must be positive integers, got {self.rows}")
-        if not self.vocab or any(v < 2 for v in self.vocab):
-            raise ValueError(f"vocab must be integers >= 2, got {self.vocab}")
-        if self.window < 2:
-            raise ValueError(f"window must be >= 2, got {self.window}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        unknown = set(self.ops) - {"verify", "unmask"}
-        if unknown or not self.ops:
-            raise ValueError(f"ops must be a non-empty subset of verify, unmask; got {self.ops}")
-        if self.max_seconds <= 0 or self.repeats < 0:
-            raise ValueError("max_seconds must be > 0 and repeats >= 0")
-        _device(self.device)
 
 
 def _device(name: str) -> torch.device:
@@ -241,19 +208,30 @@ def _window_verify(sampling: SamplingConfig, backend: str, window: int) -> Calla
     return run
 
 
-def _compile_results() -> dict:
+def _compile_results(progress_bar: Optional[bool] = None) -> dict:
+    """Run :mod:`vispec.kernels.compile_check` for sm_80 and sm_90 in a subprocess (the Triton interpreter off).
+
+    With a progress bar (``progress_bar``, or ``None`` and stderr a terminal) the check draws its tqdm bar on
+    this process's stderr, where its own errors then go too; without one, stderr is captured and its last line
+    can be the summary."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "0"
-    run = subprocess.run([sys.executable, "-m", "vispec.kernels.compile_check", "--arch", "80", "--arch", "90"],
-                         env=env, capture_output=True, text=True)
-    lines = (run.stdout + run.stderr).strip().splitlines()
-    return {"returncode": run.returncode, "summary": lines[-1] if lines else "", "failures": [l for l in lines if l.startswith("FAILED")]}
+    bar = sys.stderr.isatty() if progress_bar is None else progress_bar
+    command = [sys.executable, "-m", "vispec.kernels.compile_check", "--arch", "80", "--arch", "90"]
+    run = subprocess.run(command + (["--progress"] if bar else []), env=env, stdout=subprocess.PIPE,
+                         stderr=None if bar else subprocess.PIPE, text=True)
+    lines = (run.stdout + (run.stderr or "")).strip().splitlines()
+    summary = lines[-1] if lines else ""
+    if bar and run.returncode and not run.stdout.strip():
+        summary = f"the compile check failed with exit status {run.returncode} (its messages are above)"
+    return {"returncode": run.returncode, "summary": summary, "failures": [l for l in lines if l.startswith("FAILED")]}
 
 
 def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = print,
-                     partial: Optional[Callable[[dict], None]] = None) -> dict:
+                     partial: Optional[Callable[[dict], None]] = None, progress_bar: Optional[bool] = None) -> dict:
     """Run the benchmark (module docstring); returns a JSON-ready dict. ``partial(result)`` receives the
-    cells so far after every cell and step share, for an incremental JSON."""
+    cells so far after every cell and step share, for an incremental JSON. ``progress_bar``: a tqdm bar on stderr
+    over the compile check's configurations (minutes); ``None``: when stderr is a terminal."""
     cfg.validate()
     device = _device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
@@ -276,7 +254,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
                 for backend in backends:
                     if op == "verify":
                         _, moved = problem.step(backend)
-                        fn = lambda b=backend: problem.step(b)  # noqa: E731
+                        fn = lambda b=backend, p=problem: p.step(b)  # noqa: E731
                     else:
                         moved = problem.cond.numel() * problem.cond.element_size()
                         fn = _unmask_op(problem.cond, backend)
@@ -324,7 +302,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
                           "(their sm_80/sm_90 compile results are under 'compile')")
         if cfg.compile_check and triton_available():
             progress("compiling every kernel configuration for sm_80 and sm_90 ...")
-            result["compile"] = _compile_results()
+            result["compile"] = _compile_results(progress_bar)
     return result
 
 

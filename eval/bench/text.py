@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import torch
+if TYPE_CHECKING:
+    from vispec.eval.bench.distributed import Workers
 
-from vispec.eval.bench.memory import PeakMemory
-from vispec.eval.bench.report import check_device, environment
-from vispec.eval.bench.distributed import Workers, one_process_seconds, open_store, run_units
+# Nothing heavy at import time: the CLI builds `vispec bench text`'s flags from TextBenchConfig, and
+# `vispec ... --help` must not wait for torch (tests/cli/test_cli_startup.py). torch, the pipelines and the
+# distributed helpers are imported by the functions that run the benchmark.
 
 STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous", "learn2pd")
 # rules a setting may add to its strategy (``strategy+rule@cache``): Learn2PD's end-of-text prediction, Prophet's
@@ -44,11 +45,15 @@ RULES = ("eotp", "prophet", "adablock")
 
 def parse_setting(text: str) -> tuple[str, tuple[str, ...], str]:
     """``"learn2pd+eotp@dual"`` -> ``("learn2pd", ("eotp",), "dual")``: a strategy, optional ``+rule``s and an
-    optional ``@cache`` (default ``none``)."""
+    optional ``@cache`` (default ``none``). Anything else (an empty part: ``"threshold@"``, ``"threshold+"``,
+    ``"@dual"``) is a ``ValueError`` naming the setting."""
     from vispec.dllm import CACHES
 
-    head, _, cache = text.partition("@")
+    head, at, cache = text.partition("@")
     strategy, *rules = head.split("+")
+    if at and not cache:
+        raise ValueError(f"settings: {text!r} names no cache after '@'; expected strategy[+rule...][@cache], a cache "
+                         f"from {CACHES} (or no '@': no cache)")
     cache = cache or "none"
     if strategy not in STRATEGIES:
         raise ValueError(f"settings: unknown strategy {strategy!r} in {text!r}; expected one of {STRATEGIES}")
@@ -104,6 +109,8 @@ class TextBenchConfig:
         self.rule_options({"eotp", "prophet", "adablock"}, None)  # validates their settings
         for strategy in set(self.strategies) | {parse_setting(t)[0] for t in self.settings}:
             _scheduler(self, strategy)  # validates the strategies' settings (threshold, factor, ...)
+        from vispec.eval.bench.report import check_device
+
         check_device(self.device)
 
     def rule_options(self, rules: set, tokenizer) -> dict:
@@ -139,14 +146,28 @@ def _scheduler(cfg: TextBenchConfig, strategy: str):
     return make_scheduler(strategy, **settings)
 
 
+def _row_bar(total: int, desc: str, enabled: Optional[bool]):
+    """A tqdm bar (``tqdm.auto``, on stderr) over the problems of one run, removed when the run ends (its line
+    follows); ``enabled=None``: only when stderr is a terminal, as ``vispec bench image``'s bar. Every update is
+    drawn (``mininterval=0``): one comes per batch of problems, a model call apart, so none is worth skipping."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="problem", leave=False, disable=None if enabled is None else not enabled,
+                dynamic_ncols=True, mininterval=0, miniters=1)
+
+
 def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBenchConfig, early_stop_eos: bool,
-         options: dict, workers: Workers, store, group: str) -> Optional[dict]:
+         options: dict, workers: Workers, store, group: str, tick: Optional[Callable[[int], None]] = None,
+         ) -> Optional[dict]:
     """Decode ``items`` in units of ``batch_size`` (this process's share, :mod:`vispec.eval.bench.distributed`); on rank 0
-    the row: accuracy and speed from every problem's record (None on the other ranks).
+    the row: accuracy and speed from every problem's record (None on the other ranks). ``tick(n)`` after each unit
+    of ``n`` problems (decoded, or found in the results folder).
 
     Times are per unit: ``wall_s`` is the sum of the units' wall times (one process decoding every problem),
     tokens/s is the generated tokens over it, latency per problem is ``wall_s / n`` at batch 1 and the mean
     per-row latency inside the batch otherwise."""
+    from vispec.eval.bench.distributed import one_process_seconds, run_units
+    from vispec.eval.bench.memory import PeakMemory
 
     def compute(unit: range) -> dict:
         chunk = [items[i] for i in unit]
@@ -160,7 +181,7 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
                      "unit_size": len(unit), "peak_mem_mb": memory.peak_mb}, {})
                 for i, item, text, stats in zip(unit, chunk, out.texts, out.stats)}
 
-    records = run_units(workers, len(items), batch_size, compute, store, group)
+    records = run_units(workers, len(items), batch_size, compute, store, group, tick=tick)
     if records is None:
         return None
     records = [record for record, _ in records]
@@ -178,19 +199,25 @@ def result_settings(cfg: TextBenchConfig) -> dict:
     """What a stored problem's result depends on (:class:`vispec.eval.bench.results.ResultStore`): everything but the
     number of problems (problem ``i`` is the same for any count, so a larger run reuses a smaller one's), the
     results folder and the process count."""
+    import torch
+
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("num_problems", "results_dir", "num_processes")}
     settings["device"] = torch.device(cfg.device).type
     return settings
 
 
 def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print,
-                   partial: Optional[Callable[[dict], None]] = None) -> Optional[dict]:
-    """Run the benchmark (module docstring); ``partial(result)`` receives the runs so far after every run.
+                   partial: Optional[Callable[[dict], None]] = None, progress_bar: Optional[bool] = None) -> Optional[dict]:
+    """Run the benchmark (module docstring); ``partial(result)`` receives the runs so far after every run, and
+    ``progress(line)`` a line per run; within a run (minutes, for the reference at a long ``gen_length``) a tqdm bar
+    on stderr counts its problems (``progress_bar``: ``None`` = when stderr is a terminal; rank 0 only).
 
     Under ``torchrun`` every process decodes its share of each run's problems (:mod:`vispec.eval.bench.distributed`)
     and rank 0 computes the rows and returns the result; the other ranks return None. With ``results_dir``
     every problem's result is stored as its batch finishes and a rerun decodes only what is missing
     (:mod:`vispec.eval.bench.results`). Problem ``i`` decodes the same tokens for any process count."""
+    from vispec.eval.bench.distributed import Workers, open_store
+    from vispec.eval.bench.report import environment
     from vispec.eval.bench.text_tasks import get_task, split_items
     from vispec.models.checkpoints import check_pipeline_folder
     from vispec.pipelines import MaskedDiffusionLMPipeline
@@ -229,8 +256,11 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
                        "task": task.name, "batch_size": batch_size,
                        "reference": (strategy, rules, cache, early_stop) == reference}
                 group = f"{task.name}/{setting_name(row)}/B{batch_size}"
-                measured = _run(pipe, items, task, _scheduler(cfg, strategy), cache, batch_size, cfg, early_stop, options,
-                                workers, store, group)
+                share = sum(len(unit) for unit in workers.my_units(len(items), batch_size))
+                with _row_bar(share, f"{task.name} {setting_name(row)} B={batch_size}",
+                              progress_bar if workers.is_main else False) as bar:
+                    measured = _run(pipe, items, task, _scheduler(cfg, strategy), cache, batch_size, cfg, early_stop,
+                                    options, workers, store, group, tick=bar.update)
                 if measured is None:
                     continue
                 row.update(measured)

@@ -28,9 +28,11 @@ from typing import Callable
 
 from diffusers import VQModel
 
+from vispec.checks import check_number
 from vispec.decoding import DecodingConfig
 from vispec.eval.bench.data import CLASS_NAMES
 from vispec.eval.bench.evaluator import CropClassifier
+from vispec.eval.train.common import (Namer, check_decoding_defaults, check_fields, check_folder, field_name)
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenGPT
 
@@ -74,9 +76,24 @@ class AssembleConfig:
     window: int = 16
     init: str = "horizontal"
 
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before anything is read (:mod:`vispec.eval.train.common`)."""
+        check_output(self, name)
+        check_decoding_defaults(self, name)
+        for field, what in (("vq", "`vispec train vq`"), ("gpt", "`vispec train gpt`"), ("evaluator", "`vispec train evaluator`")):
+            check_folder(self, field, name, holds="config.json", what=f"the folder {what} wrote")
+
+
+def check_output(cfg, name: Namer = field_name) -> None:
+    """``cfg.out``: a non-empty path (the CLI checks that it can be written)."""
+    if not isinstance(cfg.out, str) or not cfg.out:
+        raise ValueError(f"{name('out')} must be a folder path, got {cfg.out!r}")
+
 
 def assemble(cfg: AssembleConfig) -> dict:
     from vispec.pipelines import LlamaGenPipeline
+
+    cfg.validate()
 
     transformer = LlamaGenGPT.from_pretrained(cfg.gpt, **diffusers_load_kwargs()).eval()
     vqvae = VQModel.from_pretrained(cfg.vq, **diffusers_load_kwargs()).eval()
@@ -110,11 +127,19 @@ class DrafterAssembleConfig:
     pipeline: str = "models/pretrained/tiny-c2i"
     lantern_k: int = 1000  # neighbour table stored with the pipeline (LANTERN's default k)
 
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before anything is read (:mod:`vispec.eval.train.common`)."""
+        check_fields(self, name, counts=("lantern_k",))
+        check_folder(self, "drafter", name, holds="config.json", what="the folder `vispec train drafter` wrote")
+        check_folder(self, "pipeline", name, holds="model_index.json", what="a LlamaGenPipeline folder")
+
 
 def assemble_drafter(cfg: DrafterAssembleConfig) -> dict:
     """Add a trained drafter to a pipeline folder (``drafter/`` component) and store the LANTERN
     neighbour table of its tokenizer, so ``decoding="sd"`` and ``acceptance="lantern"`` work offline."""
     from vispec.pipelines.llamagen import LlamaGenPipeline
+
+    cfg.validate()
 
     pipe = LlamaGenPipeline.from_pretrained(cfg.pipeline)
     drafter = LlamaGenGPT.from_pretrained(cfg.drafter).eval()
@@ -139,6 +164,16 @@ class MDLMAssembleConfig:
     # limit decoding checks. 0 keeps the trained model's (tiny-mdlm: 256)
     max_sequence_length: int = 0
 
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before anything is read (:mod:`vispec.eval.train.common`)."""
+        check_output(self, name)
+        check_fields(self, name, counts=("block_length",), non_negative=("gen_length", "max_sequence_length"))
+        check_number(name("threshold"), self.threshold, minimum=0, maximum=1, exclusive_minimum=True)
+        if self.gen_length and self.gen_length % self.block_length:
+            raise ValueError(f"{name('gen_length')} ({self.gen_length}) must be a multiple of {name('block_length')} "
+                             f"({self.block_length})")
+        check_folder(self, "trained", name, holds="train_config.json", what="the folder `vispec train mdlm` wrote")
+
 
 def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
     from vispec.dllm import ThresholdScheduler
@@ -146,6 +181,7 @@ def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
     from vispec.models.llada import LLaDAModelLM
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
+    cfg.validate()
     record = read_record(cfg.trained, required=True)
     gen_length = cfg.gen_length or record["config"]["answer_length"]
     if gen_length % cfg.block_length:
@@ -231,6 +267,15 @@ class T2IAssembleConfig:
     top_p: float = 1.0
     window: int = 16
 
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before anything is read (:mod:`vispec.eval.train.common`); ``clip`` may be empty (none)."""
+        check_output(self, name)
+        check_decoding_defaults(self, name)
+        check_folder(self, "vq", name, holds="config.json", what="the folder `vispec train vq --data scenes` wrote")
+        check_folder(self, "t2i", name, holds="train_config.json", what="the folder `vispec train t2i` wrote")
+        if self.clip:
+            check_folder(self, "clip", name, what="the folder `vispec train clip` wrote (or empty: no CLIP)")
+
 
 def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
     """Write tiny-t2i (a ``UnifiedImagePipeline``: the Chameleon decoder, its caption tokenizer, the scene VQ) with
@@ -240,6 +285,7 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
     from vispec.eval.train.t2i import DOWNSAMPLE, RESOLUTION_UNIT
     from vispec.pipelines import UnifiedImagePipeline
 
+    cfg.validate()
     record = read_record(cfg.t2i, required=True)
     vocab = record["metrics"]["vocabulary"]
     transformer = ChameleonForConditionalGeneration.from_pretrained(cfg.t2i).eval()

@@ -57,7 +57,9 @@ from torch import Tensor
 
 from vispec.eval.bench.scenes import (CAPTION_WORDS, COLOURS, NUMBERS, SHAPES, SIZES, Scene, SceneSampler,
                                       format_caption, parse_caption, split_of)
-from vispec.eval.train.common import adamw, fit, warmup_cosine, write_record
+from vispec.checks import check_int
+from vispec.eval.train.common import (Namer, adamw, check_common, check_fields, field_name, fit, warmup_cosine,
+                                      write_record)
 
 SWAP_KINDS = ("colour", "count", "shape", "relation", "size")
 OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
@@ -87,6 +89,10 @@ class CLIPTrainConfig:
     seed: int = 0
     log_every: int = 25
     threads: int = 1  # > 0: torch.set_num_threads(threads); 0 leaves it as is
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.common`)."""
+        _check(self, name)
 
 
 # ------------------------------------------------------------------------------------------ hard negatives
@@ -253,23 +259,23 @@ def embed(model, processor, images: Sequence[Tensor] = (), texts: Sequence[str] 
 
 
 # --------------------------------------------------------------------------------------------- training
-def _check(cfg: CLIPTrainConfig) -> None:
-    for name in ("steps", "batch_size", "hidden_size", "vision_layers", "text_layers", "heads", "projection_dim",
-                 "image_size", "patch_size", "text_length", "eval_candidates", "log_every"):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if cfg.eval_candidates < 2:
-        raise ValueError(f"eval_candidates must be at least 2, got {cfg.eval_candidates}")
-    if not cfg.lr > 0 or not cfg.weight_decay >= 0:
-        raise ValueError(f"lr must be positive and weight_decay non-negative, got {cfg.lr!r} and {cfg.weight_decay!r}")
-    if isinstance(cfg.threads, bool) or not isinstance(cfg.threads, int) or cfg.threads < 0:
-        raise ValueError(f"threads must be a non-negative int, got {cfg.threads!r}")
-    if cfg.text_length < 12:  # the longest caption: 10 words, BOS and EOS
-        raise ValueError(f"text_length must be at least 12 (the longest caption with BOS and EOS), got {cfg.text_length}")
+def _check(cfg: CLIPTrainConfig, name: Namer = field_name) -> None:
+    """:meth:`CLIPTrainConfig.validate`: every field, errors naming ``name(field)``."""
+    check_common(cfg, name)
+    check_fields(cfg, name, counts=("hidden_size", "vision_layers", "text_layers", "heads", "projection_dim", "image_size",
+                                    "patch_size"),
+                 non_negative=("warmup", "threads"))
+    check_int(name("eval_candidates"), cfg.eval_candidates, minimum=2)
+    # the longest caption: 10 words, BOS and EOS
+    check_int(name("text_length"), cfg.text_length, minimum=12, hint=" (the longest caption with BOS and EOS)")
+    if cfg.image_size % cfg.patch_size:
+        raise ValueError(f"{name('image_size')} ({cfg.image_size}) must be a multiple of {name('patch_size')} "
+                         f"({cfg.patch_size})")
+    if cfg.hidden_size % cfg.heads:
+        raise ValueError(f"{name('hidden_size')} ({cfg.hidden_size}) must be a multiple of {name('heads')} ({cfg.heads})")
     bad = [k for k in cfg.hard_negatives if k not in SWAP_KINDS]
     if bad:
-        raise ValueError(f"hard_negatives must be kinds among {SWAP_KINDS}, got {bad}")
+        raise ValueError(f"{name('hard_negatives')} must be kinds among {SWAP_KINDS}, got {bad}")
 
 
 def batch_texts(captions: list[str], kinds: Sequence[str], rng: np.random.Generator,

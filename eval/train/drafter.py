@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from vispec.eval.train.common import fit_sequences, write_record
+from vispec.eval.train.common import (Namer, check_common, check_fields, check_heads, check_pipeline_name, field_name,
+                                      fit_sequences, write_record)
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 
 
@@ -43,6 +44,21 @@ class DrafterTrainConfig:
     class_dropout_prob: float = 0.1
     seed: int = 0
     log_every: int = 25
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.common`); ``target`` must be an embedded model or a
+        local pipeline folder, ``sample_decoding`` a decoding spec."""
+        from vispec.decoding import DecodingConfig
+
+        check_common(self, name)
+        check_fields(self, name, counts=("num_sequences", "sample_batch", "dim", "n_layer", "n_head"),
+                     fractions=("class_dropout_prob",))
+        check_heads(self, "dim", "n_head", name, multiple=4)
+        try:
+            DecodingConfig.parse(self.sample_decoding)
+        except ValueError as err:
+            raise ValueError(f"{name('sample_decoding')}: {err}") from None
+        check_pipeline_name(self, "target", name)
 
 
 @torch.no_grad()
@@ -73,6 +89,7 @@ def build_drafter(cfg: DrafterTrainConfig, target: LlamaGenGPT) -> LlamaGenGPT:
 
 
 def train_drafter(cfg: DrafterTrainConfig) -> dict:
+    cfg.validate()
     torch.manual_seed(cfg.seed)
     os.makedirs(cfg.out, exist_ok=True)
     cache = os.path.join(cfg.out, f"samples_{cfg.num_sequences}_{cfg.seed}.pt")

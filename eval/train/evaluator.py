@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from vispec.eval.bench.data import CropSampler, to_model_range
 from vispec.eval.bench.evaluator import CropClassifier, classify_accuracy
-from vispec.eval.train.common import fit, warmup_cosine, write_record
+from vispec.eval.train.common import Namer, check_common, check_fields, field_name, fit, warmup_cosine, write_record
 
 
 @dataclass
@@ -28,8 +28,14 @@ class EvaluatorTrainConfig:
     seed: int = 0
     log_every: int = 50
 
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.common`)."""
+        check_common(self, name)
+        check_fields(self, name, counts=("width", "feature_dim", "eval_images"))
+
 
 def train_evaluator(cfg: EvaluatorTrainConfig) -> dict:
+    cfg.validate()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     train, held_out = CropSampler("train"), CropSampler("eval")

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from vispec.checks import check_int, check_number
+from vispec.eval.train.common import Namer, check_common, check_pipeline_name, field_name
 
 SPLITS = (0.8, 0.1, 0.1)
 
@@ -62,16 +63,26 @@ class FilterTrainConfig:
     seed: int = 0
     threads: int = 2
 
-    def validate(self) -> None:
-        for name in ("prompts_per_task", "batch_size", "hidden_size", "epochs", "threads"):
-            check_int(name, getattr(self, name), minimum=1)
-        for name in ("gen_length", "block_length"):
-            check_int(name, getattr(self, name), minimum=0, hint=" (0 = the pipeline's default)")
-        check_number("lr", self.lr, minimum=0, exclusive_minimum=True)
-        check_number("weight_decay", self.weight_decay, minimum=0)
-        check_number("threshold", self.threshold, minimum=0, maximum=1, exclusive_minimum=True)
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.common`); ``model`` must be an embedded model or a
+        local pipeline folder."""
+        from vispec.eval.bench.text_tasks import TASKS
+
+        check_common(self, name)
+        for key in ("prompts_per_task", "batch_size", "hidden_size", "epochs", "threads"):
+            check_int(name(key), getattr(self, key), minimum=1)
+        for key in ("gen_length", "block_length"):
+            check_int(name(key), getattr(self, key), minimum=0, hint=" (0 = the pipeline's default)")
+        check_number(name("threshold"), self.threshold, minimum=0, maximum=1, exclusive_minimum=True)
         if not self.tasks:
-            raise ValueError("tasks must name at least one task")
+            raise ValueError(f"{name('tasks')} must name at least one task")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"{name('tasks')} must name tasks among {', '.join(TASKS)}, got {','.join(self.tasks)}")
+        if self.gen_length and self.block_length and self.gen_length % self.block_length:
+            raise ValueError(f"{name('gen_length')} ({self.gen_length}) must be a multiple of {name('block_length')} "
+                             f"({self.block_length})")
+        check_pipeline_name(self, "model", name)
 
 
 @torch.no_grad()

@@ -18,7 +18,8 @@ from diffusers import VQModel
 from tqdm.auto import tqdm
 
 from vispec.eval.bench.data import CropSampler, to_model_range
-from vispec.eval.train.common import fit_sequences, write_record
+from vispec.eval.train.common import (Namer, check_common, check_fields, check_folder, check_heads, field_name,
+                                      fit_sequences, write_record)
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import encode_to_tokens
@@ -40,6 +41,14 @@ class GPTTrainConfig:
     dropout: float = 0.0  # one pass over the data: regularisation only slows learning
     seed: int = 0
     log_every: int = 25
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.common`); ``vq`` must be a local VQ folder."""
+        check_common(self, name)
+        check_fields(self, name, counts=("num_sequences", "dim", "n_layer", "n_head"),
+                     fractions=("class_dropout_prob", "dropout"))
+        check_heads(self, "dim", "n_head", name, multiple=4)
+        check_folder(self, "vq", name, holds="config.json", what="the VQ folder `vispec train vq` wrote")
 
 
 @torch.no_grad()
@@ -65,6 +74,7 @@ def build_gpt(cfg: GPTTrainConfig, vocab_size: int, num_classes: int) -> LlamaGe
 
 
 def train_gpt(cfg: GPTTrainConfig) -> dict:
+    cfg.validate()
     torch.manual_seed(cfg.seed)
     vq = VQModel.from_pretrained(cfg.vq, **diffusers_load_kwargs()).eval()
     os.makedirs(cfg.out, exist_ok=True)

@@ -36,7 +36,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from vispec.eval.bench.text_tasks import TextItem, TextTask, get_task, split_items, train_stream
-from vispec.eval.train.common import adamw, warmup_cosine, write_record
+from vispec.checks import check_number
+from vispec.eval.train.common import Namer, adamw, check_common, check_fields, check_heads, field_name, warmup_cosine, write_record
 from vispec.eval.train.tokenizer import answer_ids, decode_answer, eot_token_id, prompt_ids, train_task_tokenizer
 from vispec.models.llada import LLaDAModelLM
 
@@ -84,6 +85,47 @@ class MDLMTrainConfig:
     eval_answer_length: int = 0  # final evaluation canvas (0: answer_length)
     eval_block_length: int = 0  # final evaluation semi-autoregressive block (0: the whole canvas as one block)
     eval_batch_size: int = 64
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.common`); ``init_from`` must name a local trained or
+        pipeline folder or an embedded model (nothing is downloaded)."""
+        from vispec.eval.bench.text_tasks import TASKS
+
+        check_common(self, name)
+        check_fields(self, name, counts=("answer_length", "warmup", "d_model", "n_layers", "n_heads", "mlp_hidden_size",
+                                         "eval_n", "tokenizer_corpus", "eval_batch_size"),
+                     non_negative=("n_kv_heads", "eval_every", "final_eval_n", "threads", "long_answer_length",
+                                   "long_every", "long_batch_size", "eval_answer_length", "eval_block_length"),
+                     positive=("rope_theta",), non_negative_numbers=("max_minutes",))
+        check_number(name("mask_eps"), self.mask_eps, minimum=0, maximum=1, exclusive_minimum=True)
+        if self.mask_eps == 1:
+            raise ValueError(f"{name('mask_eps')} must be in (0, 1) (1 would mask every token always), got {self.mask_eps}")
+        if not self.tasks or any(t not in TASKS for t in self.tasks) or len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"{name('tasks')} must name distinct tasks among {', '.join(TASKS)}, got "
+                             f"{','.join(self.tasks) or 'none'}")
+        if len(self.task_weights) != len(self.tasks):
+            raise ValueError(f"{name('task_weights')} must give one weight per task of {name('tasks')} "
+                             f"({len(self.tasks)}: {','.join(self.tasks)}), got {len(self.task_weights)}")
+        for weight in self.task_weights:
+            check_number(name("task_weights"), weight, minimum=0, hint=" (each)")
+        if not sum(self.task_weights) > 0:
+            raise ValueError(f"{name('task_weights')} must not all be 0, got {self.task_weights}")
+        check_heads(self, "d_model", "n_heads", name)
+        if self.n_kv_heads and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"{name('n_heads')} ({self.n_heads}) must be a multiple of {name('n_kv_heads')} "
+                             f"({self.n_kv_heads})")
+        if bool(self.long_every) != bool(self.long_answer_length):
+            raise ValueError(f"{name('long_every')} and {name('long_answer_length')} must both be > 0 (a length mix) or "
+                             f"both 0, got {self.long_every} and {self.long_answer_length}")
+        canvas = self.eval_answer_length or self.answer_length
+        if self.eval_block_length and canvas % self.eval_block_length:
+            raise ValueError(f"{name('eval_block_length')} ({self.eval_block_length}) must divide the evaluation canvas "
+                             f"({canvas})")
+        if self.init_from:
+            try:
+                resolve_init_folders(self.init_from)
+            except ValueError as err:
+                raise ValueError(f"{name('init_from')}: {str(err).removeprefix('init_from: ')}") from None
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -278,18 +320,7 @@ def check_vocabulary(tokenizer: PreTrainedTokenizerFast, tasks: list[TextTask], 
 def train_mdlm(cfg: MDLMTrainConfig) -> dict:
     """Train (seeded), log to ``out/train_log.jsonl``, save ``out/transformer`` (diffusers folder),
     ``out/tokenizer`` and ``out/train_config.json``; returns the metrics."""
-    if len(cfg.tasks) != len(cfg.task_weights) or not cfg.tasks:
-        raise ValueError(f"tasks and task_weights must be non-empty and of equal length, got {cfg.tasks}, {cfg.task_weights}")
-    if cfg.steps < 1 or cfg.batch_size < 1:
-        raise ValueError(f"steps and batch_size must be >= 1, got steps={cfg.steps}, batch_size={cfg.batch_size}")
-    if cfg.long_batch_size < 0:
-        raise ValueError(f"long_batch_size must be >= 0, got {cfg.long_batch_size}")
-    if cfg.long_every < 0 or cfg.long_answer_length < 0 or bool(cfg.long_every) != bool(cfg.long_answer_length):
-        raise ValueError(f"long_every and long_answer_length must both be > 0 (a length mix) or both 0, got "
-                         f"long_every={cfg.long_every}, long_answer_length={cfg.long_answer_length}")
-    if cfg.eval_block_length and (cfg.eval_answer_length or cfg.answer_length) % cfg.eval_block_length:
-        raise ValueError(f"eval_block_length ({cfg.eval_block_length}) must divide the evaluation canvas "
-                         f"({cfg.eval_answer_length or cfg.answer_length})")
+    cfg.validate()
     tasks = make_tasks(cfg)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)

@@ -24,7 +24,9 @@ from diffusers import VQModel
 from tqdm.auto import tqdm
 
 from vispec.eval.bench.scenes import CAPTION_WORDS, DEFAULT_SIZES, SceneSampler
-from vispec.eval.train.common import adamw, fit, warmup_cosine, write_record
+from vispec.checks import check_int
+from vispec.eval.train.common import (Namer, adamw, check_common, check_fields, check_folder, check_heads, field_name, fit,
+                                      warmup_cosine, write_record)
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_vq import encode_to_tokens
 
@@ -48,6 +50,15 @@ class T2ITrainConfig:
     caption_dropout: float = 0.1
     seed: int = 0
     log_every: int = 25
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.common`); ``vq`` must be a local VQ folder."""
+        check_common(self, name)
+        check_fields(self, name, counts=("hidden_size", "layers", "heads"), fractions=("caption_dropout",))
+        check_int(name("num_sequences"), self.num_sequences, minimum=len(DEFAULT_SIZES),
+                  hint=f" (split between the {len(DEFAULT_SIZES)} scene sizes)")
+        check_heads(self, "hidden_size", "heads", name)
+        check_folder(self, "vq", name, holds="config.json", what="the scene VQ folder `vispec train vq --data scenes` wrote")
 
 
 def caption_tokenizer():
@@ -136,6 +147,7 @@ def row_logits(model, batch: dict[str, torch.Tensor], head_ids: torch.Tensor) ->
 
 
 def train_t2i(cfg: T2ITrainConfig) -> dict:
+    cfg.validate()
     torch.manual_seed(cfg.seed)
     vq = VQModel.from_pretrained(cfg.vq, **diffusers_load_kwargs()).eval()
     tokenizer = caption_tokenizer()

@@ -28,8 +28,9 @@ from diffusers import VQModel
 
 from vispec.eval.bench.data import CropSampler, to_model_range
 from vispec.eval.bench.scenes import DEFAULT_SIZES, SceneSampler
-from vispec.eval.train.common import fit, warmup_cosine, write_record
-from vispec.models.llamagen_vq import llamagen_vq_config
+from vispec.eval.train.common import (Namer, check_choice, check_common, check_fields, field_name, fit, warmup_cosine,
+                                      write_record)
+from vispec.models.llamagen_vq import LLAMAGEN_VQ_VARIANTS, llamagen_vq_config
 
 
 @dataclass
@@ -50,6 +51,24 @@ class VQTrainConfig:
     eval_images: int = 512
     seed: int = 0
     log_every: int = 50
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.common`)."""
+        check_common(self, name)
+        check_choice(self, "data", ("photos", "scenes"), name)
+        check_fields(self, name, counts=("codebook_size", "embed_dim", "base_channels", "z_channels", "layers_per_block",
+                                         "eval_images"),
+                     non_negative=("restart_every",), non_negative_numbers=("beta",))
+        levels = len(LLAMAGEN_VQ_VARIANTS["VQ-4"])
+        mult = self.channel_mult
+        if len(mult) != levels or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in mult):
+            raise ValueError(f"{name('channel_mult')} must be {levels} integers >= 1 (one per level of the downsample-4 "
+                             f"VQ), got {','.join(map(str, mult)) or 'none'}")
+        groups = llamagen_vq_config("VQ-4")["norm_num_groups"]
+        widths = [self.base_channels * m for m in mult]
+        if any(w % groups for w in widths):
+            raise ValueError(f"{name('base_channels')} x {name('channel_mult')} gives channel widths {widths}; each must be "
+                             f"a multiple of {groups} (the VQ's group norm)")
 
 
 class SceneImages:
@@ -115,6 +134,7 @@ def evaluate(vq: VQModel, sampler: CropSampler, count: int, seed: int) -> dict:
 
 
 def train_vq(cfg: VQTrainConfig) -> dict:
+    cfg.validate()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     train, held_out = image_sources(cfg)

@@ -68,5 +68,5 @@ def test_bad_folders_are_named(tmp_path, converted, capsys):
                  str(tmp_path / "o1")]) == 2
     assert "no tokenizer could be read from" in capsys.readouterr().err
     assert main(["convert", "lumina-mgpt", "--checkpoint", str(checkpoint), "--movqgan", str(movq), "--out",
-                 str(tmp_path / "o2"), "--image-token-offset", "80"]) == 2
+                 str(tmp_path / "o2"), "--image-token-offset", "80", "--size", "64"]) == 2
     assert "exceed the model's vocabulary (96)" in capsys.readouterr().err

@@ -128,6 +128,20 @@ def add_config_args(
             parser.add_argument(flag, **kwargs)
 
 
+def config_flag(config_cls: type, field: str, flags: Optional[Mapping[str, str]] = None) -> str:
+    """The flag :func:`add_config_args` gives ``config_cls``'s ``field`` (``flags`` as passed to it): what an error
+    about the field should name on the command line. A name that is not a field is returned as it is."""
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    if flags and field in flags:
+        return flags[field]
+    if field not in fields:
+        return field
+    kind = _unwrap_optional(typing.get_type_hints(config_cls)[field])
+    default = _field_default(fields[field])
+    on = kind is bool and default is not dataclasses.MISSING and bool(default)
+    return ("--no-" if on else "--") + field.replace("_", "-")
+
+
 def config_from_args(config_cls: type, args: argparse.Namespace, **overrides: Any):
     """``config_cls`` from the fields ``args`` holds (the flags :func:`add_config_args` made), plus ``overrides``."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_cls) if hasattr(args, f.name)}

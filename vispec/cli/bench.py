@@ -1,4 +1,8 @@
-"""``vispec bench decoders | image | text | kernels``: flags built from each benchmark's config dataclass."""
+"""``vispec bench decoders | image | text | kernels``: flags built from each benchmark's config dataclass.
+
+Building the parser imports only the light config modules (:mod:`vispec.eval.bench.configs`,
+:mod:`vispec.eval.bench.text`): torch, the models and the pipelines are imported when a benchmark runs, so
+``vispec bench ... --help`` is instant."""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ import sys
 
 from vispec.cli.args import add_config_args, config_from_args
 from vispec.cli.paths import check_output_file
-from vispec.decoding.config import split_specs
 
 DECODER_HELP = {
     "model": "named GPT config (GPT-mini, GPT-B, GPT-L, ...), randomly initialised, or tiny-c2i (the embedded trained model)",
@@ -104,6 +107,13 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def split_specs(text: str, flag: str) -> tuple[str, ...]:
+    """:func:`vispec.decoding.config.split_specs`, imported when a ``--methods`` flag is parsed (not for ``--help``)."""
+    from vispec.decoding.config import split_specs as split
+
+    return split(text, flag)
+
+
 # bench name -> (module, config class, run function, table function)
 BENCHES = {
     "decoders": ("vispec.eval.bench.decoders", "DecoderBenchConfig", "run_decoder_bench", "format_table"),
@@ -111,6 +121,10 @@ BENCHES = {
     "text": ("vispec.eval.bench.text", "TextBenchConfig", "run_text_bench", "format_text_table"),
     "kernels": ("vispec.eval.bench.kernels", "KernelBenchConfig", "run_kernel_bench", "format_kernel_table"),
 }
+
+# the benches with tqdm progress bars (on stderr, within each row or phase; --quiet turns them off): their run
+# functions take progress_bar=None (a bar when stderr is a terminal) or False
+BARS = ("image", "text", "kernels")
 
 # bench name -> its plot function (the PNG goes next to --json unless --plot names it); image and decoders also
 # (decoders: only) write the histogram of tokens committed per pass at <plot stem>.commits.png
@@ -140,7 +154,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         write_partial(result, args.json_path)
         written.append(True)
 
-    extra = {"progress_bar": False if args.quiet else None} if args.subcommand == "image" else {}
+    # None: a bar when stderr is a terminal
+    extra = {"progress_bar": False if args.quiet else None} if args.subcommand in BARS else {}
     try:
         result = getattr(module, run_name)(config, progress=_progress, partial=partial if args.json_path else None, **extra)
     except BaseException as err:
@@ -159,9 +174,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    from vispec.eval.bench.decoders import DecoderBenchConfig
-    from vispec.eval.bench.image import ImageBenchConfig
-    from vispec.eval.bench.kernels import KernelBenchConfig
+    from vispec.eval.bench.configs import DecoderBenchConfig, ImageBenchConfig, KernelBenchConfig
     from vispec.eval.bench.text import TextBenchConfig
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="subcommand", metavar="BENCH")
@@ -179,7 +192,6 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_config_args(image, ImageBenchConfig, help=IMAGE_HELP, splitters=specs)
     image.add_argument("--plot", default=None, help="speed-versus-FID PNG (default: next to --json), and the histogram "
                                                     "of tokens committed per pass at <PATH stem>.commits.png")
-    image.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
     image.set_defaults(func=_cmd_bench)
 
     text = bench.add_parser("text", help="accuracy and speed of unmasking strategies and caches on a masked diffusion LM")
@@ -190,6 +202,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     kernels = bench.add_parser("kernels", help="Triton verification/unmasking kernels against the PyTorch reference")
     add_config_args(kernels, KernelBenchConfig, help=KERNEL_HELP)
     kernels.set_defaults(func=_cmd_bench)
+    for parser in (image, text, kernels):  # BARS
+        parser.add_argument("--quiet", action="store_true",
+                            help="no progress bars (there are none when stderr is not a terminal)")
     for parser in (decoders, image, text, kernels):
         parser.add_argument("--json", dest="json_path", default=None,
                             help="write the results as JSON to this file (rewritten after every measured row, "

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Optional
 
+from vispec.checks import check_int
 from vispec.cli.paths import check_output_folder
 
 # LlamaGen's evaluation CFG per model size (GETTING_STARTED: 2.0 for B and L, 1.75 for XL and XXL, 1.65 for 3B)
@@ -44,6 +47,21 @@ def resolution_base(ids: dict[int, int]) -> int:
     return bases.pop()
 
 
+def check_size(size: int, unit: int, resolution_ids: dict[int, int], patch_size: Optional[int] = None) -> None:
+    """``--size`` must be a multiple of ``unit`` (the resolution tokens' patch size, and once the MoVQGAN is read
+    its downsampling too) with a resolution token for ``size // patch_size`` patches; a ``ValueError`` naming
+    ``--size`` otherwise (not the pipeline's ``height``, which the user did not type)."""
+    patch_size = patch_size or unit
+    if size % unit:
+        raise ValueError(f"--size must be a multiple of {unit} pixels (the resolution tokens' patch size"
+                         f"{' and the MoVQGAN downsampling' if unit != patch_size else ''}), got {size}")
+    if resolution_ids and size // patch_size not in resolution_ids:
+        sizes = sorted(n * patch_size for n in resolution_ids if n > 0)
+        known = f"{sizes[0]}..{sizes[-1]}" if sizes else "none"
+        raise ValueError(f"--size {size}: the tokenizer has no resolution token for {size // patch_size} patches of "
+                         f"{patch_size} pixels (sizes it has tokens for: {known})")
+
+
 def _cmd_lumina(args: argparse.Namespace) -> int:
     import os
 
@@ -56,6 +74,8 @@ def _cmd_lumina(args: argparse.Namespace) -> int:
     from vispec.pipelines import UnifiedImagePipeline
 
     check_output_folder(args.out, "--out")
+    check_int("--image-token-offset", args.image_token_offset, minimum=0, hint=" (the vocabulary id of code 0)")
+    check_int("--size", args.size, minimum=1, hint=" (the default image size in pixels)")
     for flag, folder in (("--checkpoint", args.checkpoint), ("--tokenizer", args.tokenizer)):
         if folder is not None and not os.path.isdir(folder):
             raise ValueError(f"{flag} {folder!r} is not a folder")
@@ -67,10 +87,12 @@ def _cmd_lumina(args: argparse.Namespace) -> int:
                          f"tokenizer.json / tokenizer_config.json): {str(err).splitlines()[0]}") from None
     special = LuminaSpecialTokens.from_vocab(tokenizer.get_vocab(), image_token_offset=args.image_token_offset)
     base = resolution_base(dict(special.resolution_ids))
+    check_size(args.size, special.patch_size, dict(special.resolution_ids))
     dtype = None if args.dtype is None else getattr(torch, args.dtype)
     model = load_lumina_chameleon(args.checkpoint, dtype=dtype)
     vq = load_movqgan(args.movqgan, trust_pickle=args.trust_pickle)
     num_codes, downsample = vq.config.num_vq_embeddings, 2 ** (len(vq.config.block_out_channels) - 1)
+    check_size(args.size, math.lcm(special.patch_size, downsample), dict(special.resolution_ids), special.patch_size)
     if special.image_token_offset + num_codes > model.config.vocab_size:
         raise ValueError(f"image tokens {special.image_token_offset}..{special.image_token_offset + num_codes - 1} "
                          f"(--image-token-offset + the MoVQGAN's {num_codes} codes) exceed the model's vocabulary "

@@ -43,6 +43,19 @@ def _load(pipeline_cls, name: str):
     return chosen.from_pretrained(folder)
 
 
+def _image_kind(name: str) -> "str | None":
+    """The pipeline class of the folder ``name`` names, refused (naming the command to use) when it is not an
+    image pipeline: a text model gets "use `vispec generate text`", not a word about ``--class``."""
+    from vispec.models.checkpoints import check_pipeline_folder, pipeline_kind
+    from vispec.pipelines.embedded import resolve_model_path
+
+    folder = resolve_model_path(name)
+    kind = pipeline_kind(folder)
+    if COMMANDS.get(kind, "vispec generate image") != "vispec generate image":
+        check_pipeline_folder(folder, "LlamaGenPipeline", {k: f"use `{c}`" for k, c in COMMANDS.items()})
+    return kind
+
+
 def image_paths(out: str, num_images: int) -> list[str]:
     """Where ``generate image`` saves: ``out`` for one image, ``stem-i.ext`` for several."""
     if num_images == 1:
@@ -80,18 +93,15 @@ def _cmd_image(args: argparse.Namespace) -> int:
         check_output_file(args.npz, "--npz")
         if not args.npz.endswith(".npz"):
             raise ValueError(f"--npz must name a .npz file, got {args.npz!r}")
-    from vispec.models.checkpoints import pipeline_kind
-    from vispec.pipelines.embedded import resolve_model_path
-
-    text = pipeline_kind(resolve_model_path(args.model)) == UnifiedImagePipeline.__name__
+    text = _image_kind(args.model) == UnifiedImagePipeline.__name__
     _check_condition_flags(args, text)
     workers = Workers.start(args.device, args.num_processes)
     _quiet(args)
+    on_main_first(workers, lambda: _image_run_record(args, workers))  # --resume's settings, before the model loads
     pipe = _load((LlamaGenPipeline, UnifiedImagePipeline), args.model).to(workers.device)
     pipe.set_progress_bar_config(disable=args.quiet or not workers.is_main)
     labels = None if text else _class_labels(args, pipe.transformer.config.num_classes)
     paths = image_paths(args.out, args.num_images)
-    on_main_first(workers, lambda: _image_run_record(args, workers))
     for unit in workers.my_units(args.num_images, args.batch_size):
         lo, hi = unit.start, unit.stop
         if args.resume and all(os.path.exists(p) for p in paths[lo:hi]):
@@ -132,7 +142,27 @@ def _image_run_record(args: argparse.Namespace, workers: Workers) -> None:
     elif not os.path.exists(path) and any(os.path.exists(p) for p in image_paths(args.out, args.num_images)):
         raise ValueError(f"--resume: images exist at {args.out} but no {path} records the settings they were made "
                          "with; run without --resume to make them anew")
+    else:
+        read_run_record(path, "--resume", "run without --resume to make every image anew")
     settings_record(path, settings, "--out", args.out)
+
+
+def read_run_record(path: str, flag: str, remedy: str) -> "dict | None":
+    """The settings record at ``path`` (a JSON object), None when there is none; a file that is not one (cut short,
+    edited by hand) is a ``ValueError`` naming it, ``flag`` and ``remedy``, instead of a bare JSON parser message."""
+    import json
+
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{flag}: {path} (the settings of the earlier run) is not valid JSON ({err}); {remedy}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{flag}: {path} (the settings of the earlier run) must hold a JSON object, got "
+                         f"{type(record).__name__}; {remedy}")
+    return record
 
 
 def _write_npz(paths: list[str], npz: str) -> None:
@@ -233,8 +263,12 @@ def _prompts(args: argparse.Namespace) -> "list[str] | None":
         return None
     if not os.path.isfile(args.prompts_file):
         raise ValueError(f"--prompts-file must be a text file with one prompt per line, got {args.prompts_file!r}")
-    with open(args.prompts_file, encoding="utf-8") as handle:
-        prompts = [line.rstrip("\n") for line in handle if line.strip()]
+    try:
+        with open(args.prompts_file, encoding="utf-8") as handle:
+            prompts = [line.rstrip("\n") for line in handle if line.strip()]
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--prompts-file {args.prompts_file!r} is not UTF-8 text (byte {err.start}: "
+                         f"{err.object[err.start:err.start + 1]!r}); save it as UTF-8") from None
     if not prompts:
         raise ValueError(f"--prompts-file {args.prompts_file!r} holds no prompt")
     if args.out is None or not args.out.endswith(".jsonl"):
@@ -259,13 +293,14 @@ def _text_many(args: argparse.Namespace, prompts: list[str], scheduler, knobs, r
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     workers = Workers.start(args.device, args.num_processes)
+    root = args.results_dir or args.out + ".parts"
+    settings = _text_settings(args, prompts, scheduler, rules, workers.device.type)
+    if workers.is_main:
+        _check_text_record(args, root, settings)
+    store = open_store(workers, root, settings)  # before the model loads: other settings are refused first
     pipe = _load(MaskedDiffusionLMPipeline, args.model).to(workers.device)
     pipe.set_progress_bar_config(disable=True)
     options = _text_options(args, pipe, knobs, rules)
-    settings = {"model": args.model, "strategy": "+".join([args.strategy] + rules), "seed": args.seed,
-                "batch_size": args.batch_size, "scheduler": dict(scheduler.config), "device": workers.device.type,
-                **{k: v for k, v in options.items() if isinstance(v, (int, float, str, bool, type(None)))}}
-    store = open_store(workers, args.results_dir or args.out + ".parts", settings)
 
     def compute(unit: range) -> dict:
         out = pipe(prompt=prompts[unit.start : unit.stop], strategy=scheduler,
@@ -292,11 +327,45 @@ def _text_many(args: argparse.Namespace, prompts: list[str], scheduler, knobs, r
     return 0
 
 
+def _text_settings(args: argparse.Namespace, prompts: list[str], scheduler, rules: list, device: str) -> dict:
+    """What a ``--prompts-file`` run's results depend on, recorded in its results folder (``run.json``): the prompts
+    (their number and SHA-256, so another file with other prompts is refused while a copy of the same file is
+    not), the model, the strategy with its rules and knobs, the decoding options, the seed and the device."""
+    import hashlib
+
+    from vispec.cli.bench import STRATEGY_KNOBS
+
+    digest = hashlib.sha256("\n".join(prompts).encode("utf-8")).hexdigest()
+    keys = ("model", "seed", "batch_size", "cache", "cache_reload_steps", "steps", "temperature", "guidance_scale",
+            "compile", *STRATEGY_KNOBS)
+    return {"prompts": {"count": len(prompts), "sha256": digest}, "strategy": "+".join([args.strategy] + rules),
+            "scheduler": dict(scheduler.config), "device": device, **{k: getattr(args, k) for k in keys}}
+
+
+def _check_text_record(args: argparse.Namespace, root: str, settings: dict) -> None:
+    """Refuse, before any work, a results folder that holds the results of other settings (another prompts file,
+    model or decoding): they would be returned as this run's. Names the settings that differ and the flag."""
+    import json
+
+    where = f"--results-dir {root!r}" if args.results_dir else f"--out {args.out!r} (its results folder {root!r})"
+    remedy = f"delete {root} to start over"
+    stored = read_run_record(os.path.join(root, "run.json"), where, remedy)
+    settings = json.loads(json.dumps(settings))  # as it reads back: tuples are lists
+    if stored is not None and stored != settings:
+        keys = sorted(k for k in stored.keys() | settings.keys() if stored.get(k) != settings.get(k))
+        raise ValueError(f"{where} holds the results of other settings (differing: {', '.join(keys)}); pass another "
+                         f"--out (or --results-dir), or {remedy}")
+
+
 def add_generate(sub: argparse._SubParsersAction) -> None:
     from vispec.eval.bench.text import TextBenchConfig
 
     generate = sub.add_parser("generate", help="generate samples").add_subparsers(dest="subcommand", metavar="KIND")
-    image = generate.add_parser("image", help="class-conditional images from a LlamaGen pipeline")
+    image = generate.add_parser(
+        "image", help="images: class-conditional (--class; LlamaGen pipelines, e.g. tiny-c2i) or text-to-image "
+                      "(--prompt; unified-token pipelines, e.g. tiny-t2i or a converted Lumina-mGPT 2.0)",
+        description="Images from a class-conditional LlamaGen pipeline (pass --class) or a text-to-image "
+                    "unified-token pipeline (pass --prompt, optionally --negative-prompt, --height, --width).")
     image.add_argument("--model", default="tiny-c2i", help="embedded model name or a pipeline folder (default: %(default)s)")
     image.add_argument("--class", dest="class_label", default=None,
                        help="class id, or 'all': image i gets class i mod num_classes (class-balanced, as FID-50K "

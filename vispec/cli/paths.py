@@ -1,10 +1,11 @@
 """Output paths checked before any work: a run of minutes or hours must not end in "Is a directory".
 
 Every command that writes a file (``--out``, ``--json``, ``--plot``) or a folder checks it when it starts:
-a file path must not be a folder, its folder must exist and be writable, an image path must end in an
-extension PIL can write; a folder path must not be a file, and its nearest existing ancestor must be a
-writable folder (missing folders are created, as ``save_pretrained`` and the trainers do). Each failure
-is a ``ValueError`` naming the flag, the path and what was expected.
+a file path must not be a folder, an image path must end in an extension PIL can write; a folder path
+must not be a file. For both, the nearest existing ancestor must be a writable folder, and missing folders
+are created (``--out cats/cat.png`` makes ``cats/``, as ``mkdir -p`` would; folder outputs are made by
+``save_pretrained`` and the trainers). Each failure is a ``ValueError`` naming the flag, the path and what
+was expected.
 """
 
 from __future__ import annotations
@@ -31,10 +32,6 @@ def check_output_file(path: Optional[str], flag: str, *, image: bool = False) ->
         raise ValueError(f"{flag} {path!r} is a folder; expected a file name in it, e.g. "
                          f"{os.path.join(path, 'image.png' if image else 'result.json')!r}")
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ValueError(f"{flag} {path!r}: the folder {folder} does not exist (create it first)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path!r}: the folder {folder} is not writable")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise ValueError(f"{flag} {path!r}: the file exists and is not writable")
     if image:
@@ -43,7 +40,22 @@ def check_output_file(path: Optional[str], flag: str, *, image: bool = False) ->
         if ext not in allowed:
             common = ", ".join(e for e in (".png", ".jpg", ".webp", ".bmp", ".tiff") if e in allowed)
             raise ValueError(f"{flag} {path!r} does not end in an image extension PIL can write; expected e.g. {common}")
+    _writable_ancestor(folder, flag, path)
+    os.makedirs(folder, exist_ok=True)  # the checks passed: make the missing folders (mkdir -p)
     return path
+
+
+def _writable_ancestor(folder: str, flag: str, path: str) -> str:
+    """The nearest existing ancestor of ``folder`` (itself if it exists), which must be a writable folder:
+    the missing folders below it can then be created."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{flag} {path!r}: {existing} is a file, so the folder {folder} cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: the folder {existing} is not writable")
+    return existing
 
 
 def check_output_folder(path: Optional[str], flag: str) -> Optional[str]:
@@ -54,11 +66,5 @@ def check_output_folder(path: Optional[str], flag: str) -> Optional[str]:
         raise ValueError(f"{flag} is empty; expected a folder")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{flag} {path!r} is a file; expected a folder")
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ValueError(f"{flag} {path!r}: {existing} is a file, so the folder cannot be created")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path!r}: {existing} is not writable")
+    _writable_ancestor(path, flag, path)
     return path

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import json
 
-from vispec.cli.args import add_config_args, config_from_args
+from vispec.cli.args import add_config_args, config_flag, config_from_args
 from vispec.cli.paths import check_output_folder
 
 TRAINERS = {
@@ -27,8 +27,11 @@ TRAINERS = {
 
 
 def _run(config_cls: type, train, args: argparse.Namespace) -> int:
-    check_output_folder(getattr(args, "out", None), "--out")  # before hours of training
-    print(json.dumps(train(config_from_args(config_cls, args)), indent=2))
+    """Check every flag (the config's ``validate``, errors naming the flag) and ``--out``, then train."""
+    config = config_from_args(config_cls, args)
+    config.validate(lambda field: config_flag(config_cls, field))  # before hours of training
+    check_output_folder(getattr(args, "out", None), "--out")
+    print(json.dumps(train(config), indent=2))
     return 0
 
 
@@ -36,8 +39,14 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train the embedded models (needs vispec[train])")
     trainers = train.add_subparsers(dest="subcommand", metavar="MODEL")
     for name, (module, config_name, func_name, help_text) in TRAINERS.items():
-        mod = importlib.import_module(module)
-        config_cls, func = getattr(mod, config_name), getattr(mod, func_name)
-        parser = trainers.add_parser(name, help=help_text)
-        add_config_args(parser, config_cls)
-        parser.set_defaults(func=lambda args, config_cls=config_cls, func=func: _run(config_cls, func, args))
+        # the trainer's module (torch and the models) is imported only when its name is on the command line
+        trainers.add_parser(name, help=help_text, build=lambda parser, module=module, config_name=config_name,
+                            func_name=func_name: _add_trainer(parser, module, config_name, func_name))
+
+
+def _add_trainer(parser: argparse.ArgumentParser, module: str, config_name: str, func_name: str) -> None:
+    """The flags of one trainer (from its config dataclass) and the function that runs it."""
+    mod = importlib.import_module(module)
+    config_cls, func = getattr(mod, config_name), getattr(mod, func_name)
+    add_config_args(parser, config_cls)
+    parser.set_defaults(func=lambda args: _run(config_cls, func, args))

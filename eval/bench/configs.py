@@ -1,0 +1,172 @@
+"""The settings of ``vispec bench decoders | image | kernels``, importable without torch.
+
+The CLI builds each benchmark's flags from its config dataclass when it builds its parser, so these classes must
+not pull in torch, diffusers or the models: ``vispec ... --help`` stays instant (``vispec bench text``'s
+:class:`~vispec.eval.bench.text.TextBenchConfig` lives in its own light module). What the checks in ``validate``
+need (the GPT configs, the decoding-spec parser, the device check) is imported when they run. Each benchmark
+module re-exports its config, so ``from vispec.eval.bench.decoders import DecoderBenchConfig`` keeps working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+ALL_METHODS = ("ar", "sjd-random", "sjd-horizontal", "sjd-vertical", "mc-sjd-maximal", "mc-sjd-gumbel")
+TRAINED_MODELS = ("tiny-c2i",)  # embedded pipelines whose transformer the decoder bench can load
+
+
+def _check_device(name: str) -> None:
+    from vispec.eval.bench.report import check_device
+
+    check_device(name)
+
+
+@dataclass
+class DecoderBenchConfig:
+    model: str = "GPT-mini"
+    vocab_size: int = 16384
+    image_tokens: int = 256
+    num_classes: int = 1000
+    init_std: float = 0.02
+    methods: tuple[str, ...] = ALL_METHODS
+    window: int = 16
+    num_images: int = 4
+    batch_size: int = 1
+    batch_sizes: Optional[tuple[int, ...]] = None
+    compile: bool = False
+    rounds: int = 3
+    threads: int = 0
+    guidance_scale: float = 2.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def sweep(self) -> bool:
+        """Whether this is a batch sweep (``batch_sizes`` or ``compile`` given) rather than the one-batch-size run."""
+        return self.batch_sizes is not None or self.compile
+
+    def validate(self) -> None:
+        """Every setting, before a model is built."""
+        from vispec.eval.bench.decoders import decoding_config
+        from vispec.models.llamagen_gpt import GPT_CONFIGS
+
+        if self.model not in GPT_CONFIGS and self.model not in TRAINED_MODELS:
+            raise ValueError(f"unknown model {self.model!r}; expected one of {sorted(GPT_CONFIGS) + list(TRAINED_MODELS)}")
+        for method in self.methods:
+            config = decoding_config(method, self.window)
+            # decodes a bare GPT: no drafter model, no VQ codebook (a refusal now, not after the other methods ran)
+            if config.strategy == "sd":
+                raise ValueError(f"methods: {method!r} needs a drafter model, which `vispec bench decoders` does not "
+                                 "load; time sd with `vispec bench image --model tiny-c2i` (its folder has a drafter)")
+            if config.rule.rule == "lantern":
+                raise ValueError(f"methods: {method!r} needs the VQ codebook, which `vispec bench decoders` does not "
+                                 "load; time +lantern with `vispec bench image`")
+        for name in ("num_images", "batch_size", "image_tokens", "vocab_size", "num_classes", "rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
+            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
+        if self.compile:
+            for method in self.methods:
+                if decoding_config(method, self.window).strategy not in ("ar", "sjd", "mc-sjd", "sjd-pac"):
+                    raise ValueError(f"--compile applies to ar, sjd, mc-sjd and sjd-pac, not {method!r}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0: leave torch's thread count), got {self.threads}")
+        if self.init_std <= 0:
+            raise ValueError(f"init_std must be > 0, got {self.init_std}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        _check_device(self.device)
+
+
+@dataclass
+class ImageBenchConfig:
+    model: str = "tiny-c2i"
+    methods: tuple[str, ...] = ("ar", "sjd", "mc-sjd")
+    num_images: int = 1000
+    batch_size: int = 32
+    latency_images: int = 16
+    real_images: int = 1000
+    noise_repeats: int = 3
+    seed: int = 0
+    guidance_scale: Optional[float] = None
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    evaluator: Optional[str] = None  # class-to-image: defaults to the model folder's "evaluator" subfolder
+    clip: Optional[str] = None  # text-to-image: a CLIP folder, defaults to the model folder's "clip" subfolder
+    device: str = "cpu"
+    lantern_k: tuple[int, ...] = (1000,)
+    lantern_delta: tuple[float, ...] = (0.1,)
+    batch_sizes: Optional[tuple[int, ...]] = None
+    compile: bool = False
+    rounds: int = 3
+    sweep_images: int = 16
+    results_dir: Optional[str] = None  # every image's result, written as its batch finishes; a rerun skips them
+    num_processes: Optional[int] = None  # the processes launched (torchrun); another world size is an error
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def sweep(self) -> bool:
+        """Whether a throughput sweep runs (``batch_sizes`` or ``compile`` given)."""
+        return self.batch_sizes is not None or self.compile
+
+    def validate(self) -> None:
+        """The settings, before any model is loaded: a late failure would lose hours of work. The methods' spelling
+        (and their ``+lantern`` sweeps) is checked here; whether the model can run each one, once it is loaded."""
+        from vispec.eval.bench.image import expand_methods
+
+        for name in ("batch_size", "latency_images", "noise_repeats", "rounds", "sweep_images"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("num_images", "real_images"):  # FID needs two images per side
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name} must be >= 2 (FID needs at least two images), got {getattr(self, name)}")
+        if self.noise_repeats > 40:
+            raise ValueError(f"noise_repeats must be <= 40 (distinct 32-bit seeds), got {self.noise_repeats}")
+        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
+            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
+        expand_methods(tuple(self.methods), tuple(self.lantern_k), tuple(self.lantern_delta))
+        _check_device(self.device)
+
+
+@dataclass
+class KernelBenchConfig:
+    rows: tuple[int, ...] = (16, 128, 512, 2048)
+    vocab: tuple[int, ...] = (8192, 16384, 126464)
+    window: int = 16
+    guidance_scale: float = 4.0
+    dtype: str = "float32"
+    device: str = "auto"
+    repeats: int = 0  # 0: as many as fit in max_seconds (at least 1, at most 20)
+    max_seconds: float = 5.0
+    step_batch: int = 0  # samples in the decoding-step shares (0: 32 on CUDA, 4 on CPU)
+    peak_gbps: Optional[float] = None
+    ops: tuple[str, ...] = ("verify", "unmask")
+    compile_check: bool = True
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Every setting, before any tensor is made."""
+        if not self.rows or any(r < 1 for r in self.rows):
+            raise ValueError(f"rows must be positive integers, got {self.rows}")
+        if not self.vocab or any(v < 2 for v in self.vocab):
+            raise ValueError(f"vocab must be integers >= 2, got {self.vocab}")
+        if self.window < 2:
+            raise ValueError(f"window must be >= 2, got {self.window}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        unknown = set(self.ops) - {"verify", "unmask"}
+        if unknown or not self.ops:
+            raise ValueError(f"ops must be a non-empty subset of verify, unmask; got {self.ops}")
+        if self.max_seconds <= 0 or self.repeats < 0:
+            raise ValueError("max_seconds must be > 0 and repeats >= 0")
+        if self.device != "auto":  # auto: cuda when available, else cpu
+            _check_device(self.device)

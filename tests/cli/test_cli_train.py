@@ -1,0 +1,236 @@
+"""``vispec train`` checks every flag before any work (issue 28, item 15): a bad value is one ``vispec: error:``
+line naming the flag, exit status 2, with no data made, no model built, nothing written and no network used;
+good values reach the trainer. The trainers are replaced by stubs, so nothing here trains."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import socket
+import typing
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from vispec.cli import main
+from vispec.cli.args import config_flag
+from vispec.cli.train import TRAINERS
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vispec: error:"), err
+    return err[0]
+
+
+def config_class(trainer: str) -> type:
+    module, config_name, _, _ = TRAINERS[trainer]
+    return getattr(importlib.import_module(module), config_name)
+
+
+def flag_fields(trainer: str) -> list[str]:
+    """The fields that have a value flag (switches and dict fields have none to get wrong)."""
+    cls = config_class(trainer)
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if hints[f.name] not in (bool, dict)]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Folders that pass the path checks of the trainers (the files they look for, empty of weights)."""
+    root = tmp_path_factory.mktemp("trained")
+    files = {"vq": ["config.json"], "gpt": ["config.json"], "evaluator": ["config.json"], "drafter": ["config.json"],
+             "t2i": ["config.json", "train_config.json"], "clip": ["config.json"], "mdlm": ["train_config.json"],
+             "pipeline": ["model_index.json"]}
+    for folder, names in files.items():
+        (root / folder).mkdir()
+        for name in names:
+            (root / folder / name).write_text("{}")
+    return root
+
+
+def base_args(trainer: str, root) -> list[str]:
+    """The path flags of ``trainer`` pointed at :func:`folders`, and ``--out`` at a folder to be made."""
+    paths = {"gpt": {"--vq": "vq"}, "t2i": {"--vq": "vq"}, "assemble": {"--vq": "vq", "--gpt": "gpt", "--evaluator": "evaluator"},
+             "assemble-drafter": {"--drafter": "drafter", "--pipeline": "pipeline"},
+             "assemble-t2i": {"--vq": "vq", "--t2i": "t2i", "--clip": "clip"}, "assemble-mdlm": {"--trained": "mdlm"}}
+    argv = [item for flag, folder in paths.get(trainer, {}).items() for item in (flag, str(root / folder))]
+    if "out" in flag_fields(trainer):
+        argv += ["--out", str(root / "out" / trainer)]
+    return argv
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    """Every trainer replaced by a stub recording its config; any network connection fails the test."""
+    calls: list = []
+    for module, _, func_name, _ in TRAINERS.values():
+        monkeypatch.setattr(importlib.import_module(module), func_name, lambda cfg: calls.append(cfg) or {"stub": True})
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a trainer's check went to the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    return calls
+
+
+# ---- every trainer: its defaults pass, and its config has validate(name) ---------------------------------------
+
+@pytest.mark.parametrize("trainer", list(TRAINERS))
+def test_defaults_reach_the_trainer(trainer, folders, stubs, capsys):
+    assert callable(getattr(config_class(trainer), "validate", None)), f"{trainer}'s config has no validate()"
+    assert main(["train", trainer, *base_args(trainer, folders)]) == 0, capsys.readouterr().err
+    assert len(stubs) == 1 and isinstance(stubs[0], config_class(trainer))
+    assert json.loads(capsys.readouterr().out) == {"stub": True}
+    assert not (folders / "out" / trainer).exists()  # the stub wrote nothing, and the checks made no folder
+
+
+# ---- the issue's cases -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,words", [
+    (["vq", "--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+    (["vq", "--steps", "-5"], "--steps must be an integer >= 1, got -5"),
+    (["gpt", "--vq", "MISSING"], "--vq 'MISSING' does not exist"),
+    (["t2i", "--vq", "MISSING"], "--vq 'MISSING' does not exist"),
+    (["gpt", "--vq", "ROOT"], "has no config.json"),
+    (["vq", "--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    (["vq", "--channel-mult", "1,1"], "--channel-mult must be 3 integers >= 1"),
+    (["vq", "--base-channels", "16"], "--base-channels x --channel-mult gives channel widths [16, 16, 32]"),
+    (["vq", "--data", "faces"], "--data must be one of photos, scenes, got 'faces'"),
+    (["vq", "--seed", "-1"], "--seed must be an integer >= 0"),
+    (["vq", "--seed", str(2**40)], "--seed must be an integer in [0, 4294967295]"),
+    (["gpt", "--dim", "30"], "--dim (30) must split into --n-head (4) heads"),
+    (["gpt", "--dropout", "1"], "--dropout must be a probability in [0, 1)"),
+    (["clip", "--image-size", "60"], "--image-size (60) must be a multiple of --patch-size (8)"),
+    (["clip", "--hard-negatives", "texture"], "--hard-negatives must be kinds among"),
+    (["mdlm", "--tasks", "arithmetic,poetry"], "--tasks must name distinct tasks among arithmetic, sort, reverse"),
+    (["mdlm", "--task-weights", "1,1"], "--task-weights must give one weight per task of --tasks (3"),
+    (["mdlm", "--long-every", "2"], "--long-every and --long-answer-length must both be > 0"),
+    (["mdlm", "--warmup", "0"], "--warmup must be an integer >= 1"),
+    (["mdlm", "--init-from", "MISSING"], "--init-from: unknown model"),
+    (["drafter", "--sample-decoding", "fast"], "--sample-decoding: unknown decoding 'fast'"),
+    (["drafter", "--target", "MISSING"], "--target: unknown model"),
+    (["filter", "--model", "MISSING"], "--model: unknown model"),
+    (["filter", "--tasks", "poetry"], "--tasks must name tasks among"),
+    (["assemble", "--top-p", "2"], "--top-p must be a finite number in (0, 1]"),
+    (["assemble", "--init", "diagonal"], "--init must be one of"),
+    (["assemble-t2i", "--window", "0"], "--window must be an integer >= 1"),
+    (["assemble-mdlm", "--gen-length", "12", "--block-length", "8"], "--gen-length (12) must be a multiple of --block-length (8)"),
+    (["assemble-drafter", "--lantern-k", "0"], "--lantern-k must be an integer >= 1"),
+])
+def test_bad_trainer_flags_are_one_line_naming_the_flag(argv, words, folders, stubs, capsys, tmp_path):
+    trainer = argv[0]
+    fill = {"MISSING": str(tmp_path / "missing"), "ROOT": str(tmp_path)}
+    argv = [fill.get(a, a) for a in argv]
+    assert main(["train", trainer, *base_args(trainer, folders), *argv[1:]]) == 2
+    line = one_line(capsys)
+    assert words.replace("MISSING", fill["MISSING"]) in line and stubs == []
+
+
+def test_gpt_with_a_missing_vq_folder_says_so_without_the_network(tmp_path, stubs, capsys):
+    """Before: "could not connect to huggingface.co" (the missing folder read as a Hub repository id)."""
+    missing = tmp_path / "no-such-vq"
+    assert main(["train", "gpt", "--vq", str(missing), "--out", str(tmp_path / "gpt")]) == 2
+    line = one_line(capsys)
+    assert f"--vq '{missing}' does not exist" in line and "huggingface" not in line
+
+
+def test_python_api_names_the_fields(tmp_path):
+    """Called from Python, the same checks name the config field, and run before any work."""
+    from vispec.eval.train.gpt import GPTTrainConfig, train_gpt
+    from vispec.eval.train.vq import VQTrainConfig, train_vq
+
+    with pytest.raises(ValueError, match=r"^batch_size must be an integer >= 1, got 0$"):
+        train_vq(VQTrainConfig(out=str(tmp_path / "vq"), batch_size=0))
+    with pytest.raises(ValueError, match=r"^vq '.*' does not exist"):
+        train_gpt(GPTTrainConfig(vq=str(tmp_path / "none"), out=str(tmp_path / "gpt")))
+    assert not (tmp_path / "vq").exists() and not (tmp_path / "gpt").exists()
+
+
+# ---- fuzzing: every flag of every trainer ----------------------------------------------------------------------
+
+# fields where 0 is a meaningful setting ("off", "the default", "leave as is")
+ZERO_OK = {"restart_every", "top_k", "n_kv_heads", "eval_every", "final_eval_n", "long_answer_length", "long_every",
+           "long_batch_size", "eval_answer_length", "eval_block_length", "max_sequence_length", "seed"}
+ZERO_OK_IN = {("clip", "warmup"), ("clip", "threads"), ("mdlm", "threads"), ("filter", "gen_length"),
+              ("filter", "block_length"), ("assemble-mdlm", "gen_length")}
+FRACTIONS = {"class_dropout_prob", "dropout", "caption_dropout"}  # [0, 1)
+POSITIVE = {"lr", "rope_theta"}
+UNIT_INTERVAL = {"top_p", "threshold", "mask_eps"}  # (0, 1], mask_eps (0, 1)
+ANY_FINITE = {"guidance_scale"}
+CHOICES = {"data": {"photos", "scenes"}, "init": {"random", "horizontal", "vertical"}}
+PATHS = {"vq", "gpt", "evaluator", "drafter", "pipeline", "t2i", "clip", "trained"}
+
+
+def sane(trainer: str, field: str, value) -> bool:
+    """What an accepted value of one field must satisfy (the test's own statement of the flags' ranges)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return False
+        if field in POSITIVE:
+            return value > 0
+        if field in FRACTIONS:
+            return 0 <= value < 1
+        if field in UNIT_INTERVAL:
+            return 0 < value <= 1 and (field != "mask_eps" or value < 1)
+        return field in ANY_FINITE or value >= 0
+    if isinstance(value, int):
+        if field == "seed":
+            return 0 <= value < 2**32
+        return value >= (0 if field in ZERO_OK or (trainer, field) in ZERO_OK_IN else 1)
+    if isinstance(value, tuple):
+        return len(value) > 0 and all(sane(trainer, field + "[]", v) if not isinstance(v, str) else bool(v) for v in value)
+    if isinstance(value, str):
+        if field in CHOICES:
+            return value in CHOICES[field]
+        return bool(value) or field == "script" or (trainer == "assemble-t2i" and field == "clip")
+    return False
+
+
+FUZZ_VALUES = st.one_of(
+    st.sampled_from(["0", "1", "-1", "2", "3", "7", "8", "16", "64", "256", "0.5", "1.0", "1e-3", "-0.5", "2.5", "nan", "inf",
+                     "-inf", "abc", "", " ", "1,2", "1,1,2", "0,1,1", "arithmetic", "sort,reverse", "colour", "ar",
+                     "mc-sjd", "photos", "scenes", "vertical", str(2**32), str(2**64), "1" * 25]),
+    st.integers(-3, 300).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.text(max_size=6),
+)
+FIELDS = [(trainer, field) for trainer in TRAINERS for field in flag_fields(trainer)
+          if field not in PATHS | {"out", "target", "model", "init_from"}]  # paths: the cases above
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from(FIELDS), value=FUZZ_VALUES)
+def test_every_trainer_flag_is_checked_before_any_work(case, value, folders, stubs, capsys):
+    """One flag of one trainer set to a fuzzed value, the others at their defaults: the value reaches the trainer
+    and is sane (:func:`sane`), or it is refused by one line naming the flag, exit 2, and the trainer never runs."""
+    trainer, field = case
+    flag = config_flag(config_class(trainer), field)
+    rc = main(["train", trainer, *base_args(trainer, folders), f"{flag}={value}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if rc == 0:
+        event("accepted")
+        assert len(stubs) == 1, (trainer, flag, value)
+        got = getattr(stubs[0], field)
+        assert sane(trainer, field, got), f"{trainer} {flag}={value!r} reached the trainer as {got!r}"
+    else:
+        event("refused")
+        assert rc == 2 and stubs == [], (trainer, flag, value, rc)
+        assert len(err) == 1 and err[0].startswith("vispec: error:"), err
+        assert flag in err[0], f"{trainer} {flag}={value!r}: the error does not name the flag: {err[0]}"
+    stubs.clear()
+
+
+def test_the_fuzzed_fields_cover_every_value_flag():
+    """Every value flag of every trainer is fuzzed or has a path case above."""
+    covered = {t for t, _ in FIELDS}
+    assert covered == set(TRAINERS)
+    for trainer in TRAINERS:
+        for field in flag_fields(trainer):
+            assert (trainer, field) in FIELDS or field in PATHS | {"out", "target", "model", "init_from"}
