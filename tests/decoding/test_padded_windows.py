@@ -9,7 +9,6 @@ inductor "index out of bounds" assertion compiled. Now the buffer holds only tok
 
 from __future__ import annotations
 
-import itertools
 from typing import Optional
 
 import pytest
@@ -17,7 +16,6 @@ import torch
 
 import vispec.decoding.sjd as sjd
 from vispec.decoding import decode
-from vispec.decoding.windows import WindowChooser, WindowStats, cost_key
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
 
@@ -151,21 +149,3 @@ def test_compiled_scripted_windows_match_eager_at_batch_16(monkeypatch, model16)
     assert torch.equal(eager.tokens, compiled.tokens)
     assert torch.equal(eager.stats.nfe, compiled.stats.nfe)
     assert {1, 2, 4, 8, 16} <= set(compiled.stats.windows)
-
-
-@pytest.mark.slow
-def test_compiled_window_chooser_matches_eager_at_batch_16(monkeypatch, model16):
-    """The real window chooser at batch 16, with a clock that ticks once per reading (its choices then depend
-    on what the samples accept, not on the machine), compiled against eager."""
-
-    def chooser(model, slots, job, decoding, stats):
-        ticks = itertools.count()
-        return WindowChooser(decoding.largest_window, stats, cost_key(model, slots, job.compile), tokens_key=decoding.name,
-                             slots=slots, clock=lambda: float(next(ticks)))
-
-    monkeypatch.setattr(sjd, "_chooser", chooser)
-    eager = _decode(model16, requests=16, window_stats=WindowStats())
-    compiled = _decode(model16, requests=16, compile=True, window_stats=WindowStats())
-    assert torch.equal(eager.tokens, compiled.tokens)
-    assert torch.equal(eager.stats.nfe, compiled.stats.nfe)
-    assert len(compiled.stats.windows) > 1

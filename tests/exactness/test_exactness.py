@@ -416,8 +416,8 @@ def test_published_sibling_law_has_a_measured_bias(setup, window, branching, lev
 def test_sjd_pac_negative_controls_fail(setup, control, monkeypatch):
     """The same test rejects the paper's sibling drafting and a verification that ignores the draws
     without replacement: it can see what the tree changes. The paper's drafting runs on the certificate's ``n``
-    (its exact TV is about a third of the test's design TV) and must match the chain's exact joint of that
-    drafting; the unconditioned verification on a quarter of it, which only makes rejecting harder."""
+    with K 2, D 3 (window 10: its exact TV, 0.025, is below the test's design TV) and must match the chain's exact
+    joint of that drafting; the unconditioned verification on a quarter of it, which only makes rejecting harder."""
     import vispec.decoding.pac as pac_module
     import vispec.kernels.multi_verify as multi_verify_module
 
@@ -427,12 +427,13 @@ def test_sjd_pac_negative_controls_fail(setup, control, monkeypatch):
     else:
         monkeypatch.setattr(multi_verify_module, "without_replacement", _siblings_verified_against_unconditioned_q)
         n = max(1024, n // 4 // 1024 * 1024)
-    tokens, info = sample_pac(model, "sjd-pac:window=13", n, seed=2468)
+    spec = "sjd-pac:window=10,tree_width=2,tree_depth=3" if control == "published-siblings" else "sjd-pac:window=13"
+    tokens, info = sample_pac(model, spec, n, seed=2468)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
     print(f"\nnegative control {control}: n={n} chi2={statistic:.1f} p={p_value:.2e} TV={tv:.4f} {info}")
     assert p_value < ALPHA, f"the exactness test failed to detect {control}"
     if control == "published-siblings":
-        chain = pac_chain(model, 13, 3, 3, sibling_law=published_sibling_law)
+        chain = pac_chain(model, 10, 2, 3, sibling_law=published_sibling_law)
         statistic, p_chain, tv_chain = chi_square_vs_exact(tokens, chain, model.image_vocab_size)
         print(f"  exact TV of its output joint (chain) {0.5 * float((chain - joint).abs().sum()):.4f}; "
               f"vs the chain's joint: chi2={statistic:.1f} p={p_chain:.4f} TV={tv_chain:.4f}")
