@@ -332,6 +332,14 @@ def _read_config(folder: str) -> dict[str, Any]:
     return read_json_object(path)
 
 
+def read_lumina_config(path: str | os.PathLike) -> ChameleonConfig:
+    """The checked ``ChameleonConfig`` of a Lumina-mGPT 2.0 folder's ``config.json`` (:func:`lumina_chameleon_config`:
+    each field's type and range, one ``ValueError`` naming the field); reads no weights. ``vispec convert`` calls it
+    before anything else reads the folder (transformers' tokenizer loading parses ``config.json`` too, and would
+    report a badly typed field in its own words)."""
+    return lumina_chameleon_config(_read_config(os.fspath(path)))
+
+
 def _checked_meta_model(folder: str, config: ChameleonConfig) -> ChameleonForConditionalGeneration:
     """The model ``config`` describes, built on the meta device once the weight files' headers allow it (no
     tensor is read, nothing allocated): first the config fields the weights reveal (each named with the config's
@@ -379,7 +387,7 @@ def load_lumina_chameleon(path: str | os.PathLike, *,
     from transformers.models.chameleon.modeling_chameleon import ChameleonRotaryEmbedding, ChameleonVQVAE
 
     folder = os.fspath(path)
-    config = lumina_chameleon_config(_read_config(folder))
+    config = read_lumina_config(folder)
     model = _checked_meta_model(folder, config)
     state_dict = convert_lumina_state_dict(read_sharded_safetensors(folder))
     if dtype is not None:

@@ -159,6 +159,38 @@ def test_convert_lumina_errors_name_the_flags(tmp_path, capsys, flags, words):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("field,value,words", [
+    ("vocab_size", "many", "config.json vocab_size must be an integer"),
+    ("num_hidden_layers", 2.5, "config.json num_hidden_layers must be an integer"),
+    ("vq_config", [1], "config.json vq_config must be an object"),
+])
+def test_convert_lumina_badly_typed_config_field(tmp_path, capsys, field, value, words):
+    """A ``config.json`` field of the wrong type is named in vispec's words, before the tokenizer (whose loading
+    parses ``config.json`` through transformers) or any weight is read."""
+    import json
+
+    import torch
+
+    from lumina_reference import CODE0, lumina_tokenizer, official_config, official_weights, write_folder
+    from movqgan_reference import TINY, randomized
+
+    config = official_config(mp=1)
+    checkpoint = write_folder(tmp_path / "ckpt", config, official_weights(config, seed=3))
+    lumina_tokenizer().save_pretrained(checkpoint)
+    path = checkpoint / "config.json"
+    written = json.loads(path.read_text())
+    written[field] = value
+    path.write_text(json.dumps(written))
+    movq = tmp_path / "movq.ckpt"
+    torch.save(randomized(TINY).state_dict(), movq)
+    argv = ["convert", "lumina-mgpt", "--checkpoint", str(checkpoint), "--movqgan", str(movq), "--out",
+            str(tmp_path / "out"), "--image-token-offset", str(CODE0), "--size", "64"]
+    assert main(argv) == 2
+    line = one_line(capsys)
+    assert words in line, line
+    assert not (tmp_path / "out").exists()
+
+
 def test_convert_lumina_size_not_a_multiple_of_the_movqgan_downsampling(tmp_path, capsys):
     """The MoVQGAN's downsampling (8 for the tiny one) and the patch size (32) agree at 32; a tokenizer patch of 32
     with a downsampling that does not divide it is caught after the MoVQGAN is read, still naming --size."""

@@ -66,6 +66,9 @@ def test_bad_folders_are_named(tmp_path, converted, capsys):
     empty.mkdir()
     assert main(["convert", "lumina-mgpt", "--checkpoint", str(empty), "--movqgan", str(movq), "--out",
                  str(tmp_path / "o1")]) == 2
+    assert "empty is not a Lumina-mGPT checkpoint folder: config.json is missing" in capsys.readouterr().err
+    assert main(["convert", "lumina-mgpt", "--checkpoint", str(checkpoint), "--tokenizer", str(empty), "--movqgan",
+                 str(movq), "--out", str(tmp_path / "o1")]) == 2
     assert "no tokenizer could be read from" in capsys.readouterr().err
     assert main(["convert", "lumina-mgpt", "--checkpoint", str(checkpoint), "--movqgan", str(movq), "--out",
                  str(tmp_path / "o2"), "--image-token-offset", "80", "--size", "64"]) == 2

@@ -69,7 +69,7 @@ def _cmd_lumina(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from vispec.decoding import DecodingConfig
-    from vispec.models.lumina_checkpoint import LuminaSpecialTokens, load_lumina_chameleon
+    from vispec.models.lumina_checkpoint import LuminaSpecialTokens, load_lumina_chameleon, read_lumina_config
     from vispec.models.movqgan import load_movqgan
     from vispec.pipelines import UnifiedImagePipeline
 
@@ -79,6 +79,7 @@ def _cmd_lumina(args: argparse.Namespace) -> int:
     for flag, folder in (("--checkpoint", args.checkpoint), ("--tokenizer", args.tokenizer)):
         if folder is not None and not os.path.isdir(folder):
             raise ValueError(f"{flag} {folder!r} is not a folder")
+    read_lumina_config(args.checkpoint)  # config.json's fields checked first, in vispec's words (not the tokenizer's)
     tokenizer_dir = args.tokenizer or args.checkpoint
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
