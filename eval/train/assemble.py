@@ -23,16 +23,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from typing import Callable
 
 from diffusers import VQModel
 
-from vispec.checks import check_number
 from vispec.decoding import DecodingConfig
 from vispec.eval.bench.data import CLASS_NAMES
 from vispec.eval.bench.evaluator import CropClassifier
-from vispec.eval.train.common import (Namer, check_decoding_defaults, check_fields, check_folder, field_name)
+# their home: torch-free, for the CLI (re-exported here)
+from vispec.eval.train.configs import AssembleConfig, DrafterAssembleConfig, MDLMAssembleConfig, T2IAssembleConfig
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenGPT
 
@@ -61,33 +60,6 @@ def write_pipeline_folder(pipe, out: str, card: list[str], record: dict, *, reco
     with open(os.path.join(out, "README.md"), "w") as handle:
         handle.write("\n".join(lines) + "\n")
     return {"out": out, "files": sorted(os.listdir(out))}
-
-
-@dataclass
-class AssembleConfig:
-    vq: str = "out/tiny-c2i/vqvae"
-    gpt: str = "out/tiny-c2i/transformer"
-    evaluator: str = "out/tiny-c2i/evaluator"
-    out: str = "models/pretrained/tiny-c2i"
-    guidance_scale: float = 3.0
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    window: int = 16
-    init: str = "horizontal"
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before anything is read (:mod:`vispec.eval.train.common`)."""
-        check_output(self, name)
-        check_decoding_defaults(self, name)
-        for field, what in (("vq", "`vispec train vq`"), ("gpt", "`vispec train gpt`"), ("evaluator", "`vispec train evaluator`")):
-            check_folder(self, field, name, holds="config.json", what=f"the folder {what} wrote")
-
-
-def check_output(cfg, name: Namer = field_name) -> None:
-    """``cfg.out``: a non-empty path (the CLI checks that it can be written)."""
-    if not isinstance(cfg.out, str) or not cfg.out:
-        raise ValueError(f"{name('out')} must be a folder path, got {cfg.out!r}")
 
 
 def assemble(cfg: AssembleConfig) -> dict:
@@ -121,19 +93,6 @@ def assemble(cfg: AssembleConfig) -> dict:
                                  extras={"evaluator": evaluator.save_pretrained})
 
 
-@dataclass
-class DrafterAssembleConfig:
-    drafter: str = "out/tiny-c2i-drafter"
-    pipeline: str = "models/pretrained/tiny-c2i"
-    lantern_k: int = 1000  # neighbour table stored with the pipeline (LANTERN's default k)
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before anything is read (:mod:`vispec.eval.train.common`)."""
-        check_fields(self, name, counts=("lantern_k",))
-        check_folder(self, "drafter", name, holds="config.json", what="the folder `vispec train drafter` wrote")
-        check_folder(self, "pipeline", name, holds="model_index.json", what="a LlamaGenPipeline folder")
-
-
 def assemble_drafter(cfg: DrafterAssembleConfig) -> dict:
     """Add a trained drafter to a pipeline folder (``drafter/`` component) and store the LANTERN
     neighbour table of its tokenizer, so ``decoding="sd"`` and ``acceptance="lantern"`` work offline."""
@@ -150,29 +109,6 @@ def assemble_drafter(cfg: DrafterAssembleConfig) -> dict:
     pipe.save_pretrained(cfg.pipeline)
     return {"drafter_parameters": sum(p.numel() for p in drafter.parameters()),
             "neighbors": list(pipe.lantern_neighbors["raw"].shape)}
-
-
-@dataclass
-class MDLMAssembleConfig:
-    trained: str = "out/tiny-mdlm"  # the folder `vispec train mdlm --out` wrote
-    out: str = "models/pretrained/tiny-mdlm"
-    gen_length: int = 0  # 0: the training answer length
-    block_length: int = 8
-    threshold: float = 0.9  # the default scheduler: Fast-dLLM's threshold rule
-    script: str = "samples/train_tiny_mdlm.sh"  # the reproduction script named on the model card
-    # > 0: the context (prompt + canvas) the saved model config allows; RoPE has no table, so this is only the
-    # limit decoding checks. 0 keeps the trained model's (tiny-mdlm: 256)
-    max_sequence_length: int = 0
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before anything is read (:mod:`vispec.eval.train.common`)."""
-        check_output(self, name)
-        check_fields(self, name, counts=("block_length",), non_negative=("gen_length", "max_sequence_length"))
-        check_number(name("threshold"), self.threshold, minimum=0, maximum=1, exclusive_minimum=True)
-        if self.gen_length and self.gen_length % self.block_length:
-            raise ValueError(f"{name('gen_length')} ({self.gen_length}) must be a multiple of {name('block_length')} "
-                             f"({self.block_length})")
-        check_folder(self, "trained", name, holds="train_config.json", what="the folder `vispec train mdlm` wrote")
 
 
 def assemble_mdlm(cfg: MDLMAssembleConfig) -> dict:
@@ -253,28 +189,6 @@ def training_stages(trained: str, record: dict) -> list[tuple[str, dict]]:
             raise ValueError(f"init_from forms a cycle at {parent}")
         seen.add(os.path.abspath(parent))
         stages.insert(0, (parent, read_record(parent, required=True)))
-
-
-@dataclass
-class T2IAssembleConfig:
-    vq: str = "out/tiny-t2i/vqvae"
-    t2i: str = "out/tiny-t2i/transformer"
-    clip: str = ""  # the trained tiny-clip folder, stored as clip/ when given
-    out: str = "models/pretrained/tiny-t2i"
-    guidance_scale: float = 3.0
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    window: int = 16
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before anything is read (:mod:`vispec.eval.train.common`); ``clip`` may be empty (none)."""
-        check_output(self, name)
-        check_decoding_defaults(self, name)
-        check_folder(self, "vq", name, holds="config.json", what="the folder `vispec train vq --data scenes` wrote")
-        check_folder(self, "t2i", name, holds="train_config.json", what="the folder `vispec train t2i` wrote")
-        if self.clip:
-            check_folder(self, "clip", name, what="the folder `vispec train clip` wrote (or empty: no CLIP)")
 
 
 def assemble_t2i(cfg: T2IAssembleConfig) -> dict:

@@ -47,7 +47,6 @@ import functools
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -57,42 +56,12 @@ from torch import Tensor
 
 from vispec.eval.bench.scenes import (CAPTION_WORDS, COLOURS, NUMBERS, SHAPES, SIZES, Scene, SceneSampler,
                                       format_caption, parse_caption, split_of)
-from vispec.checks import check_int
-from vispec.eval.train.common import (Namer, adamw, check_common, check_fields, field_name, fit, warmup_cosine,
-                                      write_record)
+from vispec.eval.train.common import adamw, fit, warmup_cosine, write_record
+from vispec.eval.train.configs import SWAP_KINDS, CLIPTrainConfig  # their home: torch-free, for the CLI (re-exported here)
 
-SWAP_KINDS = ("colour", "count", "shape", "relation", "size")
 OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 MAX_LOGIT_SCALE = math.log(100.0)
 _parse = functools.lru_cache(maxsize=None)(parse_caption)  # read-only results: callers copy before changing
-
-
-@dataclass
-class CLIPTrainConfig:
-    out: str = "out/tiny-t2i/clip"
-    steps: int = 1500  # ~0.5 s per step on one thread: 12-15 minutes (module docstring, "Speed")
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    warmup: int = 100
-    hidden_size: int = 128
-    vision_layers: int = 4
-    text_layers: int = 2
-    heads: int = 4
-    projection_dim: int = 128
-    image_size: int = 64
-    patch_size: int = 8
-    text_length: int = 12
-    hard_negatives: tuple[str, ...] = ("colour", "count", "shape", "relation")
-    negatives_train_only: bool = True
-    eval_candidates: int = 500
-    seed: int = 0
-    log_every: int = 25
-    threads: int = 1  # > 0: torch.set_num_threads(threads); 0 leaves it as is
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before any work (:mod:`vispec.eval.train.common`)."""
-        _check(self, name)
 
 
 # ------------------------------------------------------------------------------------------ hard negatives
@@ -259,25 +228,6 @@ def embed(model, processor, images: Sequence[Tensor] = (), texts: Sequence[str] 
 
 
 # --------------------------------------------------------------------------------------------- training
-def _check(cfg: CLIPTrainConfig, name: Namer = field_name) -> None:
-    """:meth:`CLIPTrainConfig.validate`: every field, errors naming ``name(field)``."""
-    check_common(cfg, name)
-    check_fields(cfg, name, counts=("hidden_size", "vision_layers", "text_layers", "heads", "projection_dim", "image_size",
-                                    "patch_size"),
-                 non_negative=("warmup", "threads"))
-    check_int(name("eval_candidates"), cfg.eval_candidates, minimum=2)
-    # the longest caption: 10 words, BOS and EOS
-    check_int(name("text_length"), cfg.text_length, minimum=12, hint=" (the longest caption with BOS and EOS)")
-    if cfg.image_size % cfg.patch_size:
-        raise ValueError(f"{name('image_size')} ({cfg.image_size}) must be a multiple of {name('patch_size')} "
-                         f"({cfg.patch_size})")
-    if cfg.hidden_size % cfg.heads:
-        raise ValueError(f"{name('hidden_size')} ({cfg.hidden_size}) must be a multiple of {name('heads')} ({cfg.heads})")
-    bad = [k for k in cfg.hard_negatives if k not in SWAP_KINDS]
-    if bad:
-        raise ValueError(f"{name('hard_negatives')} must be kinds among {SWAP_KINDS}, got {bad}")
-
-
 def batch_texts(captions: list[str], kinds: Sequence[str], rng: np.random.Generator,
                 train_only: bool) -> list[str]:
     """The captions, then one hard negative per caption and kind (where one exists)."""
@@ -294,7 +244,7 @@ def false_negatives(scenes: Sequence[Scene], texts: Sequence[str]) -> Tensor:
 
 def train_clip(cfg: CLIPTrainConfig) -> dict:
     """Train the tiny CLIP on fresh train-split scenes each step; evaluate on test scenes; save model and processor."""
-    _check(cfg)
+    cfg.validate()
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

@@ -1,10 +1,8 @@
 """What the embedded-model trainers share: the learning-rate schedule, LlamaGen's AdamW, the training loop
-(:func:`fit`; :func:`fit_sequences` for the GPTs, whose trainers differ only in the loss), training records, and
-the checks of their settings.
+(:func:`fit`; :func:`fit_sequences` for the GPTs, whose trainers differ only in the loss) and training records.
 
-Every trainer config has ``validate(name=field_name)``: each field checked before any work (no data made, no model
-built, no folder written), a ``ValueError`` naming the field as ``name(field)`` says, which is the field itself in
-Python and its flag (``--batch-size``) on the command line (:mod:`vispec.cli.train`). The trainers call it first.
+The checks of their settings live in :mod:`vispec.eval.train.checks` (torch-free, for the CLI) and are re-exported
+here; the configs themselves in :mod:`vispec.eval.train.configs`.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from vispec.checks import check_int, check_number
-
-# how a check calls a config field: the field itself (Python), or the flag that sets it (the command line)
-Namer = Callable[[str], str]
-MAX_SEED = 2**32 - 1  # numpy's and most tools' seed range; seeds offset by small counts stay in torch's
+from vispec.eval.train.checks import (MAX_SEED, Namer, check_choice, check_common, check_decoding_defaults,  # noqa: F401
+                                      check_fields, check_folder, check_heads, check_pipeline_name, field_name)
 
 # step_loss(step) -> (loss, extras): extras is None or a callable giving more log fields (called on logged steps only)
 Extras = Optional[Callable[[], dict]]
@@ -117,97 +112,3 @@ def write_record(out: str, config: Any, metrics: dict) -> None:
     """``train_config.json``: the dataclass config and the final metrics, beside the saved weights."""
     with open(os.path.join(out, "train_config.json"), "w") as handle:
         json.dump({"config": asdict(config), "metrics": metrics}, handle, indent=2)
-
-
-def field_name(field: str) -> str:
-    """The default :data:`Namer`: errors name the config field itself."""
-    return field
-
-
-def check_fields(cfg: Any, name: Namer = field_name, *, counts: tuple[str, ...] = (), non_negative: tuple[str, ...] = (),
-                 positive: tuple[str, ...] = (), non_negative_numbers: tuple[str, ...] = (),
-                 fractions: tuple[str, ...] = ()) -> None:
-    """Range checks of ``cfg``'s fields, each error naming ``name(field)``: ``counts`` integers >= 1, ``non_negative``
-    integers >= 0 (0 usually meaning "off" or "the default"), ``positive`` finite numbers > 0,
-    ``non_negative_numbers`` finite numbers >= 0, ``fractions`` probabilities in [0, 1)."""
-    for field in counts:
-        check_int(name(field), getattr(cfg, field), minimum=1)
-    for field in non_negative:
-        check_int(name(field), getattr(cfg, field), minimum=0)
-    for field in positive:
-        check_number(name(field), getattr(cfg, field), minimum=0, exclusive_minimum=True)
-    for field in non_negative_numbers:
-        check_number(name(field), getattr(cfg, field), minimum=0)
-    for field in fractions:
-        value = getattr(cfg, field)
-        check_number(name(field), value, minimum=0, maximum=1)
-        if value == 1:
-            raise ValueError(f"{name(field)} must be a probability in [0, 1) (1 would drop every one), got {value!r}")
-
-
-def check_common(cfg: Any, name: Namer = field_name) -> None:
-    """The fields most trainers share, where ``cfg`` has them: ``out`` (a non-empty path), ``seed`` (in
-    [0, :data:`MAX_SEED`]), ``steps``, ``batch_size`` and ``log_every`` (>= 1), ``lr`` (> 0) and ``weight_decay``
-    (>= 0)."""
-    if hasattr(cfg, "out") and (not isinstance(cfg.out, str) or not cfg.out):
-        raise ValueError(f"{name('out')} must be a folder path, got {cfg.out!r}")
-    if hasattr(cfg, "seed") and check_int(name("seed"), cfg.seed, minimum=0) > MAX_SEED:
-        raise ValueError(f"{name('seed')} must be an integer in [0, {MAX_SEED}], got {cfg.seed}")
-    check_fields(cfg, name, counts=tuple(f for f in ("steps", "batch_size", "log_every") if hasattr(cfg, f)),
-                 positive=("lr",) if hasattr(cfg, "lr") else (),
-                 non_negative_numbers=("weight_decay",) if hasattr(cfg, "weight_decay") else ())
-
-
-def check_folder(cfg: Any, field: str, name: Namer = field_name, *, holds: str = "", what: str = "a folder") -> None:
-    """``cfg.<field>`` must be an existing folder (holding the file ``holds``, when given); the error names
-    ``name(field)``, the path and ``what`` was expected there. Nothing is looked up online."""
-    path = getattr(cfg, field)
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"{name(field)} must be {what}, got {path!r}")
-    if not os.path.isdir(path):
-        why = "is not a folder" if os.path.exists(path) else "does not exist"
-        raise ValueError(f"{name(field)} {path!r} {why}; expected {what}")
-    if holds and not os.path.isfile(os.path.join(path, holds)):
-        raise ValueError(f"{name(field)} {path!r} has no {holds}; expected {what}")
-
-
-def check_choice(cfg: Any, field: str, choices: tuple[str, ...], name: Namer = field_name) -> None:
-    """``cfg.<field>`` must be one of ``choices``."""
-    if getattr(cfg, field) not in choices:
-        raise ValueError(f"{name(field)} must be one of {', '.join(choices)}, got {getattr(cfg, field)!r}")
-
-
-def check_heads(cfg: Any, dim: str, heads: str, name: Namer = field_name, *, multiple: int = 2) -> None:
-    """``cfg.<dim>`` must split into ``cfg.<heads>`` heads whose size is a multiple of ``multiple`` (RoPE rotates
-    pairs; LlamaGen's 2-D RoPE needs 4)."""
-    width, count = getattr(cfg, dim), getattr(cfg, heads)
-    if width % count or (width // count) % multiple:
-        raise ValueError(f"{name(dim)} ({width}) must split into {name(heads)} ({count}) heads whose size is a "
-                         f"multiple of {multiple}")
-
-
-def check_pipeline_name(cfg: Any, field: str, name: Namer = field_name) -> None:
-    """``cfg.<field>`` must be an embedded model name or a local pipeline folder (nothing is downloaded)."""
-    from vispec.pipelines.embedded import resolve_model_path
-
-    try:
-        resolve_model_path(getattr(cfg, field))
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{name(field)}: {err}") from None
-
-
-def check_decoding_defaults(cfg: Any, name: Namer = field_name, *, strategy: str = "mc-sjd") -> None:
-    """The sampling and window defaults an assembler stores in a pipeline (``guidance_scale``, ``temperature``,
-    ``top_k``, ``top_p``, ``window``, ``init`` where present) as :class:`~vispec.decoding.DecodingConfig` checks
-    them, the error naming ``name(field)``."""
-    from vispec.decoding import DecodingConfig
-
-    keys = [k for k in ("window", "init", "guidance_scale", "temperature", "top_k", "top_p") if hasattr(cfg, k)]
-    try:
-        DecodingConfig(strategy=strategy, **{k: getattr(cfg, k) for k in keys})
-    except ValueError as err:
-        message = str(err)
-        field = next((k for k in keys if message.startswith(k)), None)
-        if field is None:
-            raise
-        raise ValueError(name(field) + message[len(field):]) from None

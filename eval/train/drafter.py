@@ -16,49 +16,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from vispec.eval.train.common import (Namer, check_common, check_fields, check_heads, check_pipeline_name, field_name,
-                                      fit_sequences, write_record)
+from vispec.eval.train.common import fit_sequences, write_record
+from vispec.eval.train.configs import DrafterTrainConfig  # its home: torch-free, for the CLI (re-exported here)
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
-
-
-@dataclass
-class DrafterTrainConfig:
-    target: str = "tiny-c2i"  # embedded name or pipeline folder
-    out: str = "out/tiny-c2i-drafter"
-    num_sequences: int = 4096
-    sample_batch: int = 256
-    sample_decoding: str = "ar"  # at batch 256 on a CPU, AR is the fastest exact sampler
-    steps: int = 2500
-    batch_size: int = 16  # ~0.4 s per step on 2 CPU cores (the teacher forward dominates)
-    lr: float = 2e-3
-    weight_decay: float = 0.05
-    dim: int = 128
-    n_layer: int = 2
-    n_head: int = 4
-    class_dropout_prob: float = 0.1
-    seed: int = 0
-    log_every: int = 25
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before any work (:mod:`vispec.eval.train.common`); ``target`` must be an embedded model or a
-        local pipeline folder, ``sample_decoding`` a decoding spec."""
-        from vispec.decoding import DecodingConfig
-
-        check_common(self, name)
-        check_fields(self, name, counts=("num_sequences", "sample_batch", "dim", "n_layer", "n_head"),
-                     fractions=("class_dropout_prob",))
-        check_heads(self, "dim", "n_head", name, multiple=4)
-        try:
-            DecodingConfig.parse(self.sample_decoding)
-        except ValueError as err:
-            raise ValueError(f"{name('sample_decoding')}: {err}") from None
-        check_pipeline_name(self, "target", name)
 
 
 @torch.no_grad()

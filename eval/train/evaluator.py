@@ -5,33 +5,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from vispec.eval.bench.data import CropSampler, to_model_range
 from vispec.eval.bench.evaluator import CropClassifier, classify_accuracy
-from vispec.eval.train.common import Namer, check_common, check_fields, field_name, fit, warmup_cosine, write_record
-
-
-@dataclass
-class EvaluatorTrainConfig:
-    out: str = "out/tiny-c2i/evaluator"
-    steps: int = 1500
-    batch_size: int = 32
-    width: int = 16
-    feature_dim: int = 128
-    lr: float = 2e-3
-    weight_decay: float = 0.05
-    eval_images: int = 1400
-    seed: int = 0
-    log_every: int = 50
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before any work (:mod:`vispec.eval.train.common`)."""
-        check_common(self, name)
-        check_fields(self, name, counts=("width", "feature_dim", "eval_images"))
+from vispec.eval.train.common import fit, warmup_cosine, write_record
+from vispec.eval.train.configs import EvaluatorTrainConfig  # its home: torch-free, for the CLI (re-exported here)
 
 
 def train_evaluator(cfg: EvaluatorTrainConfig) -> dict:

@@ -31,58 +31,15 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-from vispec.checks import check_int, check_number
-from vispec.eval.train.common import Namer, check_common, check_pipeline_name, field_name
+from vispec.eval.train.configs import FilterTrainConfig  # its home: torch-free, for the CLI (re-exported here)
 
 SPLITS = (0.8, 0.1, 0.1)
-
-
-@dataclass
-class FilterTrainConfig:
-    """Defaults: 32 prompts per task (about 10 minutes on 2 CPU cores for tiny-mdlm-long, most of it the
-    256-step reference decodes), a 32 → 32 → 32 filter and 3000 full-batch epochs (seconds)."""
-
-    model: str = "tiny-mdlm-long"  # embedded name or pipeline folder
-    out: str = "out/filter"  # the pipeline folder written, with the filter component
-    tasks: tuple[str, ...] = ("arithmetic", "sort", "reverse")
-    prompts_per_task: int = 32
-    gen_length: int = 0  # 0: the pipeline's default
-    block_length: int = 0  # 0: the pipeline's default
-    batch_size: int = 32
-    hidden_size: int = 32
-    epochs: int = 3000
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    threshold: float = 0.96  # τ the record's metrics are reported at (Learn2PD's default)
-    seed: int = 0
-    threads: int = 2
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before any work (:mod:`vispec.eval.train.common`); ``model`` must be an embedded model or a
-        local pipeline folder."""
-        from vispec.eval.bench.text_tasks import TASKS
-
-        check_common(self, name)
-        for key in ("prompts_per_task", "batch_size", "hidden_size", "epochs", "threads"):
-            check_int(name(key), getattr(self, key), minimum=1)
-        for key in ("gen_length", "block_length"):
-            check_int(name(key), getattr(self, key), minimum=0, hint=" (0 = the pipeline's default)")
-        check_number(name("threshold"), self.threshold, minimum=0, maximum=1, exclusive_minimum=True)
-        if not self.tasks:
-            raise ValueError(f"{name('tasks')} must name at least one task")
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown:
-            raise ValueError(f"{name('tasks')} must name tasks among {', '.join(TASKS)}, got {','.join(self.tasks)}")
-        if self.gen_length and self.block_length and self.gen_length % self.block_length:
-            raise ValueError(f"{name('gen_length')} ({self.gen_length}) must be a multiple of {name('block_length')} "
-                             f"({self.block_length})")
-        check_pipeline_name(self, "model", name)
 
 
 @torch.no_grad()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,37 +17,11 @@ from diffusers import VQModel
 from tqdm.auto import tqdm
 
 from vispec.eval.bench.data import CropSampler, to_model_range
-from vispec.eval.train.common import (Namer, check_common, check_fields, check_folder, check_heads, field_name,
-                                      fit_sequences, write_record)
+from vispec.eval.train.common import fit_sequences, write_record
+from vispec.eval.train.configs import GPTTrainConfig  # its home: torch-free, for the CLI (re-exported here)
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import encode_to_tokens
-
-
-@dataclass
-class GPTTrainConfig:
-    vq: str = "out/tiny-c2i/vqvae"
-    out: str = "out/tiny-c2i/transformer"
-    num_sequences: int = 25600
-    steps: int = 1600
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    dim: int = 256
-    n_layer: int = 4  # ~3.9M parameters: ~1.7 s per step of 32 x 256 tokens on 2 CPU cores (~45 min)
-    n_head: int = 4
-    class_dropout_prob: float = 0.1
-    dropout: float = 0.0  # one pass over the data: regularisation only slows learning
-    seed: int = 0
-    log_every: int = 25
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before any work (:mod:`vispec.eval.train.common`); ``vq`` must be a local VQ folder."""
-        check_common(self, name)
-        check_fields(self, name, counts=("num_sequences", "dim", "n_layer", "n_head"),
-                     fractions=("class_dropout_prob", "dropout"))
-        check_heads(self, "dim", "n_head", name, multiple=4)
-        check_folder(self, "vq", name, holds="config.json", what="the VQ folder `vispec train vq` wrote")
 
 
 @torch.no_grad()

@@ -27,7 +27,6 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Union
 
 import torch
@@ -36,96 +35,11 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from vispec.eval.bench.text_tasks import TextItem, TextTask, get_task, split_items, train_stream
-from vispec.checks import check_number
-from vispec.eval.train.common import Namer, adamw, check_common, check_fields, check_heads, field_name, warmup_cosine, write_record
+from vispec.eval.train.common import adamw, warmup_cosine, write_record
+# their home: torch-free, for the CLI (re-exported here)
+from vispec.eval.train.configs import MDLMTrainConfig, resolve_init_folders
 from vispec.eval.train.tokenizer import answer_ids, decode_answer, eot_token_id, prompt_ids, train_task_tokenizer
 from vispec.models.llada import LLaDAModelLM
-
-
-@dataclass
-class MDLMTrainConfig:
-    """Defaults sized for under an hour on the 2-core CPU: 3.5M parameters, 0.33 s per step of 32 sequences of
-    <= 71 tokens with 2 threads (0.61 s with one), 8000 steps ~ 45 min, plus a few minutes of evaluation.
-    Arithmetic (the task with an accuracy target) gets most of the batch."""
-
-    out: str = "out/tiny-mdlm"
-    tasks: tuple[str, ...] = ("arithmetic", "sort", "reverse")
-    task_weights: tuple[float, ...] = (0.8, 0.1, 0.1)
-    task_options: dict = field(default_factory=dict)  # per task name, e.g. {"arithmetic": {"operand_max": 5}}
-    answer_length: int = 32  # the generation canvas: answer, <|eot_id|>, EOS padding
-    steps: int = 8000
-    batch_size: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.1
-    warmup: int = 200
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 8
-    n_kv_heads: int = 0  # 0: n_heads (no grouped-query attention)
-    mlp_hidden_size: int = 768
-    rope_theta: float = 10000.0
-    mask_eps: float = 1e-3
-    stratified_t: bool = True
-    seed: int = 0
-    log_every: int = 25
-    eval_every: int = 2000  # greedy accuracy on eval_n test items of tasks[0] every this many steps (0: never)
-    eval_n: int = 100
-    final_eval_n: int = 500  # per task, after training (0: skip)
-    tokenizer_corpus: int = 2000  # train items per task for the tokenizer
-    max_minutes: float = 0.0  # > 0: stop early once this much training time has passed (pilots)
-    threads: int = 2  # > 0: torch.set_num_threads(threads); 0 leaves it as is
-    # fine-tuning: a trained folder (transformer/, tokenizer/), a pipeline folder (model/, tokenizer/) or an embedded
-    # model name ("vispec/tiny-mdlm"); its model and tokenizer replace the fresh ones (d_model etc. are then ignored)
-    init_from: str = ""
-    # canvas length mix: every long_every-th step trains at long_answer_length instead of answer_length (0: never)
-    long_answer_length: int = 0
-    long_every: int = 0
-    long_batch_size: int = 0  # sequences in a long-canvas step (0: batch_size); fewer keeps those steps cheap
-    eval_all_tasks: bool = False  # progress evaluations (eval_every) on every task instead of tasks[0]
-    eval_answer_length: int = 0  # final evaluation canvas (0: answer_length)
-    eval_block_length: int = 0  # final evaluation semi-autoregressive block (0: the whole canvas as one block)
-    eval_batch_size: int = 64
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before any work (:mod:`vispec.eval.train.common`); ``init_from`` must name a local trained or
-        pipeline folder or an embedded model (nothing is downloaded)."""
-        from vispec.eval.bench.text_tasks import TASKS
-
-        check_common(self, name)
-        check_fields(self, name, counts=("answer_length", "warmup", "d_model", "n_layers", "n_heads", "mlp_hidden_size",
-                                         "eval_n", "tokenizer_corpus", "eval_batch_size"),
-                     non_negative=("n_kv_heads", "eval_every", "final_eval_n", "threads", "long_answer_length",
-                                   "long_every", "long_batch_size", "eval_answer_length", "eval_block_length"),
-                     positive=("rope_theta",), non_negative_numbers=("max_minutes",))
-        check_number(name("mask_eps"), self.mask_eps, minimum=0, maximum=1, exclusive_minimum=True)
-        if self.mask_eps == 1:
-            raise ValueError(f"{name('mask_eps')} must be in (0, 1) (1 would mask every token always), got {self.mask_eps}")
-        if not self.tasks or any(t not in TASKS for t in self.tasks) or len(set(self.tasks)) != len(self.tasks):
-            raise ValueError(f"{name('tasks')} must name distinct tasks among {', '.join(TASKS)}, got "
-                             f"{','.join(self.tasks) or 'none'}")
-        if len(self.task_weights) != len(self.tasks):
-            raise ValueError(f"{name('task_weights')} must give one weight per task of {name('tasks')} "
-                             f"({len(self.tasks)}: {','.join(self.tasks)}), got {len(self.task_weights)}")
-        for weight in self.task_weights:
-            check_number(name("task_weights"), weight, minimum=0, hint=" (each)")
-        if not sum(self.task_weights) > 0:
-            raise ValueError(f"{name('task_weights')} must not all be 0, got {self.task_weights}")
-        check_heads(self, "d_model", "n_heads", name)
-        if self.n_kv_heads and self.n_heads % self.n_kv_heads:
-            raise ValueError(f"{name('n_heads')} ({self.n_heads}) must be a multiple of {name('n_kv_heads')} "
-                             f"({self.n_kv_heads})")
-        if bool(self.long_every) != bool(self.long_answer_length):
-            raise ValueError(f"{name('long_every')} and {name('long_answer_length')} must both be > 0 (a length mix) or "
-                             f"both 0, got {self.long_every} and {self.long_answer_length}")
-        canvas = self.eval_answer_length or self.answer_length
-        if self.eval_block_length and canvas % self.eval_block_length:
-            raise ValueError(f"{name('eval_block_length')} ({self.eval_block_length}) must divide the evaluation canvas "
-                             f"({canvas})")
-        if self.init_from:
-            try:
-                resolve_init_folders(self.init_from)
-            except ValueError as err:
-                raise ValueError(f"{name('init_from')}: {str(err).removeprefix('init_from: ')}") from None
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -282,26 +196,6 @@ def build_model(cfg: MDLMTrainConfig, tokenizer: PreTrainedTokenizerFast) -> LLa
         eos_token_id=tokenizer.eos_token_id, eot_token_id=eot_token_id(tokenizer), pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
-
-
-def resolve_init_folders(init_from: str) -> tuple[str, str]:
-    """``(model folder, tokenizer folder)`` of ``init_from``: a trained folder (``transformer/``, ``tokenizer/``), a
-    pipeline folder (``model/``, ``tokenizer/``) or an embedded model name such as ``"vispec/tiny-mdlm"``."""
-    from vispec.pipelines.embedded import resolve_model_path
-
-    if os.path.isdir(os.path.join(init_from, "transformer")):
-        folder, model_dir = init_from, "transformer"
-    else:
-        try:
-            folder = resolve_model_path(init_from)
-        except ValueError as err:
-            raise ValueError(f"init_from: {err}") from err
-        model_dir = "model"
-    paths = os.path.join(folder, model_dir), os.path.join(folder, "tokenizer")
-    for path in paths:
-        if not os.path.isdir(path):
-            raise ValueError(f"init_from={init_from!r}: missing {path}")
-    return paths
 
 
 def check_vocabulary(tokenizer: PreTrainedTokenizerFast, tasks: list[TextTask], n_per_task: int = 200, seed: int = 0) -> None:

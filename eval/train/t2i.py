@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,41 +23,14 @@ from diffusers import VQModel
 from tqdm.auto import tqdm
 
 from vispec.eval.bench.scenes import CAPTION_WORDS, DEFAULT_SIZES, SceneSampler
-from vispec.checks import check_int
-from vispec.eval.train.common import (Namer, adamw, check_common, check_fields, check_folder, check_heads, field_name, fit,
-                                      warmup_cosine, write_record)
+from vispec.eval.train.common import adamw, fit, warmup_cosine, write_record
+from vispec.eval.train.configs import T2ITrainConfig  # its home: torch-free, for the CLI (re-exported here)
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_vq import encode_to_tokens
 
 RESOLUTION_UNIT = 16  # pixels per resolution-token step
 MAX_RESOLUTION = 8  # resolution tokens for n = 0 .. 8 (up to 128 pixels)
 DOWNSAMPLE = 4
-
-
-@dataclass
-class T2ITrainConfig:
-    vq: str = "out/tiny-t2i/vqvae"
-    out: str = "out/tiny-t2i/transformer"
-    num_sequences: int = 24000
-    steps: int = 1500
-    batch_size: int = 16
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    hidden_size: int = 256
-    layers: int = 4  # ~3.2M parameters besides the embeddings; ~1.5 s per step of 16 sequences on 2 CPU cores
-    heads: int = 4
-    caption_dropout: float = 0.1
-    seed: int = 0
-    log_every: int = 25
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before any work (:mod:`vispec.eval.train.common`); ``vq`` must be a local VQ folder."""
-        check_common(self, name)
-        check_fields(self, name, counts=("hidden_size", "layers", "heads"), fractions=("caption_dropout",))
-        check_int(name("num_sequences"), self.num_sequences, minimum=len(DEFAULT_SIZES),
-                  hint=f" (split between the {len(DEFAULT_SIZES)} scene sizes)")
-        check_heads(self, "hidden_size", "heads", name)
-        check_folder(self, "vq", name, holds="config.json", what="the scene VQ folder `vispec train vq --data scenes` wrote")
 
 
 def caption_tokenizer():

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,47 +27,9 @@ from diffusers import VQModel
 
 from vispec.eval.bench.data import CropSampler, to_model_range
 from vispec.eval.bench.scenes import DEFAULT_SIZES, SceneSampler
-from vispec.eval.train.common import (Namer, check_choice, check_common, check_fields, field_name, fit, warmup_cosine,
-                                      write_record)
-from vispec.models.llamagen_vq import LLAMAGEN_VQ_VARIANTS, llamagen_vq_config
-
-
-@dataclass
-class VQTrainConfig:
-    out: str = "out/tiny-c2i/vqvae"
-    data: str = "photos"  # "photos" (tiny-c2i) or "scenes" (tiny-t2i)
-    steps: int = 4000
-    batch_size: int = 16
-    lr: float = 3e-4
-    codebook_size: int = 1024
-    embed_dim: int = 8
-    base_channels: int = 32
-    channel_mult: tuple[int, ...] = (1, 1, 2)  # 64 -> 32 -> 16; sized for ~0.5 s/step on 2 CPU cores
-    z_channels: int = 32
-    layers_per_block: int = 1
-    beta: float = 0.25
-    restart_every: int = 250
-    eval_images: int = 512
-    seed: int = 0
-    log_every: int = 50
-
-    def validate(self, name: Namer = field_name) -> None:
-        """Every field, before any work (:mod:`vispec.eval.train.common`)."""
-        check_common(self, name)
-        check_choice(self, "data", ("photos", "scenes"), name)
-        check_fields(self, name, counts=("codebook_size", "embed_dim", "base_channels", "z_channels", "layers_per_block",
-                                         "eval_images"),
-                     non_negative=("restart_every",), non_negative_numbers=("beta",))
-        levels = len(LLAMAGEN_VQ_VARIANTS["VQ-4"])
-        mult = self.channel_mult
-        if len(mult) != levels or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in mult):
-            raise ValueError(f"{name('channel_mult')} must be {levels} integers >= 1 (one per level of the downsample-4 "
-                             f"VQ), got {','.join(map(str, mult)) or 'none'}")
-        groups = llamagen_vq_config("VQ-4")["norm_num_groups"]
-        widths = [self.base_channels * m for m in mult]
-        if any(w % groups for w in widths):
-            raise ValueError(f"{name('base_channels')} x {name('channel_mult')} gives channel widths {widths}; each must be "
-                             f"a multiple of {groups} (the VQ's group norm)")
+from vispec.eval.train.common import fit, warmup_cosine, write_record
+from vispec.eval.train.configs import VQTrainConfig  # its home: torch-free, for the CLI (re-exported here)
+from vispec.models.llamagen_vq import llamagen_vq_config
 
 
 class SceneImages:

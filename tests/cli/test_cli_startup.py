@@ -1,8 +1,11 @@
 """``vispec`` starts light and stops cleanly (issue 28, items 17 and 19).
 
-* ``--help`` of the command, of every command group and of every benchmark, ``generate`` and ``convert`` command
-  imports no torch, diffusers, transformers or Triton (checked in ``sys.modules`` of a fresh process, not timed):
-  the parsers are built from light modules, and a trainer's module only when that trainer is named;
+* ``--help`` of the command, of every command group and of every benchmark, ``generate``, ``convert`` and ``train``
+  command imports no torch, diffusers, transformers or Triton (checked in ``sys.modules`` of a fresh process, not
+  timed): the parsers are built from light modules, a trainer's flags from its torch-free config
+  (:mod:`vispec.eval.train.configs`) when that trainer is named, and its module only when it runs;
+* a bad ``vispec train`` flag (a range, a size past the machine's memory) is refused, one line naming the flag,
+  before torch is imported;
 * Ctrl-C anywhere (while the parser is built, while a command imports torch and the models, while it works)
   prints one line, ``vispec: interrupted``, and exits with 130.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import pkgutil
 import signal
 import subprocess
 import sys
@@ -19,15 +23,20 @@ import types
 import pytest
 
 import vispec.cli as cli
+import vispec.eval.train
 from vispec.cli import main
+from vispec.cli.train import TRAINERS
 
-HEAVY = ("torch", "diffusers", "transformers", "triton", "vispec.pipelines", "vispec.models", "vispec.eval.train")
+# the torch-free modules of vispec.eval.train (the configs and their checks); every other one is a trainer's
+LIGHT_TRAIN = ("configs", "checks")
+TRAIN_MODULES = tuple(f"vispec.eval.train.{m.name}" for m in pkgutil.iter_modules(vispec.eval.train.__path__)
+                      if m.name not in LIGHT_TRAIN)
+HEAVY = ("torch", "diffusers", "transformers", "triton", "vispec.pipelines", "vispec.models", *TRAIN_MODULES)
 
-# every parser whose --help must be instant: the command, its groups, and every command but the trainers (whose
-# flags come from the trainer modules: `vispec train MODEL --help` imports that one trainer)
+# every parser whose --help must be instant: the command, its groups, and every command, every trainer's included
 HELP_COMMANDS = [[], ["bench"], ["bench", "decoders"], ["bench", "image"], ["bench", "text"], ["bench", "kernels"],
                  ["generate"], ["generate", "image"], ["generate", "text"], ["convert"], ["convert", "llamagen"],
-                 ["convert", "lumina-mgpt"], ["demo"], ["train"]]
+                 ["convert", "lumina-mgpt"], ["demo"], ["train"], *[["train", name] for name in TRAINERS]]
 
 _PROBE = """
 import contextlib, io, json, sys
@@ -59,6 +68,56 @@ def test_help_imports_nothing_heavy():
         assert seen == {"status": 0, "loaded": [], "usage": True}, (command, seen)
 
 
+def test_every_trainer_module_counts_as_heavy():
+    """The probe's list is not vacuous: every trainer's module (and the torch helpers they share) is in it."""
+    assert {module for module, *_ in TRAINERS.values()} <= set(TRAIN_MODULES)
+    assert {"vispec.eval.train.common", "vispec.eval.train.tokenizer"} <= set(TRAIN_MODULES)
+
+
+# runs each `vispec train ...` command in turn, the machine's memory fixed at 8 GiB (the refusals do not depend on
+# this machine), and reports its exit status, stderr and what it loaded
+_FLAG_PROBE = """
+import contextlib, io, json, sys
+import vispec.eval.train.checks as checks
+checks.total_memory = lambda: 8 * 2**30
+from vispec.cli import main
+heavy = {heavy!r}
+report = []
+for argv in {commands!r}:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(argv)
+    loaded = [name for name in heavy if any(m == name or m.startswith(name + ".") for m in sys.modules)]
+    report.append({{"status": status, "err": err.getvalue(), "loaded": loaded}})
+print(json.dumps(report))
+"""
+
+# (command, the flag its one error line must name): each refused by the torch-free checks
+BAD_FLAGS = [
+    (["train", "vq", "--steps", "-5"], "--steps"),
+    (["train", "vq", "--base-channels", "1000000000"], "--base-channels"),
+    (["train", "gpt", "--dim", "1000000000"], "--dim"),
+    (["train", "drafter", "--n-layer", "1000000000"], "--n-layer"),
+    (["train", "t2i", "--num-sequences", "1000000000000"], "--num-sequences"),
+    (["train", "clip", "--threads", "100000"], "--threads"),
+    (["train", "mdlm", "--d-model", "1000000000"], "--d-model"),
+    (["train", "filter", "--hidden-size", "1000000000"], "--hidden-size"),
+    (["train", "evaluator", "--width", "0"], "--width"),
+]
+
+
+def test_bad_trainer_flags_are_refused_before_torch():
+    """A bad flag (a range, a size past the memory) exits 2 with one ``vispec: error:`` line naming it, and neither
+    torch nor the trainer's module was imported to say so."""
+    code = _FLAG_PROBE.format(heavy=HEAVY, commands=[argv for argv, _ in BAD_FLAGS])
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for (argv, flag), seen in zip(BAD_FLAGS, json.loads(run.stdout), strict=True):
+        lines = seen["err"].splitlines()
+        assert seen["status"] == 2 and seen["loaded"] == [], (argv, seen)
+        assert len(lines) == 1 and lines[0].startswith("vispec: error:") and flag in lines[0], (argv, lines)
+
+
 _SCRIPT = """
 import runpy, sys
 sys.argv = [{script!r}, "--help"]
@@ -82,7 +141,8 @@ def test_the_vispec_script_starts_light():
 
 
 def test_a_trainer_is_imported_only_when_named(capsys, monkeypatch):
-    """The trainers' flags are built when their name is on the command line, and only theirs."""
+    """The trainers' flags are built when their name is on the command line, and only theirs (from the torch-free
+    configs; the trainer's module is imported when it runs, :func:`test_bad_trainer_flags_are_refused_before_torch`)."""
     built = []
     real = cli.train._add_trainer
     monkeypatch.setattr(cli.train, "_add_trainer", lambda parser, module, *names: (built.append(module),

@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 from vispec.cli import main
 from vispec.cli.args import config_flag
 from vispec.cli.train import TRAINERS
+from vispec.eval.train import checks
+
+MEMORY = 8 * 2**30  # the machine's memory as the tests set it (the size checks must not depend on this machine)
 
 
 def one_line(capsys) -> str:
@@ -65,8 +68,10 @@ def base_args(trainer: str, root) -> list[str]:
 
 @pytest.fixture
 def stubs(monkeypatch):
-    """Every trainer replaced by a stub recording its config; any network connection fails the test."""
+    """Every trainer replaced by a stub recording its config; any network connection fails the test; the machine's
+    memory fixed at :data:`MEMORY`."""
     calls: list = []
+    monkeypatch.setattr(checks, "total_memory", lambda: MEMORY)
     for module, _, func_name, _ in TRAINERS.values():
         monkeypatch.setattr(importlib.import_module(module), func_name, lambda cfg: calls.append(cfg) or {"stub": True})
 
@@ -121,6 +126,21 @@ def test_defaults_reach_the_trainer(trainer, folders, stubs, capsys):
     (["assemble-t2i", "--window", "0"], "--window must be an integer >= 1"),
     (["assemble-mdlm", "--gen-length", "12", "--block-length", "8"], "--gen-length (12) must be a multiple of --block-length (8)"),
     (["assemble-drafter", "--lantern-k", "0"], "--lantern-k must be an integer >= 1"),
+    # sizes past the machine's memory (issue 28): the flags that set the size, the one changed first
+    (["gpt", "--dim", "1000000000"], "--dim 1000000000 (with --n-layer 4, --n-head 4, --batch-size 32, --num-sequences "
+                                     "25600) gives ~4.8e19 parameters"),
+    (["gpt", "--dim", "1000000000"], "this machine has 8.0 GiB of memory"),
+    (["mdlm", "--d-model", "1000000000"], "--d-model 1000000000 (with --n-layers 4,"),
+    (["vq", "--base-channels", "1000000000"], "--base-channels 1000000000 (with --channel-mult 1,1,2,"),
+    (["vq", "--channel-mult", "1,1,1000000000"], "--channel-mult 1,1,1000000000 (with --base-channels 32,"),
+    (["evaluator", "--width", "1000000"], "--width 1000000 (with"),
+    (["drafter", "--batch-size", "1000000"], "--batch-size 1000000 (with --dim 128,"),
+    (["t2i", "--layers", "1000000000"], "--layers 1000000000 (with"),
+    (["clip", "--image-size", "1000000"], "--image-size 1000000 (with"),
+    (["filter", "--block-length", "1000000000"], "--block-length 1000000000 (with"),
+    (["mdlm", "--eval-batch-size", "1000000000"], "--eval-batch-size 1000000000 (with"),
+    (["clip", "--threads", "5000"], "--threads must be an integer in [0, 1024]"),
+    (["filter", "--threads", "5000"], "--threads must be an integer in [1, 1024]"),
 ])
 def test_bad_trainer_flags_are_one_line_naming_the_flag(argv, words, folders, stubs, capsys, tmp_path):
     trainer = argv[0]
@@ -164,6 +184,21 @@ UNIT_INTERVAL = {"top_p", "threshold", "mask_eps"}  # (0, 1], mask_eps (0, 1)
 ANY_FINITE = {"guidance_scale"}
 CHOICES = {"data": {"photos", "scenes"}, "init": {"random", "horizontal", "vertical"}}
 PATHS = {"vq", "gpt", "evaluator", "drafter", "pipeline", "t2i", "clip", "trained"}
+# fields each unit of which costs at least a byte of memory (a weight, an activation, a data item): accepted with
+# the others at their defaults, none can exceed MEMORY
+SIZE_FIELDS = {
+    "vq": {"base_channels", "channel_mult[]", "z_channels", "codebook_size", "embed_dim", "layers_per_block", "batch_size",
+           "eval_images"},
+    "evaluator": {"width", "feature_dim", "batch_size", "eval_images"},
+    "gpt": {"dim", "n_layer", "n_head", "batch_size", "num_sequences"},
+    "drafter": {"dim", "n_layer", "n_head", "batch_size", "num_sequences"},
+    "t2i": {"hidden_size", "layers", "heads", "batch_size", "num_sequences"},
+    "clip": {"hidden_size", "vision_layers", "text_layers", "heads", "projection_dim", "image_size", "patch_size",
+             "text_length", "batch_size", "eval_candidates"},
+    "mdlm": {"d_model", "n_layers", "n_heads", "mlp_hidden_size", "answer_length", "batch_size", "eval_answer_length",
+             "eval_batch_size", "tokenizer_corpus", "eval_n", "final_eval_n"},
+    "filter": {"hidden_size", "block_length", "gen_length", "prompts_per_task"},
+}
 
 
 def sane(trainer: str, field: str, value) -> bool:
@@ -183,6 +218,10 @@ def sane(trainer: str, field: str, value) -> bool:
     if isinstance(value, int):
         if field == "seed":
             return 0 <= value < 2**32
+        if field == "threads":
+            return (0 if (trainer, field) in ZERO_OK_IN else 1) <= value <= 1024
+        if field in SIZE_FIELDS.get(trainer, ()) and value > MEMORY:
+            return False
         return value >= (0 if field in ZERO_OK or (trainer, field) in ZERO_OK_IN else 1)
     if isinstance(value, tuple):
         return len(value) > 0 and all(sane(trainer, field + "[]", v) if not isinstance(v, str) else bool(v) for v in value)
@@ -196,7 +235,9 @@ def sane(trainer: str, field: str, value) -> bool:
 FUZZ_VALUES = st.one_of(
     st.sampled_from(["0", "1", "-1", "2", "3", "7", "8", "16", "64", "256", "0.5", "1.0", "1e-3", "-0.5", "2.5", "nan", "inf",
                      "-inf", "abc", "", " ", "1,2", "1,1,2", "0,1,1", "arithmetic", "sort,reverse", "colour", "ar",
-                     "mc-sjd", "photos", "scenes", "vertical", str(2**32), str(2**64), "1" * 25]),
+                     "mc-sjd", "photos", "scenes", "vertical", str(2**32), str(2**64), "1" * 25,
+                     # sizes: plausible, past MEMORY, absurd
+                     "512", "4096", "100000", "1000000000", str(2**31), str(10**18), "1,1,1000000000", "1,2,100000"]),
     st.integers(-3, 300).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.text(max_size=6),
@@ -209,7 +250,8 @@ FIELDS = [(trainer, field) for trainer in TRAINERS for field in flag_fields(trai
 @given(case=st.sampled_from(FIELDS), value=FUZZ_VALUES)
 def test_every_trainer_flag_is_checked_before_any_work(case, value, folders, stubs, capsys):
     """One flag of one trainer set to a fuzzed value, the others at their defaults: the value reaches the trainer
-    and is sane (:func:`sane`), or it is refused by one line naming the flag, exit 2, and the trainer never runs."""
+    and is sane (:func:`sane`; a size within :data:`MEMORY`), or it is refused by one line naming the flag, exit 2,
+    and the trainer never runs."""
     trainer, field = case
     flag = config_flag(config_class(trainer), field)
     rc = main(["train", trainer, *base_args(trainer, folders), f"{flag}={value}"])
@@ -225,6 +267,15 @@ def test_every_trainer_flag_is_checked_before_any_work(case, value, folders, stu
         assert len(err) == 1 and err[0].startswith("vispec: error:"), err
         assert flag in err[0], f"{trainer} {flag}={value!r}: the error does not name the flag: {err[0]}"
     stubs.clear()
+
+
+@pytest.mark.parametrize("trainer, field", sorted((t, f) for t, fields in SIZE_FIELDS.items() for f in fields
+                                                   if not f.endswith("[]")))
+def test_every_size_flag_past_the_memory_is_refused(trainer, field, folders, stubs, capsys):
+    """Each size flag at 10^12 (the others at their defaults) is refused in one line naming it, before any work."""
+    flag = config_flag(config_class(trainer), field)
+    assert main(["train", trainer, *base_args(trainer, folders), flag, str(10**12)]) == 2
+    assert flag in one_line(capsys) and stubs == []
 
 
 def test_the_fuzzed_fields_cover_every_value_flag():

@@ -1,4 +1,7 @@
-"""``vispec train MODEL``: the embedded models' trainers and assemblers, flags from their config dataclasses."""
+"""``vispec train MODEL``: the embedded models' trainers and assemblers, flags from their config dataclasses.
+
+The flags come from :mod:`vispec.eval.train.configs` and are checked there (``validate``) without torch; the trainer's
+module (torch, diffusers, transformers, the models) is imported only once the checks pass and the command runs."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ import json
 from vispec.cli.args import add_config_args, config_flag, config_from_args
 from vispec.cli.paths import check_output_folder
 
+CONFIGS = "vispec.eval.train.configs"  # every trainer's config class, torch-free
+
 TRAINERS = {
-    # name: (module, config class, train function, help)
+    # name: (trainer module, config class (in CONFIGS, re-exported by the trainer module), train function, help)
     "vq": ("vispec.eval.train.vq", "VQTrainConfig", "train_vq", "a VQ tokenizer: tiny-c2i's (--data photos) or tiny-t2i's (--data scenes)"),
     "evaluator": ("vispec.eval.train.evaluator", "EvaluatorTrainConfig", "train_evaluator", "the tiny-c2i crop classifier (accuracy, FID features)"),
     "gpt": ("vispec.eval.train.gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
@@ -26,11 +31,13 @@ TRAINERS = {
 }
 
 
-def _run(config_cls: type, train, args: argparse.Namespace) -> int:
-    """Check every flag (the config's ``validate``, errors naming the flag) and ``--out``, then train."""
+def _run(config_cls: type, module: str, func_name: str, args: argparse.Namespace) -> int:
+    """Check every flag (the config's ``validate``, errors naming the flag) and ``--out``, then import the trainer's
+    module and train."""
     config = config_from_args(config_cls, args)
-    config.validate(lambda field: config_flag(config_cls, field))  # before hours of training
+    config.validate(lambda field: config_flag(config_cls, field))  # before hours of training, and before torch
     check_output_folder(getattr(args, "out", None), "--out")
+    train = getattr(importlib.import_module(module), func_name)
     print(json.dumps(train(config), indent=2))
     return 0
 
@@ -39,14 +46,14 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train the embedded models (needs vispec[train])")
     trainers = train.add_subparsers(dest="subcommand", metavar="MODEL")
     for name, (module, config_name, func_name, help_text) in TRAINERS.items():
-        # the trainer's module (torch and the models) is imported only when its name is on the command line
+        # the trainer's flags are built only when its name is on the command line (its module only when it runs)
         trainers.add_parser(name, help=help_text, build=lambda parser, module=module, config_name=config_name,
                             func_name=func_name: _add_trainer(parser, module, config_name, func_name))
 
 
 def _add_trainer(parser: argparse.ArgumentParser, module: str, config_name: str, func_name: str) -> None:
-    """The flags of one trainer (from its config dataclass) and the function that runs it."""
-    mod = importlib.import_module(module)
-    config_cls, func = getattr(mod, config_name), getattr(mod, func_name)
+    """The flags of one trainer (from its config dataclass in :data:`CONFIGS`) and the command that checks them and
+    runs ``module.func_name``."""
+    config_cls = getattr(importlib.import_module(CONFIGS), config_name)
     add_config_args(parser, config_cls)
-    parser.set_defaults(func=lambda args: _run(config_cls, func, args))
+    parser.set_defaults(func=lambda args: _run(config_cls, module, func_name, args))
