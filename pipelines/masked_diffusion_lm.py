@@ -14,7 +14,9 @@ A diffusers ``DiffusionPipeline`` following diffusers' ``LLaDA2Pipeline`` conven
 them, decodes with :func:`vispec.dllm.decode` (semi-AR blocks, optional Prefix/Dual KV cache,
 per-sequence generators) and returns sequences, texts and per-sequence statistics
 (:meth:`vispec.outputs.DecodeOutput.as_dicts`; with ``return_dict=False`` the tuple is ``(sequences, texts)``
-as in ``LLaDA2Pipeline`` and the statistics are in ``pipe.last_stats``).
+as in ``LLaDA2Pipeline`` and the statistics are in ``pipe.last_stats``). Mask tokens typed in a prompt
+(``<|mdm_mask|>``) are filled (infilling, :mod:`vispec.dllm.infill`): the output's ``prompt_sequences`` and
+``full_texts`` hold the filled prompts.
 
 Users of diffusers' ``LLaDA2Pipeline`` can keep its argument names: ``num_inference_steps`` is steps per
 block (``steps`` is LLaDA's total over blocks), ``eos_early_stop``, ``mask_token_id`` and ``eos_token_id``
@@ -39,7 +41,7 @@ from diffusers.utils import BaseOutput
 
 import vispec.models.llada  # noqa: F401 (diffusers resolves the saved model class through this module)
 from vispec.checks import check_int
-from vispec.dllm import AdaptiveBlocks, ProphetRule, UnmaskingOptions, UnmaskingScheduler, decode, make_scheduler
+from vispec.dllm import AdaptiveBlocks, ProphetRule, SelfSpeculation, UnmaskingOptions, UnmaskingScheduler, decode, make_scheduler
 from vispec.dllm.learned import LearnedFilterScheduler, ParallelDecodeFilter
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.outputs import UNDECIDED, DecodeProgress
@@ -53,11 +55,19 @@ OUTPUT_TYPES = ("seq", "text")
 class MaskedDiffusionLMPipelineOutput(BaseOutput):
     """``sequences [B, gen_length]`` (generated ids), ``texts`` (decoded up to the first EOS; ``None`` for
     ``output_type="seq"``) and ``stats``: one dict per sequence (:meth:`vispec.outputs.DecodeOutput.as_dicts`:
-    ``method`` (strategy name), ``scheduler``, ``cache``, ``nfe``, ``tokens``, ``tokens_per_forward``, ``latency_s``)."""
+    ``method`` (strategy name), ``scheduler``, ``cache``, ``nfe``, ``tokens``, ``tokens_per_forward``, ``latency_s``).
+
+    Infilling (mask tokens, e.g. ``<|mdm_mask|>``, inside the prompt; :mod:`vispec.dllm.infill`): ``prompt_sequences
+    [B, P]`` are the left-padded prompt ids with those positions filled (``cat([prompt_sequences, sequences], 1)``
+    is the whole decoded sequence, as Dream's ``diffusion_generate`` returns it), and ``full_texts`` the filled prompt
+    followed by the generated text (up to the first EOS; special tokens skipped; ``None`` for ``output_type="seq"``).
+    Both are set for every call."""
 
     sequences: torch.Tensor
     texts: Optional[list[str]]
     stats: list[dict]
+    prompt_sequences: Optional[torch.Tensor] = None
+    full_texts: Optional[list[str]] = None
 
 
 def _refuse_block_refinement(scheduler: Any) -> None:
@@ -256,14 +266,16 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                              "one with `vispec train filter`, or pass LearnedFilterScheduler(filter=...))")
         return LearnedFilterScheduler(threshold=scheduler.config.threshold, filter=self.filter)
 
-    def decode_texts(self, sequences: torch.Tensor, eos_token_id: Optional[int] = None) -> list[str]:
-        """Text of each generated row up to its first EOS or end-of-turn token, special tokens skipped."""
+    def decode_texts(self, sequences: torch.Tensor, eos_token_id: Optional[int] = None,
+                     prompts: Optional[list[list[int]]] = None) -> list[str]:
+        """Text of each generated row up to its first EOS or end-of-turn token, special tokens skipped; with
+        ``prompts`` (one id list per row, padding dropped), each row's prompt ids come first (``full_texts``)."""
         eos = getattr(self.tokenizer, "eos_token_id", None) if eos_token_id is None else eos_token_id
         stops = {eos, self._eot_token_id()} - {None}
         texts = []
-        for row in sequences.tolist():
+        for i, row in enumerate(sequences.tolist()):
             cut = next((i for i, token in enumerate(row) if token in stops), len(row))
-            row = row[:cut]
+            row = row[:cut] if prompts is None else prompts[i] + row[:cut]
             texts.append(self.tokenizer.decode(row, skip_special_tokens=True).strip())
         return texts
 
@@ -339,6 +351,7 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         eotp: bool = False,
         early_commit: Optional[ProphetRule] = None,
         adaptive_block: Optional[AdaptiveBlocks] = None,
+        speculative: Union[int, SelfSpeculation, None] = None,
         cache_reload_steps: int = 8,
         steps: Optional[int] = None,
         eos_early_stop: Optional[bool] = None,
@@ -391,6 +404,10 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                 mean top-2 logit gap clears a threshold that falls with progress).
             adaptive_block: a :class:`vispec.dllm.AdaptiveBlocks` (AdaBlock: each block ends at the most confident
                 predicted delimiter in a look-ahead window; delimiter ids from the tokenizer).
+            speculative: exact self-speculative decoding (:mod:`vispec.dllm.speculative`): a draft length ``k`` (or a
+                :class:`vispec.dllm.SelfSpeculation`); each forward verifies ``k`` canvases and advances 1 to ``k``
+                steps of the stepwise run, whose tokens it returns exactly (any strategy, any temperature; only
+                ``cache="none"`` and none of eotp, early_commit, adaptive_block, compile).
             mask_token_id, eos_token_id: override the tokenizer's (or, without a tokenizer, the model config's).
             top_k, top_p, minimal_topk: ``LLaDA2Pipeline``'s names; only ``minimal_topk=1`` has an equivalent here
                 (every adaptive strategy commits at least one token per step); the others raise, saying what to use.
@@ -428,7 +445,8 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             mask_token_id=mask_id, eos_token_id=eos_id, logits_eos_inf=logits_eos_inf,
             confidence_eos_eot_inf=confidence_eos_eot_inf,
             early_stop_eos=next((v for v in (early_stop_eos, eos_early_stop) if v is not None), True),
-            compile=compile, eotp=eotp, early_commit=early_commit, adaptive_block=adaptive_block)
+            compile=compile, eotp=eotp, early_commit=early_commit, adaptive_block=adaptive_block,
+            speculative=speculative)
         ids, mask = self.prepare_input_ids(prompt, messages, input_ids, attention_mask, use_chat_template, add_generation_prompt,
                                            mask_token_id=mask_id)
         batch = ids.shape[0] * num_sequences_per_prompt
@@ -456,12 +474,19 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             block_bar.update(num_blocks - blocks_done[0])
 
         # 3. post-process
-        texts = self.decode_texts(out.tokens, eos_id) if output_type == "text" else None
+        prompt_ids = ids if out.prompt_tokens is None else out.prompt_tokens  # filled prompts (infilling)
+        texts = full_texts = None
+        if output_type == "text":
+            texts = self.decode_texts(out.tokens, eos_id)
+            prompts = [[t for t, real in zip(row, keep) if real] for row, keep in zip(prompt_ids.tolist(),
+                                                                                     mask.bool().tolist())]
+            full_texts = self.decode_texts(out.tokens, eos_id, prompts)
         stats = self.last_stats = out.as_dicts()
         self.maybe_free_model_hooks()
         if not return_dict:
             return (out.tokens, texts)
-        return MaskedDiffusionLMPipelineOutput(sequences=out.tokens, texts=texts, stats=stats)
+        return MaskedDiffusionLMPipelineOutput(sequences=out.tokens, texts=texts, stats=stats,
+                                               prompt_sequences=prompt_ids, full_texts=full_texts)
 
 
 def _as_tensor(name: str, value: Any) -> torch.Tensor:

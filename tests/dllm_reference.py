@@ -4,18 +4,37 @@ One prompt at a time, Python loops everywhere, no caches: the yardstick the batc
 in ``vispec.dllm`` must match token for token at temperature 0. It keeps LLaDA's own guidance
 argument, ``cfg_scale = w`` (``ℓ_u + (w + 1)(ℓ_c - ℓ_u)``, 0 = off), which is vispec's
 ``guidance_scale = w + 1``.
+
+Tie rule: each step commits the ``n_i`` highest confidences, exact ties to the lowest position
+(:func:`most_confident`). LLaDA's ``generate()`` calls ``torch.topk`` there, whose order among equal values
+PyTorch leaves unspecified (on CPU with torch 2.13, ``topk`` over eight values with four tied at 1.0 returned
+indices [21, 23], not [20, 21]); such ties are common in float32 / bfloat16, where near-certain positions round to
+exactly 1.0. vispec follows the rule written here, on every device and torch version.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+
+
+def most_confident(confidence: list[float], n: int) -> list[int]:
+    """The positions of the ``n`` highest ``confidence`` values, exact ties to the lowest position."""
+    by_rank = sorted(range(len(confidence)), key=lambda j: (-confidence[j], j))
+    return by_rank[:n]
 
 
 @torch.no_grad()
 def llada_reference(model, prompt: torch.Tensor, *, steps: int, gen_length: int, block_length: int, mask_id: int,
                     cfg_scale: float = 0.0, remasking: str = "low_confidence", eos_id=None, eot_id=None,
-                    logits_eos_inf: bool = False, confidence_eos_eot_inf: bool = False) -> torch.Tensor:
-    """Generated tokens ``[gen_length]`` for one unpadded ``prompt [P]`` at temperature 0."""
+                    logits_eos_inf: bool = False, confidence_eos_eot_inf: bool = False,
+                    trace: Optional[list] = None) -> torch.Tensor:
+    """Generated tokens ``[gen_length]`` for one unpadded ``prompt [P]`` at temperature 0.
+
+    ``trace``, when a list, receives one dict per committing step: ``canvas`` (the generated part after the step,
+    ``mask_id`` where undecided), ``committed`` (generated positions, in the order chosen) and ``confidence``
+    (``{generated position: confidence}`` of the block's masked positions before the step)."""
     x = torch.cat([prompt, torch.full((gen_length,), mask_id, dtype=torch.long)])[None]
     prompt_index = torch.zeros_like(x, dtype=torch.bool)
     prompt_index[0, : len(prompt)] = True
@@ -52,7 +71,14 @@ def llada_reference(model, prompt: torch.Tensor, *, steps: int, gen_length: int,
                     confidence[0, j] = float("-inf")
             if quota[i] == 0:
                 continue
-            chosen = torch.topk(confidence[0], quota[i]).indices
-            for j in chosen.tolist():
+            # LLaDA: torch.topk(confidence[0], quota[i]), whose order among equal confidences is unspecified;
+            # here (and in vispec) exact ties go to the lowest position
+            chosen = most_confident(confidence[0].tolist(), quota[i])
+            for j in chosen:
                 x[0, j] = candidates[0, j]
+            if trace is not None:
+                gen = x[0, len(prompt):]
+                trace.append({"canvas": gen.clone(), "committed": [j - len(prompt) for j in chosen],
+                              "confidence": {j - len(prompt): float(confidence[0, j]) for j in range(lo, hi)
+                                             if confidence[0, j] != float("-inf")}})
     return x[0, len(prompt):]

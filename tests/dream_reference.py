@@ -170,11 +170,14 @@ def _confidence(logits: torch.Tensor, alg: str, top_p: Optional[float], top_k: O
 @torch.no_grad()
 def dream_sample(forward, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], *, max_new_tokens: int,
                  steps: int, mask_id: int, alg: str, eps: float = 1e-3, top_p: Optional[float] = None,
-                 top_k: Optional[int] = None, never_propose: Sequence[int] = ()) -> torch.Tensor:
+                 top_k: Optional[int] = None, never_propose: Sequence[int] = (),
+                 trace: Optional[list] = None) -> torch.Tensor:
     """Dream's ``_sample`` at temperature 0 (module docstring): the generated tokens ``[B, max_new_tokens]``.
 
     ``forward(x, mask4d_or_None, tok_idx_or_None)`` returns unshifted logits. ``never_propose``: token ids whose
-    logits are ``-inf`` before processing (vispec's default never proposes the mask token).
+    logits are ``-inf`` before processing (vispec's default never proposes the mask token). ``trace``, when a
+    list, receives the generated part ``[B, max_new_tokens]`` (``mask_id`` where undecided) after each step that
+    commits something.
     """
     if alg not in ("maskgit_plus", "topk_margin", "entropy"):
         raise ValueError(f"the reference runs only the deterministic algorithms, got alg={alg!r}")
@@ -202,10 +205,13 @@ def dream_sample(forward, input_ids: torch.Tensor, attention_mask: Optional[torc
         full[mask_index] = confidence
         if count > 0:
             # Dream calls torch.topk, whose order among equal confidences is unspecified (with top_p < 1 at
-            # T = 0 every position whose top-1 mass exceeds top_p ties at 1.0); ties go to the lowest position here
+            # T = 0 every position whose top-1 mass exceeds top_p ties at 1.0); here, as in vispec, ties go to the
+            # lowest position (a stable descending sort)
             chosen = torch.sort(full, dim=-1, descending=True, stable=True).indices[:, :count]
             proposal = torch.full_like(x, mask_id)
             proposal[mask_index] = x0
             for b in range(batch):
                 x[b, chosen[b]] = proposal[b, chosen[b]]
+            if trace is not None:
+                trace.append(x[:, prompt_len:].clone())
     return x[:, prompt_len:]

@@ -141,3 +141,15 @@ def image_inputs(count: int = 2, seed: int = 0, **overrides) -> dict:
 
 def text_pipe(scheduler=None) -> MaskedDiffusionLMPipeline:
     return tiny_text_pipeline(scheduler)
+
+
+def tiny_llada():
+    """The dLLM tests' tiny random LLaDA (vocabulary 61, mask 60, pad 0, EOS 1, EoT 2), in float64: padded and
+    unpadded rows agree to ~1e-15, so arg-max ties cannot flip between batch compositions."""
+    from vispec.models.llada import LLaDAModelLM
+
+    torch.manual_seed(0)
+    m = LLaDAModelLM(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=48, vocab_size=61, embedding_size=64,
+                     max_sequence_length=96, rope_theta=10000.0, mask_token_id=60, eos_token_id=1, eot_token_id=2,
+                     pad_token_id=0, bos_token_id=3, init_std=0.3)
+    return m.to(torch.float64).eval()

@@ -100,12 +100,15 @@ class DecodeStats:
 class DecodeOutput:
     """Generated ``tokens [B, N]``, per-sample ``stats`` and ``method``, the decoder's name.
 
-    ``labels`` are constant per-run facts shown with every sample's statistics (e.g. the dLLM cache)."""
+    ``labels`` are constant per-run facts shown with every sample's statistics (e.g. the dLLM cache).
+    ``prompt_tokens [B, P]`` (masked diffusion LMs): the prompts as decoded, their mask tokens filled (infilling,
+    :mod:`vispec.dllm.infill`); None for decoders that do not return them."""
 
     tokens: Tensor
     stats: DecodeStats
     method: str = ""
     labels: dict = field(default_factory=dict)
+    prompt_tokens: Optional[Tensor] = None
 
     def as_dicts(self) -> list[dict]:
         """Per-sample statistics as plain dicts: ``{"method": ..., **labels, "nfe": ..., ...}``."""

@@ -39,13 +39,30 @@ if TYPE_CHECKING:
 
 STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous", "learn2pd")
 # rules a setting may add to its strategy (``strategy+rule@cache``): Learn2PD's end-of-text prediction, Prophet's
-# early commit, AdaBlock's adaptive blocks
-RULES = ("eotp", "prophet", "adablock")
+# early commit, AdaBlock's adaptive blocks, and exact self-speculative decoding (``ssd`` or ``ssd=K``, K canvases per
+# verifying forward; :mod:`vispec.dllm.speculative`), whose tokens are the same setting's without it
+RULES = ("eotp", "prophet", "adablock", "ssd")
+MAX_DRAFT_LENGTH = 256
+
+
+def parse_rule(text: str, where: str) -> tuple[str, Optional[int]]:
+    """``"ssd=8"`` -> ``("ssd", 8)``, ``"eotp"`` -> ``("eotp", None)``: a rule of :data:`RULES`, and for ``ssd`` an
+    optional draft length; anything else is a ``ValueError`` starting with ``where`` (the setting or the flag)."""
+    name, eq, value = text.partition("=")
+    if name not in RULES:
+        raise ValueError(f"{where}: unknown rule {name!r}; expected some of {RULES} (ssd may take =K, a draft length)")
+    if not eq:
+        return name, None
+    if name != "ssd":
+        raise ValueError(f"{where}: rule {name!r} takes no value (only ssd=K does), got {text!r}")
+    if not value.isdigit() or not 1 <= int(value) <= MAX_DRAFT_LENGTH:
+        raise ValueError(f"{where}: ssd=K needs a draft length K in [1, {MAX_DRAFT_LENGTH}], got {text!r}")
+    return name, int(value)
 
 
 def parse_setting(text: str) -> tuple[str, tuple[str, ...], str]:
-    """``"learn2pd+eotp@dual"`` -> ``("learn2pd", ("eotp",), "dual")``: a strategy, optional ``+rule``s and an
-    optional ``@cache`` (default ``none``). Anything else (an empty part: ``"threshold@"``, ``"threshold+"``,
+    """``"learn2pd+eotp@dual"`` -> ``("learn2pd", ("eotp",), "dual")``: a strategy, optional ``+rule``s (``ssd=K`` with
+    its draft length: :func:`parse_rule`) and an optional ``@cache`` (default ``none``). Anything else (an empty part: ``"threshold@"``, ``"threshold+"``,
     ``"@dual"``) is a ``ValueError`` naming the setting."""
     from vispec.dllm import CACHES
 
@@ -57,10 +74,8 @@ def parse_setting(text: str) -> tuple[str, tuple[str, ...], str]:
     cache = cache or "none"
     if strategy not in STRATEGIES:
         raise ValueError(f"settings: unknown strategy {strategy!r} in {text!r}; expected one of {STRATEGIES}")
-    for rule in rules:
-        if rule not in RULES:
-            raise ValueError(f"settings: unknown rule {rule!r} in {text!r}; expected some of {RULES}")
-    if len(set(rules)) != len(rules):
+    names = [parse_rule(rule, f"settings: {text!r}")[0] for rule in rules]
+    if len(set(names)) != len(names):
         raise ValueError(f"settings: a rule is repeated in {text!r}")
     if cache not in CACHES:
         raise ValueError(f"settings: unknown cache {cache!r} in {text!r}; expected one of {CACHES}")
@@ -86,6 +101,7 @@ class TextBenchConfig:
     prophet_thresholds: tuple[float, ...] = (7.5, 5.0, 2.5)
     delimiters: tuple[str, ...] = (".",)  # AdaBlock's delimiter tokens (tiny-mdlm's step separator)
     delimiter_threshold: float = 0.3
+    draft_length: int = 8  # the ssd rule's K when a setting says only "ssd"
     seed: int = 0
     device: str = "cpu"
     results_dir: Optional[str] = None  # per-problem results, written as they finish; a rerun skips them
@@ -98,6 +114,9 @@ class TextBenchConfig:
         for name in ("num_problems", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.draft_length, int) or not 1 <= self.draft_length <= MAX_DRAFT_LENGTH:
+            raise ValueError(f"draft_length must be an integer in [1, {MAX_DRAFT_LENGTH}] (the ssd rule's canvases per "
+                             f"verifying forward), got {self.draft_length!r}")
         for strategy in self.strategies:
             if strategy not in STRATEGIES:
                 raise ValueError(f"unknown strategy {strategy!r}; expected some of {STRATEGIES}")
@@ -106,18 +125,25 @@ class TextBenchConfig:
                 raise ValueError(f"unknown cache {cache!r}; expected some of {CACHES}")
         for setting in self.settings:
             parse_setting(setting)
-        self.rule_options({"eotp", "prophet", "adablock"}, None)  # validates their settings
+        self.rule_options({"eotp", "prophet", "adablock", "ssd"}, None)  # validates their settings
         for strategy in set(self.strategies) | {parse_setting(t)[0] for t in self.settings}:
             _scheduler(self, strategy)  # validates the strategies' settings (threshold, factor, ...)
         from vispec.eval.bench.report import check_device
 
         check_device(self.device)
 
-    def rule_options(self, rules: set, tokenizer) -> dict:
-        """``pipe(...)`` keywords of a setting's rules (AdaBlock's delimiter ids come from ``tokenizer``)."""
+    def rule_options(self, rules, tokenizer) -> dict:
+        """``pipe(...)`` keywords of a setting's rules (names, or ``ssd=K``; AdaBlock's delimiter ids come from
+        ``tokenizer``)."""
         from vispec.dllm import AdaptiveBlocks, ProphetRule
 
         options = {}
+        parsed = dict(parse_rule(rule, "rules") for rule in rules)  # name -> value (ssd's draft length or None)
+        rules = set(parsed)
+        if "ssd" in rules:
+            from vispec.dllm import SelfSpeculation
+
+            options["speculative"] = SelfSpeculation(parsed["ssd"] or self.draft_length)
         if "eotp" in rules:
             options["eotp"] = True
         if "prophet" in rules:
@@ -172,13 +198,15 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
     def compute(unit: range) -> dict:
         chunk = [items[i] for i in unit]
         with PeakMemory(cfg.device) as memory:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             out = pipe(prompt=[item.prompt for item in chunk], strategy=scheduler, cache=cache, gen_length=cfg.gen_length,
                        block_length=cfg.block_length, early_stop_eos=early_stop_eos, **options)
-            wall = time.perf_counter() - start
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         return {i: ({"text": text, "scores": task.score(text, item), "nfe": int(stats["nfe"]),
                      "tokens": int(stats["tokens"]), "latency_s": float(stats["latency_s"]), "unit_wall_s": wall,
-                     "unit_size": len(unit), "peak_mem_mb": memory.peak_mb}, {})
+                     "unit_cpu_s": cpu, "unit_size": len(unit), "peak_mem_mb": memory.peak_mb,
+                     # rows the forwards carried (self-speculation forwards several canvases per row)
+                     "canvases": int(stats.get("canvases", stats["nfe"]))}, {})
                 for i, item, text, stats in zip(unit, chunk, out.texts, out.stats)}
 
     records = run_units(workers, len(items), batch_size, compute, store, group, tick=tick)
@@ -189,9 +217,11 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
     wall = one_process_seconds(records)
     nfe, tokens = sum(r["nfe"] for r in records), sum(r["tokens"] for r in records)
     row = {name: sum(r["scores"][name] for r in records) / n for name in records[0]["scores"]}
+    cpu = sum(r.get("unit_cpu_s", 0.0) / r["unit_size"] for r in records)  # each unit's CPU time, once
     row.update(nfe=nfe / n, tokens=tokens / n, tokens_per_forward=tokens / max(nfe, 1), tokens_per_s=tokens / wall,
                latency_s=wall / n if batch_size == 1 else sum(r["latency_s"] for r in records) / n,
-               wall_s=wall, peak_mem_mb=max(r["peak_mem_mb"] for r in records))
+               wall_s=wall, cpu_s=cpu, canvases=sum(r.get("canvases", r["nfe"]) for r in records) / n,
+               peak_mem_mb=max(r["peak_mem_mb"] for r in records), texts=[r["text"] for r in records])
     return row
 
 
@@ -236,7 +266,13 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     reference = ("llada", (), "none", False)  # LLaDA's baseline: one token per step, no cache, no early stop
     grid = ([parse_setting(t) for t in cfg.settings] if cfg.settings
             else [(s, (), c) for s in cfg.strategies for c in cfg.caches])
-    settings = list(dict.fromkeys([reference] + [(s, r, c, cfg.early_stop_eos) for s, r, c in grid]))
+    settings = [reference]
+    for strategy, rules, cache in grid:
+        stepwise = tuple(r for r in rules if parse_rule(r, "settings")[0] != "ssd")
+        if stepwise != rules:  # a self-speculative row is compared with its stepwise twin, which runs first
+            settings.append((strategy, stepwise, cache, cfg.early_stop_eos))
+        settings.append((strategy, rules, cache, cfg.early_stop_eos))
+    settings = list(dict.fromkeys(settings))
     if any(s == "learn2pd" for s, *_ in settings) and pipe.filter is None:
         raise ValueError(f"the learn2pd strategy needs a Learn2PD filter, and {cfg.model} has none (train one with "
                          "`vispec train filter`)")
@@ -278,24 +314,47 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
         # Fast-dLLM's speed-up is the ratio of tokens/s; the latency ratio also holds when outputs differ in length
         row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] > 0 else float("nan")
         row["latency_speedup"] = base["latency_s"] / row["latency_s"]
+        twin = _stepwise_twin(runs, row)
+        if twin is not None:  # the share of problems whose text is the stepwise run's (1.0: exact, as it must be)
+            row["identical"] = sum(a == b for a, b in zip(row["texts"], twin["texts"])) / len(row["texts"])
+            row["stepwise_nfe"] = twin["nfe"]
+    for row in runs:
+        del row["texts"]
     config.update(temperature=0.0, baseline_steps=cfg.gen_length)
     return {"config": config, "runs": runs}
 
 
+def _stepwise_twin(runs: list[dict], row: dict) -> Optional[dict]:
+    """The run of ``row``'s setting without its ``ssd`` rule (same task, batch size, cache and early stop), or None
+    when ``row`` has no ``ssd`` rule."""
+    rules = [r for r in row["rules"] if parse_rule(r, "settings")[0] != "ssd"]
+    if len(rules) == len(row["rules"]):
+        return None
+    keys = ("task", "batch_size", "strategy", "cache", "early_stop_eos")
+    return next((r for r in runs if all(r[k] == row[k] for k in keys) and list(r["rules"]) == rules), None)
+
+
 def format_text_table(result: dict) -> str:
     header = (f"{'task':<11} {'strategy':<10} {'rules':<17} {'cache':<6} {'stop':<4} {'B':>3} {'strict':>7} {'flex':>6} "
-              f"{'exact':>6} {'nfe':>7} {'NFE x':>6} {'tok/fwd':>7} {'tok/s':>8} {'speedup':>7} {'lat s':>7} {'MB':>6}")
+              f"{'exact':>6} {'nfe':>7} {'NFE x':>6} {'canv':>6} {'tok/fwd':>7} {'tok/s':>8} {'speedup':>7} {'lat s':>7} "
+              f"{'cpu s':>7} {'same':>5} {'MB':>6}")
     lines = [header, "-" * len(header)]
     for r in result["runs"]:
         cell = lambda k: f"{r[k]:.3f}" if k in r else "-"
         stop = "EOS" if r.get("early_stop_eos") else "-"
         rules = "+".join(r.get("rules", ())) or "-"
+        n = max(1, round(r["wall_s"] / r["latency_s"])) if r.get("latency_s") else 1
+        cpu = f"{r['cpu_s'] / n:.3f}" if "cpu_s" in r and r["batch_size"] == 1 else "-"
+        same = f"{r['identical']:.2f}" if "identical" in r else "-"
         lines.append(f"{r['task']:<11} {r['strategy']:<10} {rules:<17} {r['cache']:<6} {stop:<4} {r['batch_size']:>3} "
                      f"{cell('strict_match'):>7} {cell('flexible_extract'):>6} {cell('exact_match'):>6} {r['nfe']:>7.1f} "
-                     f"{r['nfe_reduction']:>6.2f} {r['tokens_per_forward']:>7.2f} {r['tokens_per_s']:>8.1f} "
-                     f"{r['speedup']:>7.2f} {r['latency_s']:>7.3f} {r['peak_mem_mb']:>6.0f}")
+                     f"{r['nfe_reduction']:>6.2f} {r.get('canvases', r['nfe']):>6.1f} {r['tokens_per_forward']:>7.2f} "
+                     f"{r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f} {r['latency_s']:>7.3f} {cpu:>7} {same:>5} "
+                     f"{r['peak_mem_mb']:>6.0f}")
     lines.append("reference: llada, no cache, no early stop (LLaDA's baseline); stop EOS: early stop at EOS; "
-                 "rules: eotp (end-of-text prediction), prophet (early commit), adablock (adaptive blocks)")
+                 "rules: eotp (end-of-text prediction), prophet (early commit), adablock (adaptive blocks), ssd=K "
+                 "(exact self-speculation, K canvases per forward); canv: canvas rows forwarded per problem; cpu s: "
+                 "CPU seconds per problem (B=1); same: share of problems whose text equals the setting without ssd")
     return "\n".join(lines)
 
 

@@ -87,7 +87,7 @@ def test_bench_text_reference_is_llada_without_early_stop(pipeline_folder, tmp_p
     (["bench", "text", "--model", "PIPE", "--strategies", "llada,warp"], "unknown strategy 'warp'"),
     (["bench", "text", "--model", "PIPE", "--cache", "paged"], "unknown cache 'paged'"),
     (["generate", "text", "--model", "PIPE", "--prompt", "x", "--strategy", "threshold", "--threshold", "1.5"], "threshold must be"),
-    (["generate", "text", "--model", "PIPE", "--prompt", "x", "--gen-length", "30", "--block-length", "8"], "multiple of block_length"),
+    (["generate", "text", "--model", "PIPE", "--prompt", "x", "--gen-length", "30", "--block-length", "8"], "multiple of --block-length (8)"),
 ])
 def test_user_errors_are_one_line(pipeline_folder, capsys, argv, words):
     argv = [str(pipeline_folder) if a == "PIPE" else a for a in argv]
@@ -110,6 +110,39 @@ def test_bench_text_settings_rules_and_plot(pipeline_folder, tmp_path, capsys):
     assert names == [("llada", (), "none"), ("llada", ("eotp",), "none"), ("threshold", ("prophet", "eotp"), "dual"),
                      ("threshold", ("adablock",), "prefix"), ("threshold", (), "dkv")]
     assert all(1 <= r["nfe"] <= 32 for r in runs)
+
+
+def test_bench_text_self_speculation_rows(pipeline_folder, tmp_path, capsys):
+    """``llada+ssd=4`` runs after its stepwise twin (added when not listed), with the same texts (``identical`` 1.0),
+    the twin's NFE beside its own, and the canvases it forwarded; ``ssd`` alone takes ``--draft-length``."""
+    from vispec.eval.bench.text import format_text_table
+
+    path = tmp_path / "bench-ssd.json"
+    assert main(["bench", "text", "--model", str(pipeline_folder), "--settings", "llada+ssd=4,threshold+ssd",
+                 "--draft-length", "3", "--tasks", "sort", "--num-problems", "3", "--batch-size", "2",
+                 "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    runs = result["runs"]
+    names = [(r["strategy"], tuple(r["rules"]), r["early_stop_eos"]) for r in runs if r["batch_size"] == 1]
+    assert names == [("llada", (), False), ("llada", (), True), ("llada", ("ssd=4",), True), ("threshold", (), True),
+                     ("threshold", ("ssd",), True)]
+    for row in runs:
+        if row["rules"]:
+            assert row["identical"] == 1.0 and row["nfe"] <= row["stepwise_nfe"] and row["canvases"] >= row["nfe"]
+            assert row["cpu_s"] > 0
+    table = format_text_table(result)
+    assert "ssd=4" in table and " 1.00 " in table
+
+
+def test_generate_text_self_speculation(pipeline_folder, capsys):
+    argv = ["generate", "text", "--model", str(pipeline_folder), "--prompt", "sort the numbers : 3 1 2", "--strategy",
+            "llada", "--cache", "none", "--quiet"]
+    assert main(argv) == 0
+    stepwise = capsys.readouterr().out
+    assert main(argv + ["--rules", "ssd=4"]) == 0
+    assert capsys.readouterr().out == stepwise
+    assert main(argv[:-3] + ["--cache", "dual", "--rules", "ssd", "--quiet"]) == 2
+    assert "speculative" in capsys.readouterr().err
 
 
 def test_bench_text_learn2pd_needs_a_filter(pipeline_folder, capsys):
@@ -151,7 +184,10 @@ def test_generate_text_rules_and_dkv(pipeline_folder, capsys):
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--rules", "eotp,warp"], "--rules must be comma-separated names"),
+    (["--rules", "eotp,warp"], "--rules: unknown rule 'warp'"),
+    (["--rules", "ssd=0"], "ssd=K needs a draft length K in"),
+    (["--rules", "eotp=3"], "rule 'eotp' takes no value"),
+    (["--rules", "ssd,ssd=4"], "names a rule twice"),
     (["--cache", "dkv", "--cache-reload-steps", "0"], "cache_reload_steps"),
     (["--strategy", "learn2pd"], "no filter component"),
 ])

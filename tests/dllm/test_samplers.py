@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from dllm_reference import llada_reference
-from helpers import left_padded
+from helpers import left_padded, tiny_llada
 
 from vispec.dllm import (
     ContiguousScheduler,
@@ -19,18 +19,13 @@ from vispec.dllm import (
     decode,
     make_scheduler,
 )
-from vispec.models.llada import LLaDAModelLM
 
 MASK, PAD, EOS, EOT = 60, 0, 1, 2
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    m = LLaDAModelLM(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=48, vocab_size=61, embedding_size=64,
-                     max_sequence_length=96, rope_theta=10000.0, mask_token_id=MASK, eos_token_id=EOS, eot_token_id=EOT,
-                     pad_token_id=PAD, bos_token_id=3, init_std=0.3)
-    return m.to(torch.float64).eval()  # float64: padded and unpadded rows agree to ~1e-15, so arg-max ties cannot flip
+    return tiny_llada()
 
 
 def prompts(lengths=(7, 4, 5), seed=1):
@@ -52,7 +47,8 @@ def test_temperature_zero_equals_the_reference_pseudo_code(model, gen_length, bl
 
 def test_llada_ranks_in_the_logits_precision_with_ties_to_the_lowest_position():
     """LLaDA's generate() takes softmax in the logits' dtype: in float32 both near-certain positions below round to
-    exactly 1.0 and topk takes the lower one; in float64 position 1 (margin 25 > 20) would win."""
+    exactly 1.0 and vispec commits the lower one (LLaDA's torch.topk leaves the order of ties unspecified); in
+    float64 position 1 (margin 25 > 20) would win."""
     logits = torch.full((1, 3, 5), 0.0)
     logits[0, 0, 0], logits[0, 1, 1], logits[0, 2, 2] = 20.0, 25.0, 5.0
     sample = torch.full((1, 3), 4)

@@ -65,12 +65,14 @@ IMAGE_HELP = {
 TEXT_HELP = {
     "model": "embedded model name or a pipeline folder",
     "strategies": "comma-separated: llada, threshold, factor, entropy, contiguous, learn2pd (needs the model's filter)",
-    "settings": "comma-separated strategy[+rule...][@cache] (rules eotp, prophet, adablock; e.g. learn2pd+eotp@dual); "
+    "settings": "comma-separated strategy[+rule...][@cache] (rules eotp, prophet, adablock, ssd[=K]; e.g. learn2pd+eotp@dual, "
+                "llada+ssd=8); "
                 "replaces the --strategies x --cache grid",
     "filter_threshold": "Learn2PD's acceptance threshold τ",
     "prophet_thresholds": "Prophet's top-2 logit-gap thresholds by progress thirds",
     "delimiters": "AdaBlock's delimiter tokens",
     "delimiter_threshold": "AdaBlock's delimiter confidence δ",
+    "draft_length": "the ssd rule's canvases per verifying forward where a setting says only ssd",
     "caches": "comma-separated caches: none, prefix, dual, dkv",
     "tasks": "comma-separated: arithmetic, sort, reverse",
     "num_problems": "test problems per task",
@@ -86,7 +88,7 @@ TEXT_HELP = {
 TEXT_FLAGS = {"caches": "--cache", "early_stop_eos": "--no-early-stop"}
 # the unmasking knobs `generate text` shares with `bench text`
 STRATEGY_KNOBS = ("threshold", "factor", "entropy_bound", "gen_length", "block_length", "early_stop_eos", "filter_threshold",
-                  "prophet_thresholds", "delimiters", "delimiter_threshold")
+                  "prophet_thresholds", "delimiters", "delimiter_threshold", "draft_length")
 KERNEL_HELP = {
     "rows": "rows per call",
     "vocab": "vocabulary sizes",

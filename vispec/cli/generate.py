@@ -206,7 +206,7 @@ def _cmd_text(args: argparse.Namespace) -> int:
     import torch
 
     from vispec.dllm import make_scheduler
-    from vispec.eval.bench.text import RULES, TextBenchConfig
+    from vispec.eval.bench.text import TextBenchConfig, parse_rule
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     _quiet(args)
@@ -218,12 +218,17 @@ def _cmd_text(args: argparse.Namespace) -> int:
         raise ValueError(f"--strategy must be one of {tuple(settings)}, got {args.strategy!r}")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be >= 1 (or left out: one step per token), got {args.steps}")
+    if args.gen_length is not None and args.block_length is not None and (
+            args.gen_length < 1 or args.block_length < 1 or args.gen_length % args.block_length):
+        raise ValueError(f"--gen-length ({args.gen_length}) must be a positive multiple of --block-length "
+                         f"({args.block_length})")
     rules = [r for r in args.rules.split(",") if r] if args.rules else []
-    unknown = [r for r in rules if r not in RULES]
-    if unknown:
-        raise ValueError(f"--rules must be comma-separated names from {RULES}, got {args.rules!r}")
+    names = [parse_rule(rule, "--rules")[0] for rule in rules]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--rules names a rule twice: {args.rules!r}")
     knobs = TextBenchConfig(filter_threshold=args.filter_threshold, prophet_thresholds=tuple(args.prophet_thresholds),
-                            delimiters=tuple(args.delimiters), delimiter_threshold=args.delimiter_threshold)
+                            delimiters=tuple(args.delimiters), delimiter_threshold=args.delimiter_threshold,
+                            draft_length=args.draft_length)
     knobs.rule_options(set(rules), None)  # validates the rules' settings before the model loads
     scheduler = make_scheduler(args.strategy, **settings[args.strategy])
     prompts = _prompts(args)
@@ -427,7 +432,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     text.add_argument("--remasking", default="low_confidence", help="llada: low_confidence or random")
     text.add_argument("--dream-alg", default="entropy", help="dream: origin, maskgit_plus, topk_margin or entropy")
     text.add_argument("--rules", default="", help="comma-separated: eotp (end-of-text prediction), prophet (early "
-                                                   "commit), adablock (adaptive blocks)")
+                                                   "commit), adablock (adaptive blocks), ssd or ssd=K (exact "
+                                                   "self-speculative decoding, K canvases per forward: the same "
+                                                   "tokens as without it)")
     text.add_argument("--cache", default="none", help="none, prefix, dual or dkv (default: %(default)s)")
     text.add_argument("--cache-reload-steps", type=int, default=8, help="dkv: full refresh every N forwards of a block")
     text.add_argument("--steps", type=int, default=None, help="llada: total steps (default: gen length)")

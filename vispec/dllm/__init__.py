@@ -9,7 +9,7 @@ Where things live: :mod:`~vispec.dllm.decode` (the entry point and the checks th
 :mod:`~vispec.dllm.loop` (the block loop), :mod:`~vispec.dllm.caches` (one class per cache mode),
 :mod:`~vispec.dllm.schedulers` / :mod:`~vispec.dllm.dream` / :mod:`~vispec.dllm.learned` (the policies),
 :mod:`~vispec.dllm.blocks` (fixed blocks, AdaBlock), :mod:`~vispec.dllm.eotp` and :mod:`~vispec.dllm.prophet` (the
-after-step rules), :mod:`~vispec.dllm.options`, :mod:`~vispec.dllm.tokens`, :mod:`~vispec.dllm.callback`.
+after-step rules), :mod:`~vispec.dllm.infill` (mask tokens inside the prompt), :mod:`~vispec.dllm.options`, :mod:`~vispec.dllm.tokens`, :mod:`~vispec.dllm.callback`.
 """
 
 from vispec.dllm.blocks import AdaptiveBlocks
@@ -20,6 +20,7 @@ from vispec.dllm.dream import DreamScheduler
 from vispec.dllm.learned import LearnedFilterScheduler, ParallelDecodeFilter
 from vispec.dllm.options import CACHES, UnmaskingOptions
 from vispec.dllm.prophet import ProphetRule
+from vispec.dllm.options import SelfSpeculation
 from vispec.dllm.schedulers import (
     SCHEDULERS,
     ContiguousScheduler,
@@ -34,7 +35,7 @@ from vispec.dllm.schedulers import (
 )
 
 __all__ = [
-    "CACHES", "SCHEDULERS", "AdaptiveBlocks", "ProphetRule", "ContiguousScheduler", "DreamScheduler", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "LearnedFilterScheduler", "ParallelDecodeFilter", "StopDecoding", "ThresholdScheduler",
+    "CACHES", "SCHEDULERS", "AdaptiveBlocks", "ProphetRule", "SelfSpeculation", "ContiguousScheduler", "DreamScheduler", "EntropyBoundScheduler", "FactorScheduler", "LLaDAScheduler", "LearnedFilterScheduler", "ParallelDecodeFilter", "StopDecoding", "ThresholdScheduler",
     "UnmaskNoise", "UnmaskSchedulerOutput", "UnmaskingOptions", "UnmaskingScheduler", "check_decode_inputs", "count_tokens",
     "decode", "make_scheduler",
 ]

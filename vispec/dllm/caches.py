@@ -51,18 +51,25 @@ KeyMask = Callable[[int], Optional[Tensor]]  # key mask [B, N] for a forward ove
 class Guidance:
     """LLaDA's unsupervised classifier-free guidance (module docstring), shared by a decode's caches, so a step
     callback's new ``scale`` reaches every forward. ``guided`` is fixed at the start (the unconditional branch and
-    its cache rows exist only when decoding starts guided)."""
+    its cache rows exist only when decoding starts guided). ``infill [B, P]`` (bool, or None): the prompt positions
+    that were mask tokens at the start (:mod:`vispec.dllm.infill`); as LLaDA's ``prompt_index``, the unconditional
+    branch keeps their current tokens and masks the rest of the prompt."""
 
-    def __init__(self, scale: float, prompt_len: int, mask_id: int):
+    def __init__(self, scale: float, prompt_len: int, mask_id: int, infill: Optional[Tensor] = None):
         self.scale, self.prompt_len, self.mask_id = float(scale), prompt_len, mask_id
         self.guided = self.scale != 1.0
+        self.infill = infill
 
-    def inputs(self, ids: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
-        """The conditional rows, then (guided) the same rows with the prompt masked."""
+    def inputs(self, ids: Tensor, mask: Optional[Tensor], rows: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """The conditional rows (batch ``rows``; None: all), then (guided) the same rows with the prompt masked."""
         if not self.guided:
             return ids, mask
         uncond = ids.clone()
-        uncond[:, : self.prompt_len] = self.mask_id
+        if self.infill is None:
+            uncond[:, : self.prompt_len] = self.mask_id
+        else:
+            keep = self.infill if rows is None else self.infill[rows]
+            uncond[:, : self.prompt_len] = torch.where(keep, ids[:, : self.prompt_len], self.mask_id)
         return torch.cat([ids, uncond]), None if mask is None else torch.cat([mask, mask])
 
     def mix(self, logits: Tensor) -> Tensor:
@@ -152,7 +159,7 @@ class NoCache:
         mask = self.key_mask if rows is None or self.key_mask is None else self.key_mask[rows]
         if mask is not None and mask.shape[1] != ids.shape[1]:
             mask = mask[:, : ids.shape[1]]  # x cut short: end-of-text truncation dropped its tail
-        return self.guidance.inputs(ids, mask)
+        return self.guidance.inputs(ids, mask, rows)
 
     def set_key_mask(self, key_mask: Optional[Tensor]) -> None:
         """Replace the key mask ``[B, N]`` (True = visible; None: everything visible) and the cached rows' copy (cut

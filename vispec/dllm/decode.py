@@ -74,7 +74,9 @@ import torch
 from torch import Tensor
 
 from vispec.dllm.caches import CACHE_CLASSES
+from vispec.dllm.infill import check_infill
 from vispec.dllm.loop import BlockLoop
+from vispec.dllm.speculative import SpeculativeLoop
 from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.schedulers import UnmaskingScheduler
 from vispec.dllm.tokens import TokenIds, config_id
@@ -97,7 +99,9 @@ def decode(
     """Decode ``gen_length`` tokens after each prompt (module docstring).
 
     Args:
-        input_ids: ``[B, P]`` left-padded prompts; ``attention_mask [B, P]`` marks real tokens.
+        input_ids: ``[B, P]`` left-padded prompts; ``attention_mask [B, P]`` marks real tokens. Mask tokens in a
+            prompt are decoded too (infilling, :mod:`vispec.dllm.infill`: they join the first block), and the filled
+            prompt is the output's ``prompt_tokens``.
         options: an :class:`~vispec.dllm.options.UnmaskingOptions`, or None to build one from the keywords (the
             fields below; an unknown keyword is a ``ValueError`` naming it). Not both.
         scheduler: the unmasking policy; ``steps`` (total over blocks) is required by fixed-step ones.
@@ -148,7 +152,9 @@ def decode(
 
     Returns:
         :class:`vispec.outputs.DecodeOutput`: ``tokens [B, gen_length]``, per-row ``stats``, ``method`` (the
-        scheduler's strategy name) and ``labels`` ``{"scheduler": class name, "cache": cache}``.
+        scheduler's strategy name) and ``labels`` ``{"scheduler": class name, "cache": cache}``; ``prompt_tokens
+        [B, P]``, the prompts with their mask tokens filled (``cat([prompt_tokens, tokens], 1)`` is Dream's
+        ``sequences``).
     """
     if options is None:
         options = UnmaskingOptions.from_keywords(**option_keywords)
@@ -159,7 +165,8 @@ def decode(
     ids = check_decode_inputs(model, input_ids, attention_mask, options, scheduler)
     scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
     seeds = per_sample_seeds(generator, input_ids.shape[0], input_ids.device)
-    loop = BlockLoop(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback)
+    runner = SpeculativeLoop if options.speculative is not None else BlockLoop
+    loop = runner(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback)
     loop.run()
     return loop.output()
 
@@ -185,6 +192,7 @@ def check_decode_inputs(model: Any, input_ids: Tensor, attention_mask: Optional[
     pad_id = config_id(model, "pad_token_id")
     if pad_id is not None and pad_id == mask_id:
         raise ValueError(f"the model's pad_token_id equals mask_token_id ({mask_id}); padding would read as masks")
+    check_infill(model, input_ids, attention_mask, options, scheduler, mask_id)  # prompt masks (vispec.dllm.infill)
     context = config_id(model, "max_sequence_length")
     if context is not None and input_ids.shape[1] + options.gen_length > context:
         raise ValueError(f"prompt length {input_ids.shape[1]} + gen_length {options.gen_length} exceeds the model's "

@@ -45,8 +45,10 @@ schedule runs per block (``steps / K`` steps each, ``M`` counted in the block), 
   columns) from the distribution before the temperature, as ``logits_eos_inf`` removes EOS; Dream can
   propose the mask token. ``confidence_eos_eot_inf`` ranks positions whose candidate is EOS / EoT below every
   other masked position (their confidence becomes ``-(log V + 1)``, below any value the three measures take).
-* Ties in confidence go to the lowest position. Dream ranks with ``torch.topk``, whose order among equal values
-  is unspecified (and differs between devices); ties are common with ``top_p < 1`` at ``T = 0``, where every
+* Exact ties in confidence go to the lowest position (Dream's ``torch.topk`` replaced by a stable descending sort,
+  the same on every device and torch version). Dream ranks with ``torch.topk``, whose order among equal values
+  is unspecified (PyTorch documents none; on CPU it changes with the input's length), so at a tied step its
+  commit set, and its tokens, can differ from vispec's; ties are common with ``top_p < 1`` at ``T = 0``, where every
   position whose top-1 probability exceeds ``top_p`` keeps one token and has confidence exactly 1.
 * ``timesteps`` are computed on the CPU (Dream computes ``linspace`` on the model's device).
 """
@@ -187,6 +189,10 @@ class DreamScheduler(UnmaskingScheduler):
         """``[B]`` positions committed at ``timestep`` (not ``origin``): ``⌊M r_i⌋`` in float32, all on the last step."""
         if self.transfer_ratios is None:
             raise ValueError("call set_timesteps(steps, gen_length, block_length) before step")
+        if isinstance(timestep, Tensor):  # per-row steps (self-speculative decoding's lanes)
+            ratio = self.transfer_ratios.to(num_masked.device)[timestep]
+            count = (num_masked.to(torch.float32) * ratio).floor().long()
+            return torch.where(timestep == self.steps_per_block - 1, num_masked.long(), count)
         if timestep == self.steps_per_block - 1:
             return num_masked.long()
         ratio = self.transfer_ratios[timestep].to(num_masked.device)
@@ -216,11 +222,20 @@ class DreamScheduler(UnmaskingScheduler):
                num_masked_at_block_start: Optional[Tensor], noise: Optional[UnmaskNoise]) -> Tensor:
         """``[B, Lb]`` bool commit set: all masks on the last step, coins (``origin``) or the top-``n`` (or
         Gumbel-top-``n``) of the row's own mask count at this step (``num_masked_at_block_start`` is not used)."""
+        if isinstance(timestep, Tensor):  # per-row steps: the rule below row by row, batched
+            last = (timestep == self.steps_per_block - 1)[:, None]
+            return torch.where(last, masked, self._select_before_last(confidence, masked, timestep, noise))
         if timestep == self.steps_per_block - 1:
             return masked
+        return self._select_before_last(confidence, masked, timestep, noise)
+
+    def _select_before_last(self, confidence: Tensor, masked: Tensor, timestep: "int | Tensor",
+                            noise: Optional[UnmaskNoise]) -> Tensor:
+        """The commit set of a step before the block's last (``timestep`` an int or ``[B]`` per row)."""
         if self.config.alg == "origin":
             coins = uniforms(noise.seeds, noise.positions, Stream.REMASK, noise.draws)  # float32 in (0, 1)
-            return masked & (coins < self.transfer_ratios[timestep].to(coins.device))
+            ratio = self.transfer_ratios.to(coins.device)[timestep]
+            return masked & (coins < (ratio[:, None] if isinstance(timestep, Tensor) else ratio))
         score = confidence
         if self.config.alg_temp:
             coins = uniforms(noise.seeds, noise.positions, Stream.REMASK, noise.draws).to(torch.float64)

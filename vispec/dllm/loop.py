@@ -11,6 +11,8 @@ forward, or one per group of rows sharing a span when adaptive blocks run under 
 policy commit inside each row's block, then runs the rules. Fixed-step policies (LLaDA's quota) run ``steps / K``
 steps per block; adaptive ones run until the block has no mask left. Steps that would commit nothing because a
 row's block is already complete are skipped (LLaDA's reference spends forwards on them; the tokens are the same).
+Mask tokens in the prompts join the first round (:mod:`vispec.dllm.infill`): its window is ``[the row's prompt masks ;
+block 0]``, its forwards return logits from the first prompt mask on, and its masked count includes them.
 
 Every forward counts one NFE for every row it serves, the cache-refreshing full forward included. Each row keeps
 its own noise (Philox keyed by its seed, generated position and forward count) and leaves the forward as soon as its
@@ -32,7 +34,8 @@ from vispec.dllm.callback import StopDecoding, apply_edit
 from vispec.dllm.eotp import EndOfText
 from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.prophet import EarlyCommit
-from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
+from vispec.dllm.infill import PromptInfill
+from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise, UnmaskSchedulerOutput
 from vispec.dllm.tokens import TokenIds, token_masks
 from vispec.dllm.view import AfterStep, StepView
 from vispec.kernels.unmask import RowNoise, unmask_candidates
@@ -55,7 +58,9 @@ class BlockLoop:
         key_mask = torch.cat([prompt_mask, torch.ones(batch, L, dtype=torch.bool, device=device)], dim=1)
         if bool(prompt_mask.all()):  # the one read-back about padding, before the loop: unpadded forwards take no mask
             key_mask = None
-        guidance = Guidance(options.guidance_scale, self.prompt_len, ids.mask)
+        self.infill = PromptInfill.build(input_ids, attention_mask, ids.mask, L)  # the prompt's masks, or None
+        guidance = Guidance(options.guidance_scale, self.prompt_len, ids.mask,
+                            None if self.infill is None else self.infill.slots)
         self.cache: NoCache = CACHE_CLASSES[options.cache](model, guidance, key_mask, options.compile,
                                                            options.cache_reload_steps)
         blocks = (batch, L, options.block_length, ids.mask, device)
@@ -85,37 +90,58 @@ class BlockLoop:
         """Round ``index``: every row's block, step by step; False when there was nothing left to decode."""
         if not self.bounds.start_round(index, self.x[:, self.prompt_len:]):
             return False
+        infill = self.infill if index == 0 else None  # the prompt's masks join the first block (vispec.dllm.infill)
+        steps = self.bounds.steps(self.scheduler)
+        if infill is not None:
+            self.bounds.masked_at_start = self.bounds.masked_at_start + infill.valid.sum(dim=1)
+            steps += 0 if self.scheduler.fixed_steps else infill.width
         ran = False
-        for step in range(self.bounds.steps(self.scheduler)):
+        for step in range(steps):
             masked = self.x[:, self.prompt_len:] == self.ids.mask
-            rows = self.bounds.pending(masked, step).any(dim=1).nonzero().squeeze(1)
+            pending = self.bounds.pending(masked, step).any(dim=1)
+            if infill is not None:
+                pending |= infill.masked(self.x, self.ids.mask)
+            rows = pending.nonzero().squeeze(1)
             if rows.numel() == 0:
                 break
             ran = True
             for group, cache in self.bounds.groups(rows, step, self.cache):  # one, unless AdaBlock split the cache
-                self._advance(group, cache, step, index)
+                self._advance(group, cache, step, index, infill)
                 if self.interrupted:
                     return True
         return ran or not self.bounds.adaptive
 
-    def _advance(self, rows: Tensor, cache: NoCache, step: int, index: int) -> None:
-        """One forward for ``rows`` (sorted), the policy's commit in each row's block, the rules, the callback."""
+    def _advance(self, rows: Tensor, cache: NoCache, step: int, index: int,
+                 infill: Optional[PromptInfill] = None) -> None:
+        """One forward for ``rows`` (sorted), the policy's commit in each row's block (with ``infill``, the window is
+        the prompt's masks, then the block), the rules, the callback."""
         P = self.prompt_len
         rows_h = rows.cpu() if self.eot is not None or self.bounds.adaptive else None
         start, end = self.bounds.span(rows_h)
         width = self.x.shape[1] if self.eot is None else self.eot.width(rows_h)
-        logits, lo = cache.logits(self.x, rows, step, (P + start, P + end), width, self.whole,
-                                  key_mask=None if self.eot is None else self.eot.key_mask(rows_h))
+        logits, lo = cache.logits(self.x, rows, step, (P + start if infill is None else infill.first, P + end), width,
+                                  self.whole, key_mask=None if self.eot is None else self.eot.key_mask(rows_h))
+        if infill is not None:  # the logits start inside the prompt: the slots', then the generated positions'
+            slot_logits = self._checked(infill.logits(logits, lo, rows))
+            logits, lo = logits[:, P - lo:], P
         view = self._view(rows, rows_h, logits, lo - P, step)
         if step == 0:
             self.bounds.choose(view, cache)  # AdaBlock: each row's block end, from this full forward
         index_, valid = self.bounds.window(rows, rows_h)  # each row's block as a window [R, W]
-        out = self.scheduler.step(self._block_logits(view, index_, valid), step,
-                                  window_tokens(view.canvas, index_, valid, filler=-1),  # -1: never committed
+        block_logits = self._block_logits(view, index_, valid)
+        sample = window_tokens(view.canvas, index_, valid, filler=-1)  # -1: never committed
+        positions = index_
+        if infill is not None:
+            block_logits = torch.cat([slot_logits, block_logits], dim=1)
+            sample = torch.cat([infill.tokens(self.x, rows), sample], dim=1)
+            positions = torch.cat([infill.keys[rows], index_], dim=1)
+        out = self.scheduler.step(block_logits, step, sample,
                                   mask_token_id=self.ids.mask, temperature=float(self.options.temperature),
-                                  noise=UnmaskNoise(self.seeds[rows], index_, self.nfe[rows]),  # keyed by position
+                                  noise=UnmaskNoise(self.seeds[rows], positions, self.nfe[rows]),  # keyed by position
                                   num_masked_at_block_start=self.bounds.masked_at_start[rows],
                                   proposal_mask=self.masks[0], confidence_mask=self.masks[1])
+        if infill is not None:
+            out = self._fill_prompt(infill, rows, out)
         self._commit(view, out, index_, valid)
         for hook in self.hooks:  # end-of-text cut, Prophet's early commit
             hook.after_step(view)
@@ -123,18 +149,35 @@ class BlockLoop:
         self.nfe[rows] += 1
         if self.options.early_stop_eos:
             fill_after_eos(self.x, rows, P, self.ids.eos, self.ids.mask)
-        done = rows[~(self.x[rows, P:] == self.ids.mask).any(dim=1)]
+        left = (self.x[rows, P:] == self.ids.mask).any(dim=1)
+        if infill is not None:
+            left |= infill.masked(self.x, self.ids.mask)[rows]
+        done = rows[~left]
         self.finished_at[done.cpu()] = time.perf_counter() - self.start_time
         self.global_step += 1
         if self.callback is not None:
             self._report(view, out, step, index)
 
     # ------------------------------------------------------------------ the pieces of a step
-    def _view(self, rows: Tensor, rows_h: Optional[Tensor], logits: Tensor, first: int, step: int) -> StepView:
-        """The forward as the rules see it (:class:`StepView`); the NaN flag and LLaDA's EOS options on the logits."""
+    def _checked(self, logits: Tensor) -> Tensor:
+        """The NaN flag and LLaDA's ``logits_eos_inf`` on some logits (in place)."""
         self.nan |= torch.isnan(logits).any()
         if self.options.logits_eos_inf:  # as LLaDA: EOS is gone from the logits, for the proposal and the confidence
             logits[..., self.ids.eos] = float("-inf")
+        return logits
+
+    def _fill_prompt(self, infill: PromptInfill, rows: Tensor, out: Any) -> UnmaskSchedulerOutput:
+        """Write the prompt slots of a first-block step (the window's first ``Q`` positions) into the rows' prompts;
+        the block's part of the step's output."""
+        q = infill.width
+        infill.write(self.x, rows, out.prev_sample[:, :q])
+        return UnmaskSchedulerOutput(prev_sample=out.prev_sample[:, q:], transfer_index=out.transfer_index[:, q:],
+                                     sampled_tokens=out.sampled_tokens[:, q:], confidence=out.confidence[:, q:],
+                                     accepted=None if out.accepted is None else out.accepted[:, q:])
+
+    def _view(self, rows: Tensor, rows_h: Optional[Tensor], logits: Tensor, first: int, step: int) -> StepView:
+        """The forward as the rules see it (:class:`StepView`); the NaN flag and LLaDA's EOS options on the logits."""
+        self._checked(logits)
         if self.masks is None:
             self.masks = token_masks(self.model, logits.shape[-1], self.ids, self.x.device,
                                      self.options.confidence_eos_eot_inf, self.options.suppress_mask_token)
@@ -216,7 +259,8 @@ class BlockLoop:
         stats = DecodeStats(nfe=self.nfe.cpu(), tokens=count_tokens(tokens, self.ids.eos, self.ids.eot).cpu(),
                             latency_s=finished_at, extra=extra)
         method = getattr(self.scheduler, "strategy", "") or type(self.scheduler).__name__
-        return DecodeOutput(tokens=tokens, stats=stats, method=method, labels=labels)
+        return DecodeOutput(tokens=tokens, stats=stats, method=method, labels=labels,
+                            prompt_tokens=self.x[:, :self.prompt_len].clone())
 
 
 def fill_after_eos(x: Tensor, rows: Tensor, prompt_len: int, eos_id: int, mask_id: int) -> None:

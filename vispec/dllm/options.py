@@ -33,6 +33,22 @@ def check_blocks(gen_length: int, block_length: int) -> int:
 
 
 @dataclass(frozen=True)
+class SelfSpeculation:
+    """Exact self-speculative decoding for :func:`vispec.dllm.decode` (``speculative=``; :mod:`vispec.dllm.speculative`).
+
+    Args:
+        draft_length: ``k``, the canvases one verifying forward takes per row: the exact next canvas and ``k - 1``
+            drafted ones; a forward advances 1 to ``k`` reference steps. ``k = 1`` is the stepwise run.
+    """
+
+    draft_length: int = 4
+
+    def __post_init__(self) -> None:
+        check_int("draft_length", self.draft_length, minimum=1, maximum=256,
+                  hint=" (canvases per verifying forward: the exact next one and draft_length - 1 drafts)")
+
+
+@dataclass(frozen=True)
 class UnmaskingOptions:
     """How :func:`vispec.dllm.decode` decodes (its docstring explains every field; the defaults are its defaults).
 
@@ -48,6 +64,8 @@ class UnmaskingOptions:
         compile: static, compiled forwards (not with ``"dkv"``, ``eotp`` or ``adaptive_block``).
         eotp: end-of-text prediction (:mod:`vispec.dllm.eotp`); ``early_commit``: a
             :class:`~vispec.dllm.prophet.ProphetRule`; ``adaptive_block``: an :class:`~vispec.dllm.blocks.AdaptiveBlocks`.
+        speculative: None, or exact self-speculative decoding (:class:`~vispec.dllm.speculative.SelfSpeculation`, or
+            its draft length as an int): the stepwise run's tokens, several steps per forward.
     """
 
     gen_length: int = 128
@@ -68,6 +86,7 @@ class UnmaskingOptions:
     eotp: bool = False
     early_commit: Optional[ProphetRule] = None
     adaptive_block: Optional[AdaptiveBlocks] = None
+    speculative: Optional[SelfSpeculation] = None
 
     def __post_init__(self) -> None:
         check_blocks(self.gen_length, self.block_length)
@@ -94,9 +113,28 @@ class UnmaskingOptions:
         if self.compile and self.cache == "dkv":
             raise ValueError("compile=True does not support cache='dkv': its set of recomputed positions changes size "
                              "every step (no static shapes); pass compile=False")
+        if self.speculative is not None:
+            self._check_speculative()
         if self.compile and (self.eotp or self.adaptive_block is not None):
             raise ValueError("compile=True needs static shapes; eotp (the canvas shrinks) and adaptive_block (blocks "
                              "change length) need compile=False")
+
+    def _check_speculative(self) -> None:
+        """Self-speculation reproduces the stepwise run only where every step sees its own canvas's logits
+        (:mod:`vispec.dllm.speculative`): the rules that change that are refused, naming them."""
+        if isinstance(self.speculative, int) and not isinstance(self.speculative, bool):
+            object.__setattr__(self, "speculative", SelfSpeculation(self.speculative))
+        if not isinstance(self.speculative, SelfSpeculation):
+            raise ValueError(f"speculative must be None, a draft length (int) or a SelfSpeculation, got "
+                             f"{type(self.speculative).__name__}")
+        approximate = [name for name, on in (("cache=" + repr(self.cache), self.cache != "none"), ("eotp", self.eotp),
+                                             ("early_commit", self.early_commit is not None),
+                                             ("adaptive_block", self.adaptive_block is not None),
+                                             ("compile", self.compile)) if on]
+        if approximate:
+            raise ValueError(f"speculative (exact self-speculative decoding) reproduces the stepwise run, which "
+                             f"{', '.join(approximate)} would change (or, for compile, lanes change count forward to "
+                             f"forward); pass cache='none' and none of eotp, early_commit, adaptive_block, compile")
 
     @property
     def num_blocks(self) -> int:

@@ -11,8 +11,9 @@ commit set, no Python loop over rows):
   ML-GSAI/LLaDA ``generate.py``). ``steps`` is the total over all blocks, ``s = steps / K`` per
   block; step ``i`` of a block with ``M`` masked positions at its start commits exactly
   ``n_i = ⌊M / s⌋ + 1[i < M mod s]`` positions (the remainder first): the top-``n_i`` by confidence
-  (``remasking="low_confidence"``; the confidence in the logits' own precision and ties to the lowest
-  position, as their ``generate()`` ranks) or by a uniform draw (``"random"``).
+  (``remasking="low_confidence"``; the confidence in the logits' own precision, as their ``generate()`` ranks,
+  and exact ties to the lowest position: their ``torch.topk`` replaced by a stable descending sort, since
+  ``topk`` leaves the order of ties unspecified) or by a uniform draw (``"random"``).
 * :class:`ThresholdScheduler`: Fast-dLLM's confidence-aware parallel decoding (Wu et al. 2025,
   arXiv 2505.22618, §3.2): commit every masked position with ``c ≥ τ``, and always the most
   confident one.
@@ -156,7 +157,8 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
         :meth:`accept` s), and commit them.
 
         Args:
-            timestep: step index within the block (``0, 1, ...``).
+            timestep: step index within the block (``0, 1, ...``), or a LongTensor ``[B]`` with one per row (rows at
+                different steps, as the lanes of :mod:`vispec.dllm.speculative`).
             noise: the randomness key; needed for ``temperature > 0`` and random commits.
             num_masked_at_block_start: ``[B]`` masked positions when the block started (quota policies).
             proposal_mask, confidence_mask: ``[V]`` bool token masks (:mod:`vispec.kernels.unmask`).
@@ -189,7 +191,11 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
                 or model_output.dim() != 3 or model_output.shape[:2] != sample.shape):
             got = tuple(model_output.shape) if isinstance(model_output, Tensor) else type(model_output).__name__
             raise ValueError(f"model_output must be float logits [B, Lb, V] matching sample {tuple(sample.shape)}, got {got}")
-        if self.fixed_steps:
+        if isinstance(timestep, Tensor):  # one step index per row (self-speculative lanes), range kept by the caller
+            if timestep.dtype != torch.long or tuple(timestep.shape) != tuple(sample.shape[:1]):
+                raise ValueError(f"timestep must be an int or a LongTensor [B] of per-row step indices, got "
+                                 f"{timestep.dtype} {tuple(timestep.shape)}")
+        elif self.fixed_steps:
             check_int("timestep", timestep, minimum=0, maximum=self.steps_per_block - 1,
                       hint=f" (the step index within the block; {self.steps_per_block} steps per block)")
         else:
@@ -282,8 +288,11 @@ class LLaDAScheduler(UnmaskingScheduler):
 
     def ranking_confidence(self, logits: Tensor, rows: Tensor, cand, confidence_mask: Optional[Tensor]) -> Tensor:
         """LLaDA's ranking: ``softmax(ℓ)[x̂]`` computed in the logits' own precision (float32, or bfloat16 for
-        the 8B model), where near-certain positions round to exactly 1.0 and tie; the tie goes to the lowest
-        position, as ``torch.topk`` in their ``generate()`` takes it (:func:`top_n_by` sorts stably)."""
+        the 8B model), where near-certain positions round to exactly 1.0 and tie. An exact tie goes to the lowest
+        position (:func:`top_n_by` sorts stably), on every device and torch version; their ``generate()`` ranks
+        with ``torch.topk``, whose order among ties is unspecified (on CPU with torch 2.13, ``topk`` over eight
+        values with four tied at 1.0 returned indices [21, 23], not [20, 21]), so at such steps it may commit
+        other positions than vispec."""
         if logits.dtype == torch.float64:
             return cand.confidence
         picked = logits[rows]

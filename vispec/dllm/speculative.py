@@ -1,0 +1,323 @@
+"""Exact self-speculative decoding of a masked diffusion LM: the stepwise sampler's own tokens, several steps per
+forward.
+
+The stepwise reference (:mod:`vispec.dllm.loop` without caches or early rules; for ``strategy="llada"`` with one
+token per step, LLaDA's ``generate()``) is a deterministic function of the model's logits and of keyed noise: at
+step ``t`` a row with canvas ``x_t`` runs the model, ``ℓ_t = f(x_t)``, and its policy commits
+
+    x_{t+1} = S_t(ℓ_t, x_t)
+
+where ``S_t`` (the scheduler's ``step`` on the row's block, with the per-row state: block, step in block, masked
+count at block start) draws its Gumbel noise from Philox keyed by (row seed, position, ``t``). Self-speculation
+(in the spirit of SSD, Gao et al., arXiv 2510.04147, "Self Speculative Decoding for Diffusion LLMs") drafts the next
+``k - 1`` steps by applying the *same* rule to the *stale* logits ``ℓ_t``:
+
+    c_0 = S_t(ℓ_t, x_t) = x_{t+1}              (exact)
+    c_d = S_{t+d}(ℓ_t, c_{d-1}),  d = 1..k-1   (drafts of x_{t+d+1})
+
+and verifies the whole chain with **one** batched forward of the ``k`` canvases ``c_0 .. c_{k-1}``. ``c_0`` is
+exact, so ``S_{t+1}(f(c_0), c_0)`` is the reference's ``x_{t+2}``; if it equals ``c_1``, ``c_1`` is exact and its
+logits give the next step, and so on. With ``j`` leading matches, ``c_j = x_{t+j+1}`` is the new exact canvas and
+its logits (already computed) start the next round: every forward advances ``j + 1`` reference steps, ``1 <= j + 1
+<= k``. Nothing is approximated: a canvas's logits are used only once the canvas is proven to be the reference's,
+and every committed step is ``S`` applied to the reference's own logits with the reference's own noise key (the
+step index ``t``, not the forward count). So the output is the stepwise sampler's **token for token, at every
+temperature and for every seed**, which implies the same law over outputs (certified by enumeration in
+``tests/dllm/test_self_speculation.py``, beside token equality on the embedded models).
+
+Exact for every policy whose step is a function of (logits, canvas, per-row step state, keyed noise): the LLaDA
+quota (``llada``; low-confidence or random remasking), Dream's schedule (:class:`~vispec.dllm.DreamScheduler`),
+threshold, factor, entropy bound, contiguous and Learn2PD's filter, each reproducing *its own* stepwise run. With
+``early_stop_eos`` the EOS fill after each step is part of ``S``. Not combinable (they change which logits a step
+sees, so the result would not be any stepwise run's): the prefix / dual / dKV caches, end-of-text prediction,
+Prophet's early commit, AdaBlock, and ``compile=True`` (lanes change count forward to forward).
+
+Cost: a forward over ``k`` canvases. ``nfe`` counts model calls (one per row per call, as SSD counts verification
+forwards); ``stats.extra["canvases"]`` counts the canvas rows forwarded (the compute), ``stats.extra["steps"]``
+the reference steps taken (the stepwise run's NFE). Each row keeps its own chain and noise; rows leave the
+forwards when they finish, so a row's tokens are those it gets alone, and equal to the stepwise run's.
+
+Float caveat: the verifying forward runs ``k`` canvases per row in one batch where the stepwise run forwards one;
+a model whose logits change in the last bit with the batch's size (some GPU kernels) can flip exact ties and
+near-ties. On the CPU the embedded models give equal tokens (tested).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch import Tensor
+
+from vispec.dllm.blocks import window_logits
+from vispec.dllm.caches import Guidance
+from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
+from vispec.dllm.callback import StopDecoding
+from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
+from vispec.dllm.tokens import TokenIds, token_masks
+from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback, committed_view
+from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
+
+if TYPE_CHECKING:
+    from vispec.dllm.options import UnmaskingOptions
+
+__all__ = ["SelfSpeculation", "SpeculativeLoop"]
+
+
+@dataclass
+class Lanes:
+    """Canvases following the stepwise reference, one per lane (all ``[R]`` / ``[R, L]`` tensors).
+
+    ``row``: the batch row a lane belongs to; ``canvas``: its generated canvas; ``block``: the block it decodes
+    (``K`` once done); ``step``: the step within the block; ``masked0``: the block's masked count when it started
+    (the quota policies' ``M``); ``draws``: the reference steps taken so far (the noise key, and the stepwise run's
+    NFE); ``done``: no block left to decode.
+    """
+
+    row: Tensor
+    canvas: Tensor
+    block: Tensor
+    step: Tensor
+    masked0: Tensor
+    draws: Tensor
+    done: Tensor
+
+    def take(self, index: Tensor) -> "Lanes":
+        return Lanes(*(getattr(self, name)[index] for name in self.__dataclass_fields__))
+
+    @staticmethod
+    def cat(parts: list["Lanes"]) -> "Lanes":
+        return Lanes(*(torch.cat([getattr(p, name) for p in parts]) for name in Lanes.__dataclass_fields__))
+
+
+class SpeculativeLoop:
+    """One self-speculative decode (module docstring): the rows' exact canvases and the draft-verify rounds."""
+
+    def __init__(self, model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], options: "UnmaskingOptions",
+                 ids: TokenIds, scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback]):
+        batch, self.prompt_len = input_ids.shape
+        device, L = input_ids.device, options.gen_length
+        self.model, self.options, self.ids, self.scheduler, self.seeds, self.callback = (
+            model, options, ids, scheduler, seeds, callback)
+        self.k = options.speculative.draft_length
+        self.prompt = input_ids
+        self.key_mask = None
+        if attention_mask is not None and not bool(attention_mask.bool().all()):  # one read-back, before the loop
+            self.key_mask = torch.cat([attention_mask.to(device).bool(),
+                                       torch.ones(batch, L, dtype=torch.bool, device=device)], dim=1)
+        self.guidance = Guidance(options.guidance_scale, self.prompt_len, ids.mask)
+        self.num_blocks, self.block_length = options.num_blocks, options.block_length
+        self.offsets = torch.arange(self.block_length, device=device)
+        self.tokens = torch.full((batch, L), ids.mask, dtype=torch.long, device=device)
+        self.nfe = torch.zeros(batch, dtype=torch.long, device=device)
+        self.canvases = torch.zeros(batch, dtype=torch.long, device=device)
+        self.steps = torch.zeros(batch, dtype=torch.long, device=device)
+        self.finished_at = torch.full((batch,), float("nan"), dtype=torch.float64)
+        self.reported = torch.zeros_like(self.tokens, dtype=torch.bool)  # decided at the last callback
+        self.masks: Optional[tuple] = None
+        self.nan = torch.zeros((), dtype=torch.bool, device=device)
+        self.calls, self.interrupted, self.start_time = 0, False, time.perf_counter()
+
+    # ------------------------------------------------------------------ the reference's state machine
+    def start(self) -> Lanes:
+        """Every row's lane before its first step: the first block with a masked position."""
+        batch = self.tokens.shape[0]
+        rows = torch.arange(batch, device=self.tokens.device)
+        zeros = torch.zeros(batch, dtype=torch.long, device=self.tokens.device)
+        lanes = Lanes(rows, self.tokens.clone(), zeros - 1, zeros, zeros, zeros.clone(), zeros.bool())
+        return self._next_block(lanes, torch.ones(batch, dtype=torch.bool, device=self.tokens.device))
+
+    def _next_block(self, lanes: Lanes, moving: Tensor) -> Lanes:
+        """Lanes ``moving`` go to their next block holding a masked position (``done`` when there is none)."""
+        per_block = (lanes.canvas == self.ids.mask).view(lanes.canvas.shape[0], self.num_blocks, -1).sum(dim=-1)
+        blocks = torch.arange(self.num_blocks, device=per_block.device)
+        later = (blocks > lanes.block[:, None]) & (per_block > 0)
+        has_later = later.any(dim=1)
+        nxt = torch.where(has_later, later.long().argmax(dim=1), torch.full_like(lanes.block, self.num_blocks))
+        lanes.block = torch.where(moving, nxt, lanes.block)
+        lanes.step = torch.where(moving, torch.zeros_like(lanes.step), lanes.step)
+        count = per_block.gather(1, nxt.clamp(max=self.num_blocks - 1)[:, None]).squeeze(1)
+        lanes.masked0 = torch.where(moving, count, lanes.masked0)
+        lanes.done = lanes.done | (moving & ~has_later)
+        return lanes
+
+    def reference_step(self, lanes: Lanes, logits: Tensor) -> Lanes:
+        """``S_t``: the stepwise run's step on every (not done) lane, from ``logits [R, L, V]`` of the generated
+        positions (the lane's own, or a stale copy when drafting). Returns new lanes (the inputs are not changed)."""
+        index = lanes.block[:, None] * self.block_length + self.offsets  # [R, Lb] the block's positions
+        valid = torch.ones_like(index, dtype=torch.bool)
+        block_logits = window_logits(logits, 0, index, valid)
+        if self.options.logits_eos_inf:
+            block_logits[..., self.ids.eos] = float("-inf")
+        sample = lanes.canvas.gather(1, index)
+        out = self.scheduler.step(block_logits, lanes.step, sample, mask_token_id=self.ids.mask,
+                                  temperature=float(self.options.temperature),
+                                  noise=UnmaskNoise(self.seeds[lanes.row], index, lanes.draws),
+                                  num_masked_at_block_start=lanes.masked0, proposal_mask=self.masks[0],
+                                  confidence_mask=self.masks[1])
+        canvas = lanes.canvas.scatter(1, index, out.prev_sample)
+        if self.options.early_stop_eos:
+            canvas = fill_after_eos(canvas, self.ids.eos, self.ids.mask)
+        new = Lanes(lanes.row, canvas, lanes.block, lanes.step + 1, lanes.masked0, lanes.draws + 1, lanes.done)
+        left = (canvas.gather(1, index) == self.ids.mask).any(dim=1)
+        finished_block = ~left
+        if self.scheduler.fixed_steps:  # the stepwise loop runs steps_per_block steps of a block, then moves on
+            finished_block |= new.step >= self.scheduler.steps_per_block
+        return self._next_block(new, finished_block)
+
+    # ------------------------------------------------------------------ the model
+    def forward(self, lanes: Lanes) -> Tensor:
+        """``[R, L, V]`` logits of the lanes' generated positions: one batched model call (guided: both branches)."""
+        ids = torch.cat([self.prompt[lanes.row], lanes.canvas], dim=1)
+        mask = None if self.key_mask is None else self.key_mask[lanes.row]
+        ids, mask = self.guidance.inputs(ids, mask)
+        logits = self.guidance.mix(self.model(ids, attention_mask=mask).logits[:, self.prompt_len:])
+        self.nan |= torch.isnan(logits).any()
+        if self.masks is None:
+            self.masks = token_masks(self.model, logits.shape[-1], self.ids, logits.device,
+                                     self.options.confidence_eos_eot_inf, self.options.suppress_mask_token)
+        return logits
+
+    def _charge(self, lanes: Lanes) -> None:
+        """One NFE for every row the call serves, one canvas per lane."""
+        self.canvases.index_add_(0, lanes.row, torch.ones_like(lanes.row))
+        served = torch.zeros_like(self.nfe, dtype=torch.bool)
+        served[lanes.row] = True
+        self.nfe += served.long()
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        """Draft ``k - 1`` steps from each row's current logits, verify every canvas in one forward, keep the
+        longest verified chain (module docstring)."""
+        lanes = self.start()
+        self._finish(lanes.take(lanes.done.nonzero().squeeze(1)))
+        lanes = lanes.take((~lanes.done).nonzero().squeeze(1))
+        if lanes.row.numel() == 0:
+            return
+        self._charge(lanes)
+        logits = self.forward(lanes)
+        while lanes.row.numel() and not self.interrupted:
+            lanes, logits = self._round(lanes, logits)
+            raise_status(torch.where(self.nan, STATUS_NAN, STATUS_OK))
+
+    def _round(self, lanes: Lanes, logits: Tensor) -> tuple[Lanes, Tensor]:
+        """One draft-verify round for the live ``lanes`` (exact canvases, one per row) and their ``logits``."""
+        chain, table = self._draft(lanes, logits)
+        todo = (~chain.done).nonzero().squeeze(1)  # every canvas with a step left is forwarded, in one call
+        verified = logits[:0]
+        if todo.numel():
+            forwarded = chain.take(todo)
+            self._charge(forwarded)
+            self.calls += 1
+            verified = self.forward(forwarded)
+        matches = self._verify(chain, table, todo, verified)
+        accepted = matches.long().cumprod(dim=1).sum(dim=1)  # leading verified drafts
+        pick = table.gather(1, accepted[:, None]).squeeze(1)  # the deepest exact canvas of each chain
+        exact = chain.take(pick)
+        self._finish(exact.take(exact.done.nonzero().squeeze(1)))
+        keep = (~exact.done).nonzero().squeeze(1)
+        row_in_verified = torch.full((chain.row.numel(),), -1, dtype=torch.long, device=logits.device)
+        row_in_verified[todo] = torch.arange(todo.numel(), device=logits.device)
+        advanced = torch.zeros_like(self.steps)
+        advanced[lanes.row] = accepted + 1
+        new_lanes = exact.take(keep)
+        self._report(new_lanes, advanced)
+        return new_lanes, verified[row_in_verified[pick[keep]]]
+
+    def _draft(self, lanes: Lanes, logits: Tensor) -> tuple[Lanes, Tensor]:
+        """The chains ``c_0 = S_t(ℓ_t, x_t)`` (exact) and ``c_d = S_{t+d}(ℓ_t, c_{d-1})`` (drafts on the stale
+        logits), ``d < k``, a chain ending early once its canvas is complete. Returns every canvas (concatenated by
+        depth) and ``table [n, k + 1]``: the index of lane ``i``'s depth-``d`` canvas, -1 where there is none."""
+        n = lanes.row.numel()
+        table = torch.full((n, self.k + 1), -1, dtype=torch.long, device=logits.device)
+        src = torch.arange(n, device=logits.device)  # the lane each canvas of this depth belongs to
+        parts = [self.reference_step(lanes, logits)]
+        table[:, 0] = src
+        count = n
+        for depth in range(1, self.k):  # k is small: a loop over depths, batched over rows
+            live = (~parts[-1].done).nonzero().squeeze(1)
+            if live.numel() == 0:
+                break
+            src = src[live]
+            parts.append(self.reference_step(parts[-1].take(live), logits[src]))
+            table[src, depth] = torch.arange(count, count + live.numel(), device=logits.device)
+            count += live.numel()
+        return Lanes.cat(parts), table
+
+    def _verify(self, chain: Lanes, table: Tensor, todo: Tensor, verified: Tensor) -> Tensor:
+        """``[n, k]`` bool: the reference's step from canvas ``d``'s own logits gives canvas ``d + 1`` (so, when every
+        earlier one matched, canvas ``d + 1`` is the stepwise run's)."""
+        matches = torch.zeros(table.shape[0], self.k, dtype=torch.bool, device=table.device)
+        if todo.numel() == 0:
+            return matches
+        lane, depth = (table[:, : self.k] >= 0).nonzero(as_tuple=True)
+        flat_to_slot = torch.empty(chain.row.numel(), 2, dtype=torch.long, device=table.device)
+        flat_to_slot[table[lane, depth]] = torch.stack([lane, depth], dim=1)
+        lane, depth = flat_to_slot[todo].unbind(dim=1)
+        successor = table[lane, depth + 1]
+        truth = self.reference_step(chain.take(todo), verified)
+        has = successor >= 0
+        same = torch.zeros_like(has)
+        same[has] = (truth.canvas[has] == chain.canvas[successor[has]]).all(dim=1)
+        matches[lane, depth] = same
+        return matches
+
+    def _finish(self, lanes: Lanes) -> None:
+        """Rows whose exact canvas is complete: their tokens, reference steps and finish time."""
+        if lanes.row.numel() == 0:
+            return
+        self.tokens[lanes.row] = lanes.canvas
+        self.steps[lanes.row] = lanes.draws
+        self.finished_at[lanes.row.cpu()] = time.perf_counter() - self.start_time
+
+    def _report(self, lanes: Lanes, advanced: Tensor) -> None:
+        """The live rows' exact canvases, and the step callback after every verifying forward (no edits: they would
+        change the reference). ``details``: ``block`` (the lowest block still decoding), ``rows``,
+        ``transfer_index [B, L]`` (committed since the last callback), ``reference_steps [B]`` (the stepwise run's
+        steps so far) and ``advanced [B]`` (the steps this forward verified)."""
+        self.tokens[lanes.row] = lanes.canvas
+        self.steps[lanes.row] = lanes.draws
+        if self.callback is None:
+            return
+        decided = self.tokens != self.ids.mask
+        block = torch.full_like(self.steps, self.num_blocks)
+        block[lanes.row] = lanes.block
+        details = {"block": int(block.min()), "rows": lanes.row.clone(), "transfer_index": decided & ~self.reported,
+                   "reference_steps": self.steps.clone(), "advanced": advanced.clone()}
+        try:
+            edit = self.callback(DecodeProgress(step=self.calls - 1, num_committed=decided.sum(dim=1),
+                                                tokens=committed_view(self.tokens, decided), details=details))
+            self.reported = decided
+        except StopDecoding:
+            self.interrupted = True
+            return
+        if edit:
+            raise ValueError("a step callback cannot edit the canvas or the guidance under self-speculative decoding "
+                             "(the output is the stepwise run's by construction); return None")
+
+    # ------------------------------------------------------------------ result
+    def output(self) -> DecodeOutput:
+        elapsed = time.perf_counter() - self.start_time
+        finished_at = torch.where(torch.isnan(self.finished_at), torch.full_like(self.finished_at, elapsed),
+                                  self.finished_at)
+        from vispec.dllm.loop import count_tokens
+
+        labels = {"scheduler": type(self.scheduler).__name__, "cache": "none",
+                  "speculative": {"draft_length": self.k}}
+        if self.interrupted:
+            labels["interrupted"] = True
+        stats = DecodeStats(nfe=self.nfe.cpu(), tokens=count_tokens(self.tokens, self.ids.eos, self.ids.eot).cpu(),
+                            latency_s=finished_at,
+                            extra={"steps": self.steps.cpu(), "canvases": self.canvases.cpu()})
+        method = getattr(self.scheduler, "strategy", "") or type(self.scheduler).__name__
+        return DecodeOutput(tokens=self.tokens, stats=stats, method=method, labels=labels)
+
+
+def fill_after_eos(canvas: Tensor, eos_id: int, mask_id: int) -> Tensor:
+    """Early stop on a canvas ``[R, L]``: masked positions after each row's first EOS become EOS
+    (:func:`vispec.dllm.loop.fill_after_eos`, on lanes)."""
+    is_eos = canvas == eos_id
+    after = is_eos.long().cumsum(dim=1) - is_eos.long() > 0
+    return torch.where(after & (canvas == mask_id), torch.full_like(canvas, eos_id), canvas)
