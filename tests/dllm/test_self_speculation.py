@@ -267,3 +267,61 @@ def test_enumeration_matches_the_stepwise_sampler_at_temperature_zero_limit(tiny
     ref = decode(tiny_model, ids, scheduler=LLaDAScheduler(), generator=gens(64), **kwargs)
     out = decode(tiny_model, ids, scheduler=LLaDAScheduler(), generator=gens(64), speculative=3, **kwargs)
     assert torch.equal(ref.tokens, out.tokens)
+
+
+# ---------------------------------------------------------------------------------------------- real model families
+def test_dream_checkpoint_equals_its_stepwise_run(tmp_path):
+    """A Dream-layout checkpoint (shifted logits: position p is predicted at p - 1) under DreamScheduler, every
+    algorithm, padded batch, temperature 0 and 0.7."""
+    from dream_reference import random_dream_state, tiny_dream_config, write_dream_folder
+    from vispec.dllm import DreamScheduler
+    from vispec.models.dream_checkpoint import load_dream_checkpoint
+
+    config = tiny_dream_config()
+    dream = load_dream_checkpoint(write_dream_folder(tmp_path / "dream", random_dream_state(config), config))
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(2, 60, (n,), generator=gen) for n in (5, 3)]
+    ids, mask = left_padded(rows, 1)
+    for alg, temperature in (("entropy", 0.0), ("maskgit_plus", 0.7), ("origin", 0.7), ("topk_margin", 0.0)):
+        kwargs = dict(steps=8, gen_length=8, block_length=8, temperature=temperature, mask_token_id=60)
+        ref = decode(dream, ids, mask, scheduler=DreamScheduler(alg=alg), generator=gens(2), **kwargs)
+        out = decode(dream, ids, mask, scheduler=DreamScheduler(alg=alg), generator=gens(2), speculative=4, **kwargs)
+        assert torch.equal(out.tokens, ref.tokens), alg
+        assert out.stats.extra["steps"].tolist() == ref.stats.nfe.tolist()
+
+
+def embedded_equality(name: str, per_task: int, batch: int, alone: int, **call) -> None:
+    """Temperature 0 on the first ``per_task`` test prompts of every task: self-speculation equals the stepwise run
+    alone (k = 4, the first ``alone`` prompts) and in batches of ``batch`` (k = 8), at fewer forwards."""
+    from vispec.eval.bench.text_tasks import get_task, split_items
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    pipe = MaskedDiffusionLMPipeline.from_pretrained(f"vispec/{name}")
+    pipe.set_progress_bar_config(disable=True)
+    prompts = [item.prompt for task in ("arithmetic", "sort", "reverse")
+               for item in split_items(get_task(task), "test", per_task, 0)]
+    units = [(4, prompts[i: i + 1]) for i in range(alone)]
+    units += [(8, prompts[i: i + batch]) for i in range(0, len(prompts), batch)]
+    for k, chunk in units:
+        ref = pipe(prompt=chunk, strategy="llada", **call)
+        out = pipe(prompt=chunk, strategy="llada", speculative=k, **call)
+        assert torch.equal(out.sequences, ref.sequences), (name, k, chunk)
+        assert [s["steps"] for s in out.stats] == [s["nfe"] for s in ref.stats]
+        assert all(s["nfe"] < r["nfe"] for s, r in zip(out.stats, ref.stats))
+
+
+def test_tiny_mdlm_equals_the_stepwise_run_on_test_prompts():
+    embedded_equality("tiny-mdlm", per_task=2, batch=6, alone=2, early_stop_eos=False)
+
+
+@pytest.mark.slow
+def test_tiny_mdlm_equals_the_stepwise_run_on_more_test_prompts():
+    """The pipeline's default early stop at EOS, 16 test prompts per task (batches of 16), the first 6 alone too."""
+    embedded_equality("tiny-mdlm", per_task=16, batch=16, alone=6)
+
+
+@pytest.mark.slow
+def test_tiny_mdlm_long_equals_the_stepwise_run_on_test_prompts():
+    """gen length 256 (LLaDA's one token per step: 256 forwards of the stepwise run per prompt): one prompt per task
+    in one batch of 3 (tiny-mdlm covers rows alone)."""
+    embedded_equality("tiny-mdlm-long", per_task=1, batch=3, alone=0, early_stop_eos=False)
