@@ -9,7 +9,7 @@ and cache (``none``, ``prefix``, ``dual``, ``dkv``), or for every explicit setti
   lm-eval scores GSM8K; exact match otherwise), NFE, tokens per forward, latency per problem and
   tokens/s (generated tokens before EOS, EOS excluded, over the wall time of the whole loop:
   tokenisation and decoding included, as Fast-dLLM measures);
-* batch ``batch_size``: the same problems in batches (rows advance on their own and leave the
+* batch ``batch_size`` (or each of ``batch_sizes``): the same problems in batches (rows advance on their own and leave the
   forward when done): tokens/s and accuracy again (identical tokens up to float ties).
 
 Every run reports peak memory. All settings share ``gen_length``, ``block_length`` and temperature 0.
@@ -90,6 +90,7 @@ class TextBenchConfig:
     tasks: tuple[str, ...] = ("arithmetic", "sort", "reverse")
     num_problems: int = 100
     batch_size: int = 16
+    batch_sizes: tuple[int, ...] = ()  # when given: the batched runs' sizes (batch 1 always runs), instead of batch_size
     gen_length: Optional[int] = None  # default: the pipeline's
     block_length: Optional[int] = None
     threshold: float = 0.9
@@ -114,6 +115,9 @@ class TextBenchConfig:
         for name in ("num_problems", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for size in self.batch_sizes:
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes!r}")
         if not isinstance(self.draft_length, int) or not 1 <= self.draft_length <= MAX_DRAFT_LENGTH:
             raise ValueError(f"draft_length must be an integer in [1, {MAX_DRAFT_LENGTH}] (the ssd rule's canvases per "
                              f"verifying forward), got {self.draft_length!r}")
@@ -287,7 +291,7 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
         items = split_items(task, "test", cfg.num_problems, cfg.seed)
         for strategy, rules, cache, early_stop in settings:
             options = cfg.rule_options(set(rules), pipe.tokenizer)
-            for batch_size in dict.fromkeys((1, cfg.batch_size)):
+            for batch_size in dict.fromkeys((1, *(cfg.batch_sizes or (cfg.batch_size,)))):
                 row = {"strategy": strategy, "rules": list(rules), "cache": cache, "early_stop_eos": early_stop,
                        "task": task.name, "batch_size": batch_size,
                        "reference": (strategy, rules, cache, early_stop) == reference}

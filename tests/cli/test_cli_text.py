@@ -119,10 +119,11 @@ def test_bench_text_self_speculation_rows(pipeline_folder, tmp_path, capsys):
 
     path = tmp_path / "bench-ssd.json"
     assert main(["bench", "text", "--model", str(pipeline_folder), "--settings", "llada+ssd=4,threshold+ssd",
-                 "--draft-length", "3", "--tasks", "sort", "--num-problems", "3", "--batch-size", "2",
+                 "--draft-length", "3", "--tasks", "sort", "--num-problems", "3", "--batch-sizes", "2,3",
                  "--json", str(path)]) == 0
     result = json.loads(path.read_text())
     runs = result["runs"]
+    assert sorted({r["batch_size"] for r in runs}) == [1, 2, 3]
     names = [(r["strategy"], tuple(r["rules"]), r["early_stop_eos"]) for r in runs if r["batch_size"] == 1]
     assert names == [("llada", (), False), ("llada", (), True), ("llada", ("ssd=4",), True), ("threshold", (), True),
                      ("threshold", ("ssd",), True)]

@@ -325,3 +325,22 @@ def test_tiny_mdlm_long_equals_the_stepwise_run_on_test_prompts():
     """gen length 256 (LLaDA's one token per step: 256 forwards of the stepwise run per prompt): one prompt per task
     in one batch of 3 (tiny-mdlm covers rows alone)."""
     embedded_equality("tiny-mdlm-long", per_task=1, batch=3, alone=0, early_stop_eos=False)
+
+
+def test_self_drafting_limit_is_the_forwards_of_an_unbounded_draft_length(model):
+    """``self_drafting_limit`` (the acceptance limit of self-drafting, computed from one stepwise run) equals the
+    forwards of self-speculation with ``k`` = the whole canvas, and bounds every smaller ``k`` from below."""
+    from vispec.dllm.options import UnmaskingOptions
+    from vispec.dllm.speculative import self_drafting_limit
+
+    rows = prompts(lengths=(5, 5, 5))
+    ids = torch.stack(rows)
+    options = UnmaskingOptions(steps=16, gen_length=16, block_length=8, temperature=0.8, guidance_scale=1.5)
+    limit = self_drafting_limit(model, ids, options, scheduler=LLaDAScheduler(), generator=gens(3))
+    full = decode(model, ids, scheduler=LLaDAScheduler(), generator=gens(3), speculative=16,
+                  **{k: getattr(options, k) for k in ("steps", "gen_length", "block_length", "temperature",
+                                                      "guidance_scale")})
+    assert limit == full.stats.nfe.tolist()
+    small = decode(model, ids, scheduler=LLaDAScheduler(), generator=gens(3), speculative=3, steps=16, gen_length=16,
+                   block_length=8, temperature=0.8, guidance_scale=1.5)
+    assert all(s >= l for s, l in zip(small.stats.nfe.tolist(), limit))

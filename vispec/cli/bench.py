@@ -77,6 +77,7 @@ TEXT_HELP = {
     "tasks": "comma-separated: arithmetic, sort, reverse",
     "num_problems": "test problems per task",
     "batch_size": "the batched run's batch size (batch 1 always runs)",
+    "batch_sizes": "comma-separated batch sizes of the batched runs, instead of --batch-size (batch 1 always runs)",
     "threshold": "confidence threshold τ of the threshold and contiguous rules",
     "factor": "f of the factor rule",
     "entropy_bound": "entropy budget γ of the EB rule (nats)",

@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import Tensor
 
-from vispec.dllm.blocks import window_logits
 from vispec.dllm.caches import Guidance
 from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
 from vispec.dllm.callback import StopDecoding
@@ -63,7 +62,7 @@ from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
 if TYPE_CHECKING:
     from vispec.dllm.options import UnmaskingOptions
 
-__all__ = ["SelfSpeculation", "SpeculativeLoop"]
+__all__ = ["SelfSpeculation", "SpeculativeLoop", "self_drafting_limit"]
 
 
 @dataclass
@@ -143,12 +142,14 @@ class SpeculativeLoop:
         lanes.done = lanes.done | (moving & ~has_later)
         return lanes
 
-    def reference_step(self, lanes: Lanes, logits: Tensor) -> Lanes:
-        """``S_t``: the stepwise run's step on every (not done) lane, from ``logits [R, L, V]`` of the generated
-        positions (the lane's own, or a stale copy when drafting). Returns new lanes (the inputs are not changed)."""
+    def reference_step(self, lanes: Lanes, logits: Tensor, source: Optional[Tensor] = None) -> Lanes:
+        """``S_t``: the stepwise run's step on every (not done) lane, from the logits of the generated positions:
+        lane ``i`` reads ``logits[source[i]]`` (``[L, V]``; its own, or when drafting the stale logits of its chain's
+        exact canvas; ``source`` None: ``logits`` has one row per lane). Returns new lanes (the inputs are kept)."""
         index = lanes.block[:, None] * self.block_length + self.offsets  # [R, Lb] the block's positions
-        valid = torch.ones_like(index, dtype=torch.bool)
-        block_logits = window_logits(logits, 0, index, valid)
+        if source is None:
+            source = torch.arange(index.shape[0], device=index.device)
+        block_logits = logits[source[:, None], index]  # [R, Lb, V]: only the block is gathered
         if self.options.logits_eos_inf:
             block_logits[..., self.ids.eos] = float("-inf")
         sample = lanes.canvas.gather(1, index)
@@ -241,7 +242,7 @@ class SpeculativeLoop:
             if live.numel() == 0:
                 break
             src = src[live]
-            parts.append(self.reference_step(parts[-1].take(live), logits[src]))
+            parts.append(self.reference_step(parts[-1].take(live), logits, src))
             table[src, depth] = torch.arange(count, count + live.numel(), device=logits.device)
             count += live.numel()
         return Lanes.cat(parts), table
@@ -321,3 +322,58 @@ def fill_after_eos(canvas: Tensor, eos_id: int, mask_id: int) -> Tensor:
     is_eos = canvas == eos_id
     after = is_eos.long().cumsum(dim=1) - is_eos.long() > 0
     return torch.where(after & (canvas == mask_id), torch.full_like(canvas, eos_id), canvas)
+
+
+@torch.no_grad()
+def self_drafting_limit(model: Any, input_ids: Tensor, options: "UnmaskingOptions", *,
+                        scheduler: UnmaskingScheduler, generator: Any = None) -> list[int]:
+    """The forwards self-speculation needs per row with an unbounded draft length (``k = ∞``): the acceptance limit of
+    self-drafting, where only the stale drafts' agreement with the stepwise run bounds a round.
+
+    Computed without the ``k``-canvas forwards: the stepwise run is decoded once (one forward per step), and at every
+    step ``t`` the whole remaining chain is drafted from ``ℓ_t`` (no forward) and compared with the run's canvases,
+    giving ``j_t``, the drafts that a verification would accept. The rounds then go ``t -> t + j_t + 1`` from
+    ``t = 0``, each costing one forward while a step is left after ``c_0`` (and one forward starts the decode), as
+    :class:`SpeculativeLoop` counts. Rows are decoded one at a time (an analysis, not a hot path); ``input_ids``
+    ``[B, P]`` unpadded prompts of one length, ``options`` as :func:`vispec.dllm.decode` takes them (its
+    ``speculative`` is ignored)."""
+    from dataclasses import replace
+
+    from vispec.dllm.decode import check_decode_inputs
+    from vispec.kernels.philox import per_sample_seeds
+
+    options = replace(options, speculative=SelfSpeculation(1))
+    ids = check_decode_inputs(model, input_ids, None, options, scheduler)
+    scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
+    seeds = per_sample_seeds(generator, input_ids.shape[0], input_ids.device)
+    limits = []
+    for row in range(input_ids.shape[0]):
+        loop = SpeculativeLoop(model, input_ids[row: row + 1], None, options, ids, scheduler, seeds[row: row + 1], None)
+        lanes = loop.start()
+        if bool(lanes.done[0]):
+            limits.append(0)
+            continue
+        logits = loop.forward(lanes)
+        truth, drafts = [], []  # truth[i]: the canvas after step i + 1; drafts[t]: c_1, c_2, ... drafted from ℓ_t
+        while True:
+            exact = loop.reference_step(lanes, logits)
+            chain, draft = [], exact
+            while not bool(draft.done[0]):
+                draft = loop.reference_step(draft, logits)
+                chain.append(draft.canvas[0])
+            truth.append(exact.canvas[0])
+            drafts.append(chain)
+            if bool(exact.done[0]):
+                break
+            lanes, logits = exact, loop.forward(exact)
+        steps, t, forwards = len(truth), 0, 1
+        while t + 1 < steps:  # a round from the exact canvas after t steps forwards c_0 .. (c_0 has a step left)
+            agree = 0
+            for d, canvas in enumerate(drafts[t], start=1):
+                if t + d >= steps or not torch.equal(canvas, truth[t + d]):
+                    break
+                agree += 1
+            forwards += 1
+            t += agree + 1
+        limits.append(forwards)
+    return limits
