@@ -131,10 +131,10 @@ def test_tied_prompts_batched_equal_the_reference_in_commit_order(steps):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["arithmetic", "sort", "reverse"])
-def test_first_twenty_test_items_alone_and_in_batches_of_four(task):
-    """Every one of the first 20 test items of each task ties at a deciding step (asserted), alone and in
-    batches of four."""
-    prompts = [item.prompt for item in split_items(task, "test", 20)]
+def test_first_test_items_alone_and_in_batches_of_four(task):
+    """Every one of the first 8 test items of each task ties at a deciding step (asserted), alone and in batches of
+    four. (All of the first 20 tie too, and were checked the same way once; 8 keep the suite inside its time.)"""
+    prompts = [item.prompt for item in split_items(task, "test", 8)]
     for prompt in prompts:
         _assert_same_run([prompt], GEN)
     for start in range(0, len(prompts), 4):
