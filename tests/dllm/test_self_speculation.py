@@ -317,8 +317,9 @@ def test_tiny_mdlm_equals_the_stepwise_run_on_test_prompts():
 
 @pytest.mark.slow
 def test_tiny_mdlm_equals_the_stepwise_run_on_more_test_prompts():
-    """The pipeline's default early stop at EOS, 16 test prompts per task (batches of 16), the first 6 alone too."""
-    embedded_equality("tiny-mdlm", per_task=16, batch=16, alone=6)
+    """The pipeline's default early stop at EOS, 8 test prompts per task (batches of 12), the first 3 alone too
+    (`vispec bench text --settings llada+ssd=K` compares every problem it runs)."""
+    embedded_equality("tiny-mdlm", per_task=8, batch=12, alone=3)
 
 
 @pytest.mark.slow
