@@ -153,3 +153,9 @@ def tiny_llada():
                      max_sequence_length=96, rope_theta=10000.0, mask_token_id=60, eos_token_id=1, eot_token_id=2,
                      pad_token_id=0, bos_token_id=3, init_std=0.3)
     return m.to(torch.float64).eval()
+
+
+def tiny_llada_prompts(lengths=(7, 4, 5), seed=1) -> list[torch.Tensor]:
+    """Random prompts for :func:`tiny_llada` (ids 4..59: no special token), one per length."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 60, (n,), generator=gen) for n in lengths]

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from dllm_reference import llada_reference
-from helpers import left_padded, tiny_llada
+from helpers import left_padded, tiny_llada, tiny_llada_prompts
 
 from vispec.dllm import (
     ContiguousScheduler,
@@ -28,9 +28,7 @@ def model():
     return tiny_llada()
 
 
-def prompts(lengths=(7, 4, 5), seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, 60, (n,), generator=gen) for n in lengths]
+prompts = tiny_llada_prompts
 
 
 @pytest.mark.parametrize("gen_length,block_length,steps", [(16, 16, 16), (16, 4, 8), (12, 4, 6), (8, 4, 16)])

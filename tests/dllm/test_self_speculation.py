@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from chi_square import ALPHA, chi_square_vs_exact, required_samples
-from helpers import left_padded, tiny_llada
+from helpers import left_padded, tiny_llada, tiny_llada_prompts
 from vispec.dllm import LLaDAScheduler, SelfSpeculation, StopDecoding, ThresholdScheduler, decode, make_scheduler
 from vispec.dllm.speculative import SpeculativeLoop
 from vispec.models.llada import LLaDAModelLM
@@ -42,9 +42,7 @@ def model():
     return tiny_llada()
 
 
-def prompts(lengths=(7, 4, 5), seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, 60, (n,), generator=gen) for n in lengths]
+prompts = tiny_llada_prompts
 
 
 def gens(count: int, seed: int = 10) -> list[torch.Generator]:

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from vispec.dllm.caches import Guidance
+from vispec.dllm.loop import count_tokens
 from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
 from vispec.dllm.callback import StopDecoding
 from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
@@ -303,8 +304,6 @@ class SpeculativeLoop:
         elapsed = time.perf_counter() - self.start_time
         finished_at = torch.where(torch.isnan(self.finished_at), torch.full_like(self.finished_at, elapsed),
                                   self.finished_at)
-        from vispec.dllm.loop import count_tokens
-
         labels = {"scheduler": type(self.scheduler).__name__, "cache": "none",
                   "speculative": {"draft_length": self.k}}
         if self.interrupted:
