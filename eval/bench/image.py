@@ -516,32 +516,56 @@ def format_throughput_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+FAMILY_COLOURS = {"exact": (0, 110, 0), "budget": (20, 60, 200), "budget, annealed": (120, 40, 200),
+                  "budget, neighbours": (0, 150, 170), "LANTERN": (200, 80, 0), "LANTERN++ (ratio)": (200, 0, 80),
+                  "GSD": (150, 110, 0), "lumina": (110, 110, 110)}
+
+
+def method_family(name: str) -> str:
+    """The curve a method's point belongs to in :func:`speed_fid_plot`: ``exact``, the budgeted rule (plain, annealed,
+    with codebook neighbours), LANTERN (``δ <= 1``), LANTERN++ (the ratio ``λ = δ > 1``), GSD or lumina."""
+    rule = DecodingConfig.parse(name).rule
+    if rule.rule == "budget":
+        if rule.budget_neighbors:
+            return "budget, neighbours"
+        return "budget, annealed" if (rule.budget_decay, rule.budget_end) != (1.0, 1.0) else "budget"
+    if rule.rule == "lantern":
+        return "LANTERN++ (ratio)" if rule.lantern_delta > 1 else "LANTERN"
+    return {"gsd": "GSD", "lumina": "lumina"}.get(rule.rule, "exact")
+
+
 def speed_fid_plot(result: dict, path: str, size: tuple[int, int] = (900, 600), commits: bool = True) -> str:
-    """A PNG of step compression (x) against FID (y), one labelled point per method, with the AR
-    sampling-noise band and the FID = 1.1 x AR line; the y label names the FID features (``config["fid_features"]``).
-    With ``commits`` (and a result whose methods carry the histogram) also the histogram of tokens committed per
-    pass next to it, ``<path stem>.commits.png`` (:func:`vispec.eval.bench.commits.commits_plot`). Drawn with PIL
-    (no plotting dependency). Returns ``path``."""
+    """A PNG of step compression (x) against FID (y, logarithmic when it spans more than 3x), one point per method,
+    the points of a family (:func:`method_family`) joined in order of compression and coloured alike (a legend
+    names them), with the AR sampling-noise band and the FID = 1.1 x AR line; the y label names the FID features
+    (``config["fid_features"]``). With ``commits`` (and a result whose methods carry the histogram) also the histogram
+    of tokens committed per pass next to it, ``<path stem>.commits.png`` (:func:`vispec.eval.bench.commits.commits_plot`).
+    Drawn with PIL (no plotting dependency). Returns ``path``."""
     if commits and format_commits_table(result):
         commits_plot(result, path, size)
     from PIL import Image, ImageDraw
 
-    rows = {name: r for name, r in result["methods"].items() if not name.startswith("ar-reseed")}
+    rows = {name: r for name, r in result["methods"].items() if not name.startswith("ar-reseed") and "fid" in r}
     noise = result["noise"]
     xs = [r["step_compression"] for r in rows.values()]
     ys = [r["fid"] for r in rows.values()] + [noise["fid_mean"] * 1.1, noise["fid_mean"] - noise["fid_interval"]]
     x_lo, x_hi = 0.9, max(xs) * 1.1
     y_lo, y_hi = min(ys) * 0.95, max(ys) * 1.05
+    log_y = y_hi / max(y_lo, 1e-9) > 3
     w, h = size
     left, right, top, bottom = 70, 30, 30, 60
     image = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(image)
 
+    def scale_y(y: float) -> float:
+        return math.log(max(y, 1e-9)) if log_y else y
+
     def at(x: float, y: float) -> tuple[float, float]:
-        return (left + (x - x_lo) / (x_hi - x_lo) * (w - left - right), top + (y_hi - y) / (y_hi - y_lo) * (h - top - bottom))
+        return (left + (x - x_lo) / (x_hi - x_lo) * (w - left - right),
+                top + (scale_y(y_hi) - scale_y(y)) / (scale_y(y_hi) - scale_y(y_lo)) * (h - top - bottom))
 
     band_top, band_bottom = noise["fid_mean"] + noise["fid_interval"], noise["fid_mean"] - noise["fid_interval"]
-    draw.rectangle([at(x_lo, band_top), at(x_hi, band_bottom)], fill=(225, 235, 250))
+    draw.rectangle([at(x_lo, band_top), at(x_hi, max(band_bottom, y_lo))], fill=(225, 235, 250))
     draw.line([at(x_lo, noise["fid_mean"] * 1.1), at(x_hi, noise["fid_mean"] * 1.1)], fill=(200, 60, 60), width=1)
     draw.text(at(x_lo, noise["fid_mean"] * 1.1), " FID = 1.1 x AR mean", fill=(200, 60, 60))
     draw.text(at(x_lo, band_top), " AR sampling noise (95%)", fill=(80, 110, 170))
@@ -549,18 +573,29 @@ def speed_fid_plot(result: dict, path: str, size: tuple[int, int] = (900, 600), 
     draw.line([(left, top), (left, h - bottom)], fill="black")
     for i in range(6):
         x = x_lo + (x_hi - x_lo) * i / 5
-        y = y_lo + (y_hi - y_lo) * i / 5
+        y = math.exp(scale_y(y_lo) + (scale_y(y_hi) - scale_y(y_lo)) * i / 5) if log_y else y_lo + (y_hi - y_lo) * i / 5
         px, _ = at(x, y_lo)
         _, py = at(x_lo, y)
         draw.text((px - 10, h - bottom + 5), f"{x:.2f}", fill="black")
         draw.text((5, py - 6), f"{y:.2f}", fill="black")
     draw.text((w // 2 - 120, h - 25), "step compression vs AR (forwards per image)", fill="black")
     features = result["config"].get("fid_features", "tiny-c2i evaluator features").split(" (")[0]
-    draw.text((5, 5), f"FID ({features})", fill="black")
+    draw.text((5, 5), f"FID ({features})" + (", log scale" if log_y else ""), fill="black")
+    families: dict[str, list[tuple[float, float, str]]] = {}
     for name, r in rows.items():
-        px, py = at(r["step_compression"], r["fid"])
-        colour = (200, 80, 0) if "+" in name else (0, 110, 0)
-        draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill=colour)
-        draw.text((px + 6, py - 6), name, fill=colour)
+        families.setdefault(method_family(name), []).append((r["step_compression"], r["fid"], name))
+    for k, (family, points) in enumerate(sorted(families.items())):
+        colour = FAMILY_COLOURS.get(family, (0, 0, 0))
+        points.sort()
+        if family != "exact" and len(points) > 1:
+            draw.line([at(x, y) for x, y, _ in points], fill=colour, width=2)
+        for x, y, name in points:
+            px, py = at(x, y)
+            draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill=colour)
+            label = name.split("+", 1)[1].split(":", 1)[-1] if family != "exact" else name.split(":")[0]
+            draw.text((px + 6, py - 6), label, fill=colour)
+        lx, ly = w - right - 190, top + 14 * k
+        draw.rectangle([lx, ly + 3, lx + 8, ly + 11], fill=colour)
+        draw.text((lx + 12, ly), family, fill=colour)
     image.save(path)
     return path

@@ -144,3 +144,17 @@ def test_commits_plot_writes_a_png_of_the_requested_size_next_to_the_plot(tmp_pa
     stripped = {**result, "methods": {k: {m: v for m, v in r.items() if m != commits.KEY} for k, r in result["methods"].items()}}
     image.speed_fid_plot(stripped, str(tmp_path / "old.png"))  # a result without histograms: the speed/FID plot only
     assert (tmp_path / "old.png").exists() and not (tmp_path / "old.commits.png").exists()
+
+
+def test_speed_fid_plot_joins_each_family_of_relaxed_rules(tmp_path):
+    assert [image.method_family(m) for m in ("mc-sjd", "mc-sjd+budget:delta=0.1", "sjd+budget:delta=0.2,decay=0.8",
+                                             "mc-sjd+budget:delta=0.1,neighbors=50", "mc-sjd+lantern:k=100,delta=0.1",
+                                             "mc-sjd+lantern:k=10,delta=2", "gsd", "sjd+lumina")] == [
+        "exact", "budget", "budget, annealed", "budget, neighbours", "LANTERN", "LANTERN++ (ratio)", "GSD", "lumina"]
+    result = _image_result()
+    for k, (name, x, fid) in enumerate([("mc-sjd+budget:delta=0.05", 3.9, 2.6), ("mc-sjd+budget:delta=0.2", 5.0, 3.1),
+                                        ("mc-sjd+lantern:k=100,delta=0.1", 6.1, 30.0)]):
+        result["methods"][name] = {"step_compression": x, "fid": fid}
+    path = image.speed_fid_plot(result, str(tmp_path / "curve.png"), size=(600, 400), commits=False)
+    with Image.open(path) as png:  # FID spans more than 3x: a log axis; the drawing itself is checked by eye
+        assert png.size == (600, 400)

@@ -51,7 +51,7 @@ from vispec.decoding.neighbors import NeighborTables, codebook_neighbors
 from vispec.kernels.verify import Drafts, SampleRequest
 from vispec.sampling import SamplingConfig, warp_logits
 
-RULES = ("exact", "lantern", "gsd", "lumina")
+RULES = ("exact", "budget", "lantern", "gsd", "lumina")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,16 @@ class AcceptanceConfig:
     """Which acceptance rule verification uses, with its parameters.
 
     Args:
-        rule: ``"exact"`` (lossless, the default), ``"lantern"``, ``"gsd"`` or ``"lumina"`` (all lossy).
+        rule: ``"exact"`` (lossless, the default), ``"budget"`` (lossy within a TV budget per verification),
+            ``"lantern"``, ``"gsd"`` or ``"lumina"`` (lossy, unbounded).
+        budget_delta: the budget rule's TV budget ``δ`` in ``[0, 1]`` per verification (default 0.1; 0 is exact).
+        budget_decay: window annealing, in ``(0, 1]``: window row ``j`` (the ``j``-th draft) gets ``δ decay^j``
+            (COOL-SD's decreasing relaxation along the window; default 1, no decay).
+        budget_end: image annealing, in ``[0, 1]``: the budget falls linearly along the image, from ``δ`` at the
+            first token to ``δ end`` at the last (default 1, no decay). Both factors multiply.
+        budget_neighbors: ``k > 0`` restricts moves to codebook neighbours: mass reaches token ``y`` only from
+            ``y``'s ``k`` nearest codebook entries (perceptual closeness; needs the VQ codebook). 0: any token of
+            the target's support (default).
         lantern_k: neighbours per token (LANTERN's default 1000; 0 makes the rule exact).
         lantern_delta: TV budget ``δ <= 1``, or LANTERN++'s ratio ``λ = δ > 1`` (default 0.1).
         lantern_normalize: neighbours by L2-normalised codebook vectors (LANTERN uses raw weights).
@@ -72,6 +81,10 @@ class AcceptanceConfig:
     """
 
     rule: str = "exact"
+    budget_delta: float = 0.1
+    budget_decay: float = 1.0
+    budget_end: float = 1.0
+    budget_neighbors: int = 0
     lantern_k: int = 1000
     lantern_delta: float = 0.1
     lantern_normalize: bool = False
@@ -85,6 +98,10 @@ class AcceptanceConfig:
         if self.rule not in RULES:
             raise ValueError(f"acceptance rule must be one of {RULES}, got {self.rule!r}")
         check_int("lantern_k", self.lantern_k, minimum=0)
+        check_number("budget_delta", self.budget_delta, minimum=0, maximum=1)
+        check_number("budget_decay", self.budget_decay, minimum=0, maximum=1, exclusive_minimum=True)
+        check_number("budget_end", self.budget_end, minimum=0, maximum=1)
+        check_int("budget_neighbors", self.budget_neighbors, minimum=0)
         for name in ("lantern_delta", "gsd_p_thr", "gsd_d_thr"):
             check_number(name, getattr(self, name), minimum=0)
         check_int("gsd_half_width", self.gsd_half_width, minimum=1)
@@ -99,6 +116,11 @@ class AcceptanceConfig:
 
     @property
     def name(self) -> str:
+        if self.rule == "budget":
+            options = [f"delta={self.budget_delta:g}"] + [f"{key}={getattr(self, 'budget_' + key):g}" for key, default in
+                                                         (("decay", 1.0), ("end", 1.0), ("neighbors", 0))
+                                                         if getattr(self, "budget_" + key) != default]
+            return "budget:" + ",".join(options)
         if self.rule == "lantern":
             return f"lantern:k={self.lantern_k},delta={self.lantern_delta:g}" + (",normalize=1" if self.lantern_normalize else "")
         if self.rule == "gsd":
@@ -114,8 +136,8 @@ class AcceptanceConfig:
 
     @classmethod
     def parse(cls, spec: Union[None, str, "AcceptanceConfig"]) -> "AcceptanceConfig":
-        """``None``/``"exact"``, ``"lantern"``, ``"lantern:k=50,delta=0.2,normalize=1"``, ``"gsd:half_width=5"``,
-        ``"lumina"``, ``"lumina:reprocess=0"``."""
+        """``None``/``"exact"``, ``"budget:delta=0.1,decay=0.9,end=0.5,neighbors=50"``, ``"lantern"``,
+        ``"lantern:k=50,delta=0.2,normalize=1"``, ``"gsd:half_width=5"``, ``"lumina"``, ``"lumina:reprocess=0"``."""
         if spec is None:
             return cls()
         if isinstance(spec, cls):
@@ -188,13 +210,22 @@ class AcceptanceRule:
         rows = (request.residual & (target.row_sample >= 0) & (drafts.tokens >= 0)).nonzero().squeeze(1)
         residual_tokens = torch.full((target.num_rows,), -1, dtype=torch.int64, device=target.device)
         if rows.numel():
-            p = target.probabilities()
-            weights = self.target_residual(target, p[rows], drafts.tokens[rows], drafts.dense(rows, target.vocab, p.dtype))
+            weights = self.rows_residual(target, rows, drafts)
             noise = (request.noise.residual[rows] if request.noise is not None else
                      target.race_noise(rows, torch.full_like(rows, int(Stream.RESIDUAL)), request.residual_draws[rows]))
             residual_tokens[rows] = verify.sample_from_weights(weights, noise)
         request.residual = torch.zeros_like(request.residual)
         return residual_tokens, target.sample(request)[1]
+
+    def rows_residual(self, target: Target, rows: Tensor, drafts: Drafts) -> Tensor:
+        """``[len(rows), V]`` what the given rejected rows of ``target`` sample from (:meth:`target_residual`)."""
+        p = target.probabilities()
+        return self.target_residual(target, p[rows], drafts.tokens[rows], drafts.dense(rows, target.vocab, p.dtype))
+
+    def for_verification(self, target: Target, drafts: Drafts, slots: Tensor, num_tokens: Optional[int]) -> "AcceptanceRule":
+        """The rule for one verification of ``target`` (``slots [T]``: each row's window row, ``num_tokens``: the
+        image's length, None if unknown): itself, or a rule bound to the rows (the budgeted rule's per-row budgets)."""
+        return self
 
     def measure_tv(self, target: Target, rows: Tensor, drafts: Drafts) -> Tensor:
         """``[len(rows)]`` :meth:`output_tv` of the given rows of a verification."""
@@ -439,7 +470,7 @@ def build_rule(config: Union[None, str, AcceptanceConfig, AcceptanceRule], *, co
                tables: Optional[NeighborTables] = None) -> AcceptanceRule:
     """The rule for ``config`` (a built rule is returned as it is): where every decoder and pipeline builds one.
 
-    LANTERN needs the VQ ``codebook`` ``[V, D]`` or a precomputed ``neighbors`` table; with ``tables`` the
+    The budgeted rule (:mod:`vispec.decoding.budget`) needs the codebook only with ``neighbors``. LANTERN needs the VQ ``codebook`` ``[V, D]`` or a precomputed ``neighbors`` table; with ``tables`` the
     codebook's table comes from that cache (:class:`vispec.decoding.neighbors.NeighborTables`, computed once
     per codebook). GSD needs the AR model's input token ``embeddings`` ``[V, D]``; Lumina-mGPT 2.0's rule
     needs nothing. ``codebook`` and ``embeddings`` may be functions, called only when the rule needs them
@@ -447,6 +478,17 @@ def build_rule(config: Union[None, str, AcceptanceConfig, AcceptanceRule], *, co
     if isinstance(config, AcceptanceRule):
         return config
     config = AcceptanceConfig.parse(config)
+    if config.rule == "budget":
+        from vispec.decoding.budget import BudgetRule  # it builds on this module
+
+        k = config.budget_neighbors
+        if k and neighbors is None:
+            book = codebook() if callable(codebook) else codebook
+            if book is None:
+                raise ValueError(f"acceptance 'budget' with neighbors={k} needs the tokenizer's codebook (a VQ model with "
+                                 "quantize.embedding), or a precomputed neighbour table")
+            neighbors = tables.table(book, k, False) if tables is not None else codebook_neighbors(book, k)
+        return BudgetRule(config, neighbors)
     if config.rule == "lantern":
         if neighbors is None:
             book = codebook() if callable(codebook) else codebook
@@ -482,6 +524,7 @@ class TVTracker:
         self.total = torch.zeros(batch, dtype=torch.float64, device=device)
         self.count = torch.zeros(batch, dtype=torch.float64, device=device)
         self.worst = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.budget: Optional[dict[str, Tensor]] = None  # the budgeted rule's sums (record_budget)
 
     def measure(self, target: Target, rule: AcceptanceRule, ids: Tensor, num_drafts: Tensor, width: int, drafts: Drafts) -> None:
         """``target`` rows ``b * width`` are the first draft rows of the active samples ``ids``."""
@@ -493,6 +536,25 @@ class TVTracker:
         self.total.index_add_(0, at, tv)
         self.count.index_add_(0, at, torch.ones_like(tv))
         self.worst[at] = torch.maximum(self.worst[at], tv)
+
+    def record_budget(self, ids: Tensor, decided: Tensor, moved: Tensor, budget: Tensor, binding: Tensor) -> None:
+        """Add the budgeted rule's verifications that decided a token (``decided [B, W]``, rows of samples ``ids``):
+        the mass each moved, its budget, and whether the budget was binding (:mod:`vispec.decoding.budget`)."""
+        if self.budget is None:
+            self.budget = {name: torch.zeros_like(self.total) for name in ("tv_bound", "tv_budget", "binding", "verifications")}
+        for name, values in (("tv_bound", moved), ("tv_budget", budget), ("binding", binding), ("verifications", decided)):
+            self.budget[name].index_add_(0, ids, (values.double() * decided).sum(1))
+
+    def budget_result(self) -> dict[str, Tensor]:
+        """Per sample: ``tv_bound`` (Σ of the moved mass, the TV budget used: its expectation bounds the joint
+        distribution's TV from the exact one), ``tv_budget`` (Σ of the budgets: the worst case), ``budget_binding``
+        (the share of verifications where the budget limited the move) and ``verifications``; empty for other rules."""
+        if self.budget is None:
+            return {}
+        count = self.budget["verifications"]
+        binding = torch.where(count > 0, self.budget["binding"] / count.clamp_min(1), torch.full_like(count, float("nan")))
+        return {"tv_bound": self.budget["tv_bound"].cpu(), "tv_budget": self.budget["tv_budget"].cpu(),
+                "budget_binding": binding.cpu(), "verifications": count.long().cpu()}
 
     def result(self) -> tuple[Tensor, Tensor]:
         """``(mean, max)`` per sample, NaN where nothing was measured."""

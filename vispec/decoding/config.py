@@ -8,9 +8,9 @@ benchmarks)::
              | "sjd-pac" ["-maximal" | "-gumbel"] | "sd" | "gsd"     ("gsd" is short for "sjd+gsd")
     option  := key "=" value, key in window, init, coupling, tree_width, tree_depth, guidance_scale, temperature,
                top_k, top_p, cfg_interval
-    rule    := "exact" | "lantern" | "gsd" | "lumina"  (options: vispec.decoding.acceptance.AcceptanceConfig)
+    rule    := "exact" | "budget" | "lantern" | "gsd" | "lumina"  (options: vispec.decoding.acceptance.AcceptanceConfig)
 
-e.g. ``"mc-sjd"``, ``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.1"``, ``"sd:window=3"``,
+e.g. ``"mc-sjd"``, ``"sjd-vertical:window=8"``, ``"mc-sjd+budget:delta=0.1"``, ``"mc-sjd+lantern:k=100,delta=0.1"``, ``"sd:window=3"``,
 ``"sjd-pac:window=64,tree_width=3,tree_depth=3"`` (SJD-PAC's published setting).
 :attr:`DecodingConfig.name` writes a config back in this grammar with only its non-default settings,
 so ``DecodingConfig.parse(config.name) == config``; :attr:`DecodingConfig.method` is the same
@@ -56,7 +56,7 @@ TREE_KEYS = ("tree_width", "tree_depth")
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "cfg_interval")
 SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], sjd-pac[-maximal|-gumbel], sd or gsd, optionally followed by "
              "':key=value,...' (window, init, coupling, tree_width, tree_depth, sampling settings) and '+rule' (exact, "
-             "lantern[:k=..,delta=..], gsd[:half_width=..], lumina)")
+             "budget[:delta=..,decay=..,end=..,neighbors=..], lantern[:k=..,delta=..], gsd[:half_width=..], lumina)")
 
 
 class PipelineComponent(SchedulerMixin):
@@ -132,8 +132,9 @@ class DecodingConfig(PipelineComponent):
             candidates per node on the first ``D - 1`` levels below the pending token (``D`` levels with
             it); the window holds the tree's ``(K^D - 1) / (K - 1)`` slots and a chain filling the rest.
             Defaults 3 and 3 (the paper's code); other strategies keep the defaults.
-        acceptance: the acceptance rule, ``"exact"`` (default) or a lossy one (``"lantern"``, ``"gsd"``, with
-            options, or ``"lumina"``, Lumina-mGPT 2.0's biased rule; :mod:`vispec.decoding.acceptance`). Stored in
+        acceptance: the acceptance rule, ``"exact"`` (default) or a lossy one: ``"budget"`` (output within a TV
+            budget of the target per verification, :mod:`vispec.decoding.budget`), ``"lantern"``, ``"gsd"`` (with
+            options), or ``"lumina"`` (Lumina-mGPT 2.0's biased rule; :mod:`vispec.decoding.acceptance`). Stored in
             canonical form.
         guidance_scale, temperature, top_k, top_p, cfg_interval: the default target distribution
             (:class:`vispec.sampling.SamplingConfig`), so a saved pipeline carries the sampling settings

@@ -127,7 +127,8 @@ def decode_sd(model: SpeculativeARModel, drafter: SpeculativeARModel, condition:
         # 3. verify
         row_drafts = torch.cat([drafts, torch.full_like(n[:, None], -1)], dim=1)
         verified = verify_window(target, rule, row_drafts, drafts_b, drafts_b + 1, batch.nfe, DRAFT_MODEL, q=q,
-                                 q_dense=slot[None, :] < drafts_b[:, None], tv=tv, ids=batch.ids)
+                                 q_dense=slot[None, :] < drafts_b[:, None], tv=tv, ids=batch.ids,
+                                 num_tokens=num_tokens)
 
         # 4. commit; 5. keep the target's KV of z, d_1 .. d_m
         batch.commit(verified.num_accepted, verified.next_token)

@@ -112,7 +112,8 @@ def sjd_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optiona
     drafts = torch.where(slot[None, :] < (width - 1)[:, None], drafts, torch.full_like(drafts, -1))
     next_q = torch.zeros_like(draft_q)
     verified = verify_window(target, step.rule, drafts, width - 1, width, batch.nfe, step.coupling, q=draft_q,
-                             q_dense=slot[None, :] < draft_count[:, None], store_q=next_q, tv=step.tv, ids=batch.ids)
+                             q_dense=slot[None, :] < draft_count[:, None], store_q=next_q, tv=step.tv, ids=batch.ids,
+                             num_tokens=job.num_tokens)
     m = verified.num_accepted
 
     # 4. commit d_1 .. d_m (already in the buffer) and x_{m+1}

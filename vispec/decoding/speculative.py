@@ -89,6 +89,7 @@ def verify_window(
     store_q: Optional[Tensor] = None,
     tv: Optional[TVTracker] = None,
     ids: Optional[Tensor] = None,
+    num_tokens: Optional[int] = None,
 ) -> Verified:
     """Verify a padded batch of windows in one go (module docstring).
 
@@ -103,7 +104,9 @@ def verify_window(
             else its draft is one-hot (an initialised draft).
         store_q: ``[B, Wq, V]``: the ``P`` rows after the first rejection are written here, row ``j``
             at ``[b, j - m - 1]`` (they become the next pass's draft distributions).
-        tv, ids: with a lossy rule, its measured TV per sample (``ids``: the samples' batch ids).
+        tv, ids: with a lossy rule, its measured TV per sample (``ids``: the samples' batch ids), and with the
+            budgeted rule the budget each committed verification used.
+        num_tokens: the image's length ``N`` (the budgeted rule's annealing along the image).
     """
     batch, slots = drafts.shape
     slot = torch.arange(slots, device=drafts.device)
@@ -118,6 +121,8 @@ def verify_window(
 
     # the exact rule goes straight to the target's kernels; a relaxed one works on its dense probability rows
     exact = rule.lossless
+    if not exact:  # bound to this verification's rows (the budgeted rule's per-row budgets)
+        rule = rule.for_verification(target, row_drafts, slot.expand(batch, slots).reshape(-1), num_tokens)
     accepted = (target.accept(row_drafts, flat_draws) if exact else rule.accept_drafts(target, row_drafts, flat_draws))
     accepted = accepted.view(batch, slots)
     if tv is not None:
@@ -125,6 +130,8 @@ def verify_window(
     m = target.first_rejection(accepted.reshape(-1), sample[:, 0] * slots, num_drafts, width=slots)
 
     is_draft = slot[None, :] < num_drafts[:, None]
+    if tv is not None and hasattr(rule, "used"):  # the verifications that decide a token: rows 0 .. m
+        tv.record_budget(ids, is_draft & (slot[None, :] <= m[:, None]), *(t.view(batch, slots) for t in rule.used(batch * slots)))
     residual = is_draft & (~accepted if coupling.every_rejection else slot[None, :] == m[:, None])
     all_accepted = (m == num_drafts)[:, None]
     if coupling.fresh == "last":
@@ -385,4 +392,5 @@ class RaggedBatch:
                             commits=self._commits.cpu())
         if tv is not None:
             stats.tv_mean, stats.tv_max = tv.result()
+            stats.extra.update(tv.budget_result())
         return DecodeOutput(tokens=self._tokens, stats=stats, method=method)
