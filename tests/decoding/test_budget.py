@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 from scipy.optimize import linprog
 
 from helpers import tiny_gpt
 from vispec.decoding import DecodingConfig, decode
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
-from vispec.decoding.budget import BudgetRule
+from vispec.decoding.budget import BudgetRule, BudgetVerification
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
 
@@ -46,29 +47,33 @@ def _tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("delta", [0.0, 0.01, 0.1, 0.4, 1.0])
 @pytest.mark.parametrize("draft", ["dense", "one-hot"])
-def test_relaxed_target_is_a_distribution_within_budget_on_the_support(delta, draft):
-    """Claims (1) and (4): p̃ is a distribution on p's support with TV(p̃, p) = moved <= δ."""
+@pytest.mark.parametrize("ratio", [0.0, 1.5])
+def test_relaxed_target_is_a_distribution_within_budget_on_the_support(delta, draft, ratio):
+    """Claims (1) and (4): p̃ is a distribution on p's support with TV(p̃, p) = moved <= δ (and p̃ <= λ p)."""
     p = _rows(256, 16, seed=1, keep=6)
     q = _rows(256, 16, seed=2, scale=1.5) if draft == "dense" else _one_hot(256, 16, seed=2)
-    relaxed = _rule(delta).relax(p, q)
+    relaxed = _rule(delta, ratio=ratio).relax(p, q)
     p_tilde = relaxed.p_tilde
     assert float(p_tilde.min()) >= 0 and torch.allclose(p_tilde.sum(-1), torch.ones(256, dtype=torch.float64), atol=TOL)
     assert float(p_tilde[p == 0].abs().max()) == 0.0, "mass moved onto a token the sampling filters removed"
     tv = _tv(p_tilde, p)
     assert float((tv - relaxed.moved).abs().max()) < TOL
     assert float(tv.max()) <= delta + TOL
+    if ratio:
+        assert float((p_tilde - ratio * p).max()) <= TOL
     if delta > 0:
         assert float(tv.max()) > 0  # it does relax
 
 
 @pytest.mark.parametrize("draft", ["dense", "one-hot"])
-def test_acceptance_gain_is_the_optimum_of_the_linear_program(draft):
-    """Claim (2): Σ min(p̃, q) = Σ min(p, q) + min(δ, E, D), and no distribution on the support within δ of p does
-    better (scipy's LP solver, an independent computation)."""
+@pytest.mark.parametrize("ratio", [0.0, 1.5])
+def test_acceptance_gain_is_the_optimum_of_the_linear_program(draft, ratio):
+    """Claim (2): Σ min(p̃, q) = Σ min(p, q) + min(δ, E, D), and no distribution on the support within δ of p (and
+    below λ p) does better (scipy's LP solver, an independent computation)."""
     vocab, delta = 7, 0.15
     p = _rows(12, vocab, seed=3, keep=5)
     q = _rows(12, vocab, seed=4, scale=1.2) if draft == "dense" else _one_hot(12, vocab, seed=4)
-    relaxed = _rule(delta).relax(p, q)
+    relaxed = _rule(delta, ratio=ratio).relax(p, q)
     gain = torch.minimum(relaxed.p_tilde, q).sum(-1)
     for i in range(p.shape[0]):
         # variables r (V), s = min(r, q) (V), t = |r - p| (V): maximise Σ s
@@ -79,13 +84,14 @@ def test_acceptance_gain_is_the_optimum_of_the_linear_program(draft):
                          [np.zeros((1, vocab)), np.zeros((1, vocab)), 0.5 * np.ones((1, vocab))]])  # Σ t / 2 <= δ
         b_ub = np.concatenate([np.zeros(vocab), qi, pi, -pi, [delta]])
         a_eq = np.concatenate([np.ones(vocab), np.zeros(2 * vocab)])[None]
-        bounds = [(0, None if pi[v] > 0 else 0) for v in range(vocab)] + [(0, None)] * (2 * vocab)
+        bounds = [(0, ratio * pi[v] if ratio else (None if pi[v] > 0 else 0)) for v in range(vocab)] + [(0, None)] * (2 * vocab)
         best = linprog(-np.concatenate([np.zeros(vocab), np.ones(vocab), np.zeros(vocab)]), A_ub=a_ub, b_ub=b_ub,
                        A_eq=a_eq, b_eq=[1.0], bounds=bounds, method="highs")
         assert best.status == 0
         assert abs(float(gain[i]) + best.fun) < 1e-7, f"row {i}: rule {float(gain[i]):.6f}, LP optimum {-best.fun:.6f}"
     overlap = torch.minimum(p, q).sum(-1)
-    excess, deficit = (p - q).clamp_min(0).sum(-1), torch.where(p > 0, (q - p).clamp_min(0), 0).sum(-1)
+    room = (ratio - 1) * p if ratio else torch.where(p > 0, 1.0, 0.0)
+    excess, deficit = (p - q).clamp_min(0).sum(-1), torch.minimum((q - p).clamp_min(0), room).sum(-1)
     assert torch.allclose(gain, overlap + torch.minimum(torch.full_like(excess, delta), torch.minimum(excess, deficit)), atol=TOL)
 
 
@@ -132,12 +138,13 @@ def test_row_budgets_anneal_along_the_window_and_the_image():
 
 
 def test_spec_grammar_and_bad_options():
-    config = DecodingConfig.parse("mc-sjd+budget:delta=0.05,decay=0.9,neighbors=50")
-    assert config.acceptance == "budget:delta=0.05,decay=0.9,neighbors=50"
+    config = DecodingConfig.parse("mc-sjd+budget:delta=0.05,decay=0.9,ratio=2,neighbors=50")
+    assert config.acceptance == "budget:delta=0.05,decay=0.9,ratio=2,neighbors=50"
     assert DecodingConfig.parse(config.name) == config
     assert DecodingConfig.parse("sjd+budget").acceptance == "budget:delta=0.1"
     for spec, words in [("mc-sjd+budget:delta=1.5", "budget_delta"), ("mc-sjd+budget:decay=0", "budget_decay"),
                         ("mc-sjd+budget:end=-1", "budget_end"), ("mc-sjd+budget:neighbors=-2", "budget_neighbors"),
+                        ("mc-sjd+budget:ratio=0.5", "budget_ratio"),
                         ("mc-sjd+budget:k=3", "unknown option"), ("sjd-pac+budget", "exact rule only")]:
         with pytest.raises(ValueError, match=words):
             DecodingConfig.parse(spec)
@@ -190,7 +197,7 @@ class Recorder:
     budgets (the rows that carry a draft)."""
 
     def __init__(self):
-        self.p, self.q, self.budget = [], [], []
+        self.p, self.q, self.budget, self.tokens = [], [], [], []
 
     def wrap(self, rule: AcceptanceRule) -> None:
         bind = rule.for_verification
@@ -201,6 +208,7 @@ class Recorder:
             p = target.probabilities()[rows]
             self.p.append(p.double())
             self.q.append(drafts.dense(rows, target.vocab, torch.float64))
+            self.tokens.append(drafts.tokens[rows])
             if hasattr(bound, "relaxation"):
                 self.budget.append(bound.relaxation.budget)
             else:
@@ -240,8 +248,8 @@ def _long_run(pipe, spec: str, recorder: Recorder) -> int:
     return sum(p.shape[0] for p in recorder.p)
 
 
-@pytest.mark.parametrize("spec", ["mc-sjd+budget:delta=0.1", "mc-sjd+budget:delta=0.3,decay=0.8,end=0.5",
-                                  "sjd+budget:delta=0.05,neighbors=100"])
+@pytest.mark.parametrize("spec", ["mc-sjd+budget:delta=0.1", "mc-sjd+budget:delta=0.3,decay=0.8,end=0.5,ratio=2",
+                                  "sjd+budget:delta=0.05,neighbors=16"])
 def test_every_verification_of_a_long_run_stays_within_its_budget(tiny_c2i, spec):
     recorder = Recorder()
     count = _long_run(tiny_c2i, spec, recorder)
@@ -256,10 +264,51 @@ def test_every_verification_of_a_long_run_stays_within_its_budget(tiny_c2i, spec
 
 def test_negative_control_lantern_at_dense_drafts_fails_the_budget_check(tiny_c2i):
     recorder = Recorder()
-    spec = "mc-sjd+lantern:k=100,delta=0.1"
+    spec = "mc-sjd+lantern:k=20,delta=0.1"
     _long_run(tiny_c2i, spec, recorder)
     p, q, budget = recorder.rows()
     rule = build_rule(DecodingConfig.parse(spec).acceptance, codebook=tiny_c2i.codebook)
     violations, worst = budget_violations(rule, p, q, budget)
     print(f"\n{spec}: {violations} of {p.shape[0]} verifications over δ = 0.1, worst by {worst:.3f}")
     assert violations > 0, "the budget check cannot tell LANTERN's unbounded dense-draft verifications apart"
+
+
+# ---- the drafts a verification tests are distributed as the q it tests them with -------------------------------
+
+def randomized_pit(q: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """``F_q(x-) + V q(x)`` per row, ``V ~ U(0, 1)``: uniform on (0, 1) exactly when each draft ``x`` is drawn from
+    its row's ``q`` given everything before (a probability integral transform for discrete laws)."""
+    before = q.cumsum(-1).gather(-1, tokens[:, None]).squeeze(-1) - q.gather(-1, tokens[:, None]).squeeze(-1)
+    jitter = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return before + jitter * q.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _drafts_pit(spec: str, monkeypatch=None) -> tuple[float, int]:
+    model = _small_model()
+    recorder = Recorder()
+    rule = build_rule(DecodingConfig.parse(spec).acceptance)
+    recorder.wrap(rule)
+    condition = LlamaGenCondition(class_labels=torch.arange(5).repeat(4))
+    decode(model, condition, num_tokens=48, sampling=SamplingConfig(temperature=1.0, top_k=20, guidance_scale=2.0),
+           decoding=spec, acceptance=rule, generator=torch.Generator().manual_seed(6))
+    q, tokens = torch.cat(recorder.q), torch.cat(recorder.tokens)
+    dense = q.max(-1).values < 1
+    u = randomized_pit(q[dense], tokens[dense])
+    return float(stats.kstest(u.numpy(), "uniform").pvalue), int(dense.sum())
+
+
+@pytest.mark.parametrize("spec", ["mc-sjd+budget:delta=0.3", "sjd+budget:delta=0.3", "mc-sjd-gumbel+budget:delta=0.3"])
+def test_drafts_follow_the_distribution_they_are_verified_with(spec):
+    """The exactness of each verification (claim 3) needs the draft to be drawn from the q it is tested with: MC-SJD's
+    maximal coupling keeps a row's coupled output, distributed as p̃, so p̃ must be stored as the next q.
+    Kolmogorov-Smirnov test of the drafts' randomized PIT under their q against U(0, 1)."""
+    p_value, count = _drafts_pit(spec)
+    print(f"\n{spec}: {count} dense drafts, KS p = {p_value:.3f}")
+    assert count > 1500 and p_value > 1e-3
+
+
+def test_negative_control_storing_p_as_the_next_q_fails_the_draft_check(monkeypatch):
+    monkeypatch.setattr(BudgetVerification, "store_relaxed", lambda self, rows, out: None)
+    p_value, count = _drafts_pit("mc-sjd+budget:delta=0.3")
+    print(f"\nnegative control (P stored as the next q): {count} dense drafts, KS p = {p_value:.2e}")
+    assert p_value < 1e-3

@@ -91,6 +91,7 @@ CASES = [  # (rule, draft, window row)
     ("budget:delta=0.3", "one-hot", 0),
     ("budget:delta=0.4,decay=0.5,end=0.5", "dense", 2),
     ("budget:delta=0.3,neighbors=3", "dense", 0),
+    ("budget:delta=0.3,ratio=10", "dense", 1),
 ]
 
 

@@ -66,6 +66,8 @@ class AcceptanceConfig:
             (COOL-SD's decreasing relaxation along the window; default 1, no decay).
         budget_end: image annealing, in ``[0, 1]``: the budget falls linearly along the image, from ``δ`` at the
             first token to ``δ end`` at the last (default 1, no decay). Both factors multiply.
+        budget_ratio: ``λ >= 1`` also caps the relaxed target at ``λ p`` (no token's probability grows more than
+            ``λ``-fold, LANTERN++'s closeness; default 0: no cap).
         budget_neighbors: ``k > 0`` restricts moves to codebook neighbours: mass reaches token ``y`` only from
             ``y``'s ``k`` nearest codebook entries (perceptual closeness; needs the VQ codebook). 0: any token of
             the target's support (default).
@@ -84,6 +86,7 @@ class AcceptanceConfig:
     budget_delta: float = 0.1
     budget_decay: float = 1.0
     budget_end: float = 1.0
+    budget_ratio: float = 0.0
     budget_neighbors: int = 0
     lantern_k: int = 1000
     lantern_delta: float = 0.1
@@ -101,6 +104,9 @@ class AcceptanceConfig:
         check_number("budget_delta", self.budget_delta, minimum=0, maximum=1)
         check_number("budget_decay", self.budget_decay, minimum=0, maximum=1, exclusive_minimum=True)
         check_number("budget_end", self.budget_end, minimum=0, maximum=1)
+        check_number("budget_ratio", self.budget_ratio, minimum=0)
+        if 0 < self.budget_ratio < 1:
+            raise ValueError(f"budget_ratio must be 0 (no cap) or at least 1, got {self.budget_ratio!r}")
         check_int("budget_neighbors", self.budget_neighbors, minimum=0)
         for name in ("lantern_delta", "gsd_p_thr", "gsd_d_thr"):
             check_number(name, getattr(self, name), minimum=0)
@@ -118,7 +124,7 @@ class AcceptanceConfig:
     def name(self) -> str:
         if self.rule == "budget":
             options = [f"delta={self.budget_delta:g}"] + [f"{key}={getattr(self, 'budget_' + key):g}" for key, default in
-                                                         (("decay", 1.0), ("end", 1.0), ("neighbors", 0))
+                                                         (("decay", 1.0), ("end", 1.0), ("ratio", 0.0), ("neighbors", 0))
                                                          if getattr(self, "budget_" + key) != default]
             return "budget:" + ",".join(options)
         if self.rule == "lantern":
@@ -136,7 +142,7 @@ class AcceptanceConfig:
 
     @classmethod
     def parse(cls, spec: Union[None, str, "AcceptanceConfig"]) -> "AcceptanceConfig":
-        """``None``/``"exact"``, ``"budget:delta=0.1,decay=0.9,end=0.5,neighbors=50"``, ``"lantern"``,
+        """``None``/``"exact"``, ``"budget:delta=0.1,decay=0.9,end=0.5,ratio=2,neighbors=50"``, ``"lantern"``,
         ``"lantern:k=50,delta=0.2,normalize=1"``, ``"gsd:half_width=5"``, ``"lumina"``, ``"lumina:reprocess=0"``."""
         if spec is None:
             return cls()

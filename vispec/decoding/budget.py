@@ -9,30 +9,37 @@ relaxes the *target* instead, before the draft is looked at, and then verifies e
 ``S = {y : p(y) > 0}``), ``q`` the draft distribution (one-hot for an initialised draft) and a budget ``δ``::
 
     e = (p - q)_+                     excess of the target, E = Σ e
-    d = (q - p)_+ 1[y ∈ S]            deficit inside the allowed support, D = Σ d
+    d = min((q - p)_+, (λ - 1) p)     deficit inside the allowed support (p = 0 outside S), D = Σ d
     m = min(δ, E, D)                  the mass moved
     p̃ = p + m d / D - m e / E         (p̃ = p where m = 0)
+
+with ``λ`` the optional ratio cap (``ratio``; none by default, ``λ = ∞``: ``d = (q - p)_+`` on ``S``), which keeps
+``p̃ <= λ p``: no token's probability grows more than ``λ``-fold (LANTERN++'s closeness, here within the budget).
 
 Then the draft ``x ~ q`` is kept iff ``u q(x) < p̃(x)``, and a rejection samples ``(p̃ - q)_+`` (speculative
 sampling against ``p̃``; Leviathan et al. 2023, Theorem 1).
 
-**Claims.** (1) ``p̃`` is a distribution on ``S`` with ``TV(p̃, p) = m <= δ``. (2) Among all distributions ``r`` on
-``S`` with ``TV(r, p) <= δ``, ``p̃`` maximises the acceptance probability ``Σ min(r, q)``, which is
+**Claims.** (1) ``p̃`` is a distribution on ``S`` with ``TV(p̃, p) = m <= δ`` and ``p̃ <= λ p``. (2) Among all
+distributions ``r`` with ``TV(r, p) <= δ`` and ``r <= λ p`` (``r = 0`` outside ``S`` without a cap), ``p̃`` maximises the acceptance probability ``Σ min(r, q)``, which is
 ``Σ min(p, q) + min(δ, E, D)``. (3) One verification outputs exactly ``p̃``, whatever ``q`` is: the output's TV
 from ``p`` is ``m <= δ`` for every draft distribution, dense or one-hot. (4) No token outside ``S`` is ever
 output (``p̃`` and ``(p̃ - q)_+`` vanish there): the sampling filters are kept. (5) ``δ = 0`` is the exact rule.
 
 **Proof.** (1) ``e`` and ``d`` live on disjoint tokens, ``m <= E`` and ``m <= D``: on excess tokens
-``p̃ = p - m e / E >= p - e = q >= 0``; on deficit tokens ``p̃ = p + m d / D <= q``; elsewhere ``p̃ = p``.
+``p̃ = p - m e / E >= p - e = q >= 0``; on deficit tokens ``p̃ = p + m d / D <= p + d <= min(q, λ p)``;
+elsewhere ``p̃ = p``.
 The mass added equals the mass removed (``m``), so ``Σ p̃ = 1`` and ``TV = m``; ``d = 0`` outside ``S``.
 (2) Upper bound: for any ``r``, ``min(r, q) <= min(p, q) + (r - p)_+``, so ``Σ min(r, q) <= Σ min(p, q) + TV(r, p)
-<= Σ min(p, q) + δ``; on ``S``, ``min(r, q) <= q = min(p, q) + (q - p)_+`` where ``q > p``, so
+<= Σ min(p, q) + δ``; where ``q > p``, ``min(r, q) <= min(q, λ p) = p + d`` (``r = 0`` outside ``S``), so
 ``Σ min(r, q) <= Σ min(p, q) + D``; and ``Σ min(r, q) <= 1 = Σ min(p, q) + E``. Attained: on excess tokens
 ``p̃ >= q`` keeps ``min(p̃, q) = q = min(p, q)``; on deficit tokens ``min(p̃, q) = p̃ = p + m d / D``, a gain
 of ``m`` in total. (3) Speculative sampling with acceptance ``min(1, p̃(x) / q(x))`` and residual
 ``(p̃ - q)_+`` outputs ``p̃`` exactly; ``p̃`` is a function of ``(p, q, δ)``, fixed before the draft is drawn,
-so the argument holds as for the exact rule (and for SJD's and MC-SJD's drafts, whose exactness proofs only
-use that a verification outputs its target). (4), (5): ``p̃ = p`` when ``m = 0``.
+so the argument holds as for the exact rule. It needs the draft to be drawn from the ``q`` it is tested with:
+SJD's next drafts are fresh samples of ``p`` (stored ``q = p``), but MC-SJD's maximal coupling keeps each draft
+row's coupled output, distributed as ``p̃``, as the next draft, so ``p̃`` is stored as its ``q``
+(:meth:`BudgetVerification.store_relaxed`; storing ``p`` instead biases the next verification, a negative control
+of tests/decoding/test_budget.py). (4), (5): ``p̃ = p`` when ``m = 0``.
 
 **A whole image.** Building a coupling position by position, the law of the image is within
 ``E[Σ_t m_t] <= Σ_t δ_t`` of the AR law in total variation (the chain rule for TV), ``m_t`` being the mass moved
@@ -121,6 +128,8 @@ class BudgetRule(AcceptanceRule):
             budget = torch.full(p.shape[:1], self.delta, dtype=torch.float64, device=p.device)
         excess = (p64 - q64).clamp_min(0.0)
         deficit = torch.where(p64 > 0, (q64 - p64).clamp_min(0.0), torch.zeros_like(p64))
+        if self.config.budget_ratio:  # p̃ <= λ p
+            deficit = torch.minimum(deficit, (self.config.budget_ratio - 1.0) * p64)
         if self.neighbors is None:
             total_e, total_d = excess.sum(-1), deficit.sum(-1)
             available = torch.minimum(total_e, total_d)
@@ -233,6 +242,14 @@ class BudgetVerification(AcceptanceRule):
         relaxation = Relaxation(*(t[index] for t in (self.relaxation.p_tilde, self.relaxation.moved,
                                                      self.relaxation.available, self.relaxation.budget)))
         return _tv(self.rule.output_distribution(self.p[index], self.q[index], relaxation=relaxation), self.p[index])
+
+    def store_relaxed(self, store_rows: Tensor, store_out: Tensor) -> None:
+        """``store_out[store_rows[t]] = p̃_t`` for rows ``t`` with a draft and ``store_rows[t] >= 0``: MC-SJD's maximal
+        coupling keeps a draft row's coupled output as the next draft, and that output is distributed as ``p̃``, so
+        ``p̃`` (not ``p``) is the draft distribution the next verification must test it with."""
+        keep = store_rows[self.rows] >= 0
+        if bool(keep.any()):
+            store_out[store_rows[self.rows][keep]] = self.p_tilde[keep].to(store_out.dtype)
 
     def used(self, num_rows: int) -> tuple[Tensor, Tensor, Tensor]:
         """``(moved, budget, binding)``, each ``[num_rows]`` (0 / False on rows without a draft)."""

@@ -150,6 +150,9 @@ def verify_window(
         rows = torch.where(later, sample * store_q.shape[1] + slot[None, :] - m[:, None] - 1, torch.full_like(drafts, -1))
         request.store_rows, request.store_out = rows.reshape(-1), store_q.view(-1, store_q.shape[-1])
     residual_tokens, fresh_tokens = target.sample(request, row_drafts) if exact else rule.sample(target, request, row_drafts)
+    if store_q is not None and coupling.every_rejection and hasattr(rule, "store_relaxed"):
+        # a draft row's coupled output (the next draft) is distributed as p̃, not P: p̃ is the next pass's q
+        rule.store_relaxed(torch.where(is_draft, rows, -1).reshape(-1), store_q.view(-1, store_q.shape[-1]))
 
     coupled = torch.where(accepted, drafts, residual_tokens.view(batch, slots))
     fresh_tokens = fresh_tokens.view(batch, slots)
