@@ -147,7 +147,7 @@ class Target:
 
     def race_noise(self, rows: Tensor, stream: Tensor, draws: Tensor) -> Tensor:
         """``[len(rows), V]`` Exp(1) race noise of ``rows``, keyed by (seed, position, ``stream``, ``draws``)."""
-        return race.keyed_exponentials(self._row_seeds(rows), self.positions[rows], stream, draws, self.vocab)
+        return race.exponentials_for(self._row_seeds(rows), self.positions[rows], stream, draws, self.vocab)
 
     def probabilities(self) -> Tensor:
         """``[T, V]`` rows of ``p`` (padding rows zero on the Triton backend). The reference holds them; the

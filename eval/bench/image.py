@@ -230,6 +230,10 @@ def _batched_row(task, records: list, conditions) -> dict:
         measured = [r for r in stats if not math.isnan(r["tv_mean"])]
         row["tv_mean"] = sum(r["tv_mean"] for r in measured) / len(measured) if measured else float("nan")
         row["tv_max"] = max(r["tv_max"] for r in measured) if measured else float("nan")
+    if "tv_bound" in stats[0]:  # the budgeted rule: TV moved and budgets, summed per image; binding share
+        for key in ("tv_bound", "tv_budget", "budget_binding", "verifications"):
+            values = [r[key] for r in stats if not math.isnan(r[key])]
+            row[key] = sum(values) / len(values) if values else float("nan")
     row["single_token_passes"] = single_token_share(stats)
     hist = commits_histogram(stats)
     if hist is not None:
@@ -485,11 +489,36 @@ def format_image_table(result: dict) -> str:
                  f"(+-{noise['clip_score_interval']:.2f})")
     lines.append(line)
     lines.append(_task_class(result).describe_real(real))
+    budget = format_budget_table(result)
+    if budget:
+        lines += ["", budget]
     commits = format_commits_table(result)
     if commits:
         lines += ["", commits]
     if result.get("throughput"):
         lines += ["", format_throughput_table(result)]
+    return "\n".join(lines)
+
+
+def format_budget_table(result: dict) -> str:
+    """The budgeted rule's rows (:mod:`vispec.decoding.budget`): the requested TV budget per verification next to the
+    measured TV of a verification's output (mean, max), and per image the TV mass moved (``tv_bound``, summed over the
+    verifications that decided a token), the summed budgets and the share of verifications where the budget bound;
+    empty when no row used the rule."""
+    rows = {name: r for name, r in result["methods"].items() if "tv_bound" in r}
+    if not rows:
+        return ""
+    width = max([18] + [len(name) for name in rows])
+    header = (f"{'budgeted rule':<{width}} {'budget':>7} {'TV mean':>8} {'TV max':>7} {'within':>6} {'moved/img':>9} "
+              f"{'budget/img':>10} {'binding':>7}")
+    lines = [header, "-" * len(header)]
+    for name, r in rows.items():
+        delta = DecodingConfig.parse(name).rule.budget_delta
+        within = "yes" if not r["tv_max"] > delta + 1e-9 else "NO"
+        lines.append(f"{name:<{width}} {delta:>7.3f} {r['tv_mean']:>8.4f} {r['tv_max']:>7.4f} {within:>6} {r['tv_bound']:>9.2f} "
+                     f"{r['tv_budget']:>10.2f} {r['budget_binding']:>7.1%}")
+    lines.append("budget: δ per verification (annealed rows get less); TV: measured per verification; moved/img: the TV mass "
+                 "moved per image (its mean bounds the image distribution's TV from AR's, capped at 1)")
     return "\n".join(lines)
 
 

@@ -312,3 +312,17 @@ def test_negative_control_storing_p_as_the_next_q_fails_the_draft_check(monkeypa
     p_value, count = _drafts_pit("mc-sjd+budget:delta=0.3")
     print(f"\nnegative control (P stored as the next q): {count} dense drafts, KS p = {p_value:.2e}")
     assert p_value < 1e-3
+
+
+@pytest.mark.slow
+def test_compiled_lossy_steps_draw_the_eager_noise():
+    """A lossy rule's residual race inside a compiled step uses the keyed noise as an opaque op (as the exact rule's
+    kernels do): inductor's own Philox (int64 overflow) drew other noise, so compiled tokens differed from eager ones
+    (LANTERN's and GSD's too: every lossy rule samples its residual through the same AcceptanceRule.sample)."""
+    model = _small_model()
+    condition = LlamaGenCondition(class_labels=torch.arange(3))
+    sampling = SamplingConfig(temperature=1.0, top_k=20, guidance_scale=2.0)
+    runs = [decode(model, condition, num_tokens=24, sampling=sampling, decoding="mc-sjd:window=4+budget:delta=0.2,ratio=2",
+                   compile=compile, generator=torch.Generator().manual_seed(0)) for compile in (False, True)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert torch.equal(runs[0].stats.nfe, runs[1].stats.nfe)

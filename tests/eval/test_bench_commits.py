@@ -158,3 +158,15 @@ def test_speed_fid_plot_joins_each_family_of_relaxed_rules(tmp_path):
     path = image.speed_fid_plot(result, str(tmp_path / "curve.png"), size=(600, 400), commits=False)
     with Image.open(path) as png:  # FID spans more than 3x: a log axis; the drawing itself is checked by eye
         assert png.size == (600, 400)
+
+
+def test_budget_table_prints_the_requested_budget_next_to_the_measured_tv():
+    result = {"methods": {"ar": {"fid": 2.5},
+                          "mc-sjd-maximal+budget:delta=0.2,ratio=2": {"tv_mean": 0.03, "tv_max": 0.2, "tv_bound": 28.3,
+                                                                      "tv_budget": 50.9, "budget_binding": 0.1}}}
+    table = image.format_budget_table(result)
+    row = table.splitlines()[2].split()
+    assert row == ["mc-sjd-maximal+budget:delta=0.2,ratio=2", "0.200", "0.0300", "0.2000", "yes", "28.30", "50.90", "10.0%"]
+    result["methods"]["mc-sjd-maximal+budget:delta=0.2,ratio=2"]["tv_max"] = 0.25
+    assert " NO " in image.format_budget_table(result)
+    assert image.format_budget_table({"methods": {"ar": {}}}) == ""

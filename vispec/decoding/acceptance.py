@@ -1,5 +1,8 @@
 """Acceptance rules for speculative verification: exact, LANTERN, GSD and Lumina-mGPT 2.0's SJD (all three lossy).
 
+The budgeted rule, lossy within a TV budget per verification whatever the draft, builds on these and lives in
+:mod:`vispec.decoding.budget`; :func:`build_rule` builds it too.
+
 A rule decides, for a draft ``x ~ q`` checked against the target ``p`` of its position, whether
 ``x`` is kept (with a uniform ``u``), and what the rejected position samples from instead. The
 exact rule (speculative sampling; Leviathan et al. 2023, Chen et al. 2023) keeps ``x`` iff
