@@ -162,7 +162,11 @@ def test_a_trainer_is_imported_only_when_named(capsys, monkeypatch):
 
 # announces (on stdout) that `import torch` starts, then runs the command
 _ANNOUNCE_TORCH = """
+import signal
 import sys
+
+# a terminal delivers Ctrl-C; a test run launched in the background (nohup, &) inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 class Announce:
     def find_spec(self, name, path=None, target=None):

@@ -103,7 +103,8 @@ def verify_window(
         q: ``[B, Wq, V]`` dense draft distributions; row ``j`` uses ``q[b, j]`` where ``q_dense[b, j]``,
             else its draft is one-hot (an initialised draft).
         store_q: ``[B, Wq, V]``: the ``P`` rows after the first rejection are written here, row ``j``
-            at ``[b, j - m - 1]`` (they become the next pass's draft distributions).
+            at ``[b, j - m - 1]`` (they become the next pass's draft distributions; under maximal coupling the
+            budgeted rule stores a draft row's ``p̃``, the law of its coupled output).
         tv, ids: with a lossy rule, its measured TV per sample (``ids``: the samples' batch ids), and with the
             budgeted rule the budget each committed verification used.
         num_tokens: the image's length ``N`` (the budgeted rule's annealing along the image).
