@@ -492,20 +492,11 @@ def build_rule(config: Union[None, str, AcceptanceConfig, AcceptanceRule], *, co
 
         k = config.budget_neighbors
         if k and neighbors is None:
-            book = codebook() if callable(codebook) else codebook
-            if book is None:
-                raise ValueError(f"acceptance 'budget' with neighbors={k} needs the tokenizer's codebook (a VQ model with "
-                                 "quantize.embedding), or a precomputed neighbour table")
-            neighbors = tables.table(book, k, False) if tables is not None else codebook_neighbors(book, k)
+            neighbors = _neighbor_table(f"'budget' with neighbors={k}", codebook, tables, k, False)
         return BudgetRule(config, neighbors)
     if config.rule == "lantern":
         if neighbors is None:
-            book = codebook() if callable(codebook) else codebook
-            if book is None:
-                raise ValueError("acceptance 'lantern' needs the tokenizer's codebook (a VQ model with quantize.embedding), "
-                                 "or a precomputed neighbour table")
-            neighbors = (tables.table(book, config.lantern_k, config.lantern_normalize) if tables is not None
-                         else codebook_neighbors(book, config.lantern_k, config.lantern_normalize))
+            neighbors = _neighbor_table("'lantern'", codebook, tables, config.lantern_k, config.lantern_normalize)
         if config.lantern_k > neighbors.shape[1]:
             raise ValueError(f"lantern_k={config.lantern_k} exceeds the neighbour table's {neighbors.shape[1]} columns")
         return LanternRule(config, neighbors)
@@ -517,6 +508,15 @@ def build_rule(config: Union[None, str, AcceptanceConfig, AcceptanceRule], *, co
     if config.rule == "lumina":
         return LuminaRule(config)
     return AcceptanceRule(config)
+
+
+def _neighbor_table(rule: str, codebook: TensorSource, tables: Optional[NeighborTables], k: int, normalize: bool) -> Tensor:
+    """``[V, k]`` nearest codebook entries for ``rule`` (its name, for the error): from ``tables`` when given."""
+    book = codebook() if callable(codebook) else codebook
+    if book is None:
+        raise ValueError(f"acceptance {rule} needs the tokenizer's codebook (a VQ model with quantize.embedding), "
+                         "or a precomputed neighbour table")
+    return tables.table(book, k, normalize) if tables is not None else codebook_neighbors(book, k, normalize)
 
 
 TV_SAMPLES_PER_STEP = 4

@@ -171,10 +171,11 @@ class BudgetRule(AcceptanceRule):
         return verify.residual_weights(self.relax(p, q, budget).p_tilde, q.double())
 
     def output_distribution(self, p: Tensor, q: Tensor, budget: Optional[Tensor] = None,
-                            relaxation: Optional[Relaxation] = None) -> Tensor:
+                            p_tilde: Optional[Tensor] = None) -> Tensor:
         """``[R, V]`` what one verification outputs, from the mechanism (not from claim (3)): the accepted mass
-        ``min(p̃, q)`` plus the rejected mass ``1 - Σ min(p̃, q)`` spread as ``(p̃ - q)_+`` normalised."""
-        p_tilde = _normalized((relaxation or self.relax(p, q, budget)).p_tilde)
+        ``min(p̃, q)`` plus the rejected mass ``1 - Σ min(p̃, q)`` spread as ``(p̃ - q)_+`` normalised (``p_tilde``:
+        already relaxed rows, else :meth:`relax` of ``p, q, budget``)."""
+        p_tilde = _normalized(self.relax(p, q, budget).p_tilde if p_tilde is None else p_tilde)
         q64 = _normalized(q)
         accepted = torch.minimum(p_tilde, q64)
         residual = (p_tilde - q64).clamp_min(0.0)
@@ -239,9 +240,8 @@ class BudgetVerification(AcceptanceRule):
 
     def measure_tv(self, target: Target, rows: Tensor, drafts: Drafts) -> Tensor:
         index = self._at(rows)
-        relaxation = Relaxation(*(t[index] for t in (self.relaxation.p_tilde, self.relaxation.moved,
-                                                     self.relaxation.available, self.relaxation.budget)))
-        return _tv(self.rule.output_distribution(self.p[index], self.q[index], relaxation=relaxation), self.p[index])
+        out = self.rule.output_distribution(self.p[index], self.q[index], p_tilde=self.relaxation.p_tilde[index])
+        return _tv(out, self.p[index])
 
     def store_relaxed(self, store_rows: Tensor, store_out: Tensor) -> None:
         """``store_out[store_rows[t]] = p̃_t`` for rows ``t`` with a draft and ``store_rows[t] >= 0``: MC-SJD's maximal
