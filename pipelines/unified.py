@@ -51,7 +51,6 @@ from vispec.pipelines.embedded import resolve_model_path
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 FAMILIES = {"chameleon": chameleon_backbone, "emu3": emu3_backbone, "janus": janus_backbone}
-FAR = 1e4  # the end-of-row token's codebook row for LANTERN: farther from every code than codes are from each other
 ID_ROLES = {"image_start_id": "the image-start token", "eol_id": "the end-of-row token", "bos_id": "the BOS token",
             "pad_id": "the pad token", "image_end_ids": "an image-end token", "prompt_suffix_ids": "a prompt-suffix token",
             "code_offset": "the first image code"}  # the config fields that name vocabulary ids, for errors
@@ -292,7 +291,8 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
 
     # ------------------------------------------------------------------ acceptance
     def codebook(self) -> torch.Tensor:
-        """LANTERN's latent space over the decoder vocabulary: the VQ codebook, and a far row for end of row."""
+        """LANTERN's latent space over the decoder vocabulary: the VQ codebook, and a NaN row for end of row
+        (a token with no latent: no neighbours, never a neighbour; :func:`vispec.decoding.neighbors.codebook_neighbors`)."""
         embedding = getattr(getattr(self.vqvae, "quantize", None), "embedding", None)
         if embedding is None:
             raise ValueError("acceptance 'lantern' needs the pipeline's vqvae codebook (quantize.embedding); this "
@@ -300,16 +300,22 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         codes = materialized(embedding).detach().float()  # with values under sequential offload too
         if self.config.eol_id is None:
             return codes
-        return torch.cat([codes, torch.full((1, codes.shape[1]), FAR, dtype=codes.dtype, device=codes.device)])
+        return torch.cat([codes, torch.full((1, codes.shape[1]), float("nan"), dtype=codes.dtype, device=codes.device)])
 
     def acceptance_rule(self, acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule],
                         model: Optional[UnifiedTokenModel] = None) -> AcceptanceRule:
         """The rule (:func:`vispec.decoding.acceptance.build_rule`): LANTERN's neighbour table comes from
         :attr:`neighbor_tables` (computed once per codebook), GSD uses the image tokens' input embeddings of
-        ``model`` (default: the transformer at the default size)."""
+        ``model`` (default: the transformer at the default size). The end-of-row token has no latent in either
+        (a NaN row): no relaxed rule keeps it where the target gives it no mass, nor relaxes towards it."""
         def embeddings() -> torch.Tensor:
             wrapped = model or self.unified_model(self.layout(self.config.default_height, self.config.default_width))
-            return wrapped.tok_embeddings.weight
+            weight = wrapped.tok_embeddings.weight
+            if self.config.eol_id is None or weight.shape[0] <= self.config.num_codes:
+                return weight
+            weight = weight.detach().float().clone()
+            weight[self.config.num_codes:] = float("nan")  # end of row: no latent, a group of its own
+            return weight
 
         return build_rule(acceptance, codebook=self.codebook, embeddings=embeddings, tables=self.neighbor_tables)
 

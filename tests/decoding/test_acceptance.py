@@ -93,6 +93,32 @@ def test_lantern_relaxed_probability_and_lambda_mode():
     assert torch.equal(weights[0, :3], torch.zeros(3, dtype=torch.float64)) and bool((weights[0, 3:] > 0).all())
 
 
+def test_a_token_without_latent_is_never_relaxed_into():
+    """A unified vocabulary's end-of-row token has no VQ latent (a NaN codebook / embedding row): it is nobody's
+    neighbour, its own neighbours are itself, and no relaxed rule keeps it where the target gives it no mass.
+    Negative control: a far-away finite row (the former stand-in) still gives it the nearest codes as
+    neighbours, so LANTERN kept an end of row inside an image row."""
+    vocab, eol = 12, 11
+    gen = torch.Generator().manual_seed(10)
+    codes = torch.randn(vocab - 1, 3, generator=gen)
+    codebook = torch.cat([codes, torch.full((1, 3), float("nan"))])
+    table = codebook_neighbors(codebook, 4)
+    assert torch.equal(table[eol], torch.full((4,), eol)) and not bool((table[:eol] == eol).any())
+    p = _random_rows(6, vocab, seed=11)
+    p[:, eol] = 0.0
+    p = p / p.sum(-1, keepdim=True)
+    drafts = torch.full((6,), eol)
+    q = torch.nn.functional.one_hot(drafts, vocab).double()
+    for spec in ("lantern:k=4,delta=0.5", "lantern:k=4,delta=3"):
+        rule = build_rule(spec, codebook=codebook)
+        assert float(rule.relaxed_probability(p, drafts[:, None]).max()) == 0.0, spec
+        assert not bool(rule.accept(p, drafts, q, torch.full((6,), 1e-9, dtype=torch.float64)).any()), spec
+    gsd = build_rule("gsd:d_thr=1e9,p_thr=1", embeddings=codebook)
+    assert not bool(gsd.accept(p, drafts, q, torch.full((6,), 1e-9, dtype=torch.float64)).any())
+    far = build_rule("lantern:k=4,delta=0.5", codebook=torch.cat([codes, torch.full((1, 3), 1e4)]))
+    assert float(far.relaxed_probability(p, drafts[:, None]).min()) > 0.0
+
+
 def test_gsd_window_is_clamped_at_the_vocabulary_edges():
     p = _random_rows(3, 10, seed=9)
     rule = GSDRule(AcceptanceConfig(rule="gsd", gsd_half_width=4, gsd_p_thr=1.0, gsd_d_thr=1e9), torch.randn(10, 2))

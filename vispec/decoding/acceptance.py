@@ -21,7 +21,8 @@ exact rule (speculative sampling; Leviathan et al. 2023, Chen et al. 2023) keeps
   sorted processed logits lies in ``[r - H, r + H)`` around the draft's rank ``r`` (clamped to the
   vocabulary, where the public code wraps around), with ``|p(t) - p(x)| < p_thr`` and squared
   embedding distance ``||E_t - E_x||² < d_thr`` (``E``: the AR model's input token embeddings).
-  ``x`` is kept iff ``u Σ_G q < Σ_G p``; a rejection resamples from ``max(0, p - q)``.
+  ``x`` is kept iff ``u Σ_G q < Σ_G p``; a rejection resamples from ``max(0, p - q)``. A NaN embedding row
+  marks a token with no latent (a unified vocabulary's end of row): its group is itself, and it joins no other.
 * **Lumina-mGPT 2.0's SJD** (Alpha-VLLM/Lumina-mGPT-2.0, ``lumina_mgpt/generate_examples/sjds.py``,
   ``SpeculativeSampler``; :class:`LuminaRule`). SJD's test ``u < min(1, p(x) / max(q(x), 1e-7))``, but a
   rejection samples from ``p`` itself unless the residual of ``q`` clamped at 0.99 carries (almost) all

@@ -28,12 +28,18 @@ def codebook_neighbors(codebook: Tensor, k: int, normalize: bool = False, chunk:
 
     LANTERN computes them on the raw VQ codebook weights (``normalize=False``); LlamaGen decodes
     with L2-normalised codes, which ``normalize=True`` uses instead.
+
+    A row that is not all finite (NaN) marks a token with no latent, such as an end-of-row token in a
+    unified decoder vocabulary: it is nobody's neighbour, and its own neighbours are itself (so the rule
+    relaxes nothing for it: a draft of it is kept only as far as ``p`` itself allows).
     """
     if codebook.dim() != 2:
         raise ValueError(f"codebook must be [entries, dim], got shape {tuple(codebook.shape)}")
     vocab = codebook.shape[0]
-    check_int("lantern_k", k, minimum=0, maximum=vocab - 1, hint=f" (codebook of {vocab} entries)")
+    _check_k(codebook, k)
     weights = codebook.detach().double()
+    latent = torch.isfinite(weights).all(-1)
+    weights = torch.where(latent[:, None], weights, torch.zeros_like(weights))
     if normalize:
         weights = torch.nn.functional.normalize(weights, dim=-1)
     out = []
@@ -41,8 +47,22 @@ def codebook_neighbors(codebook: Tensor, k: int, normalize: bool = False, chunk:
         dist = torch.cdist(weights[lo : lo + chunk], weights)
         rows = torch.arange(lo, min(lo + chunk, vocab))
         dist[rows - lo, rows] = float("inf")
-        out.append(dist.topk(k, dim=-1, largest=False).indices if k else torch.zeros(len(rows), 0, dtype=torch.long))
+        dist[:, ~latent] = float("inf")
+        nearest = dist.topk(k, dim=-1, largest=False).indices if k else torch.zeros(len(rows), 0, dtype=torch.long)
+        out.append(torch.where(latent[rows, None], nearest, rows[:, None]))
     return torch.cat(out)
+
+
+def _latent_entries(codebook: Tensor) -> int:
+    """How many rows of ``codebook`` are a latent (all finite)."""
+    return int(torch.isfinite(codebook.detach()).all(-1).sum())
+
+
+def _check_k(codebook: Tensor, k: int) -> None:
+    """``k`` neighbours exist: at most the latent entries minus the token itself."""
+    vocab, latent = codebook.shape[0], _latent_entries(codebook)
+    extra = "" if latent == vocab else f", {latent} with a latent"
+    check_int("lantern_k", k, minimum=0, maximum=latent - 1, hint=f" (codebook of {vocab} entries{extra})")
 
 
 def codebook_key(codebook: Tensor) -> str:
@@ -68,12 +88,11 @@ class NeighborTables:
         ``max(MAX_STORED_NEIGHBORS, k)`` columns (at most ``V - 1``) and kept."""
         if codebook.dim() != 2:
             raise ValueError(f"codebook must be [entries, dim], got shape {tuple(codebook.shape)}")
-        vocab = codebook.shape[0]
-        check_int("lantern_k", k, minimum=0, maximum=vocab - 1, hint=f" (codebook of {vocab} entries)")
+        _check_k(codebook, k)
         key = (codebook_key(codebook), normalize)
         table = self._tables.get(key)
         if table is None or table.shape[1] < k:
-            table = codebook_neighbors(codebook, min(vocab - 1, max(MAX_STORED_NEIGHBORS, k)), normalize)
+            table = codebook_neighbors(codebook, min(_latent_entries(codebook) - 1, max(MAX_STORED_NEIGHBORS, k)), normalize)
             self._tables[key] = table
         return table
 
