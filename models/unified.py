@@ -96,6 +96,34 @@ class ImageLayout:
         """Position processors: the end-of-row token forced at every row's end and masked elsewhere."""
         return () if self.eol_id is None else (PeriodicForcedToken(self.num_codes, self.row_length),)
 
+    def check_tokens(self, name: str, tokens: Any, batch: int) -> Tensor:
+        """``tokens`` (argument ``name``) as ``[batch, num_tokens]`` int64 decoder tokens of whole images, checked:
+        codes in ``[0, num_codes)``, and with an end-of-row token exactly at every row's end."""
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            got = f"{tokens.dtype} tensor" if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"{name} must be an integer tensor of image tokens, got {got}")
+        if tuple(tokens.shape) != (batch, self.num_tokens):
+            raise ValueError(f"{name} must have shape [{batch}, {self.num_tokens}] ({self.rows} rows of {self.row_length} "
+                             f"tokens per image), got {tuple(tokens.shape)}")
+        tokens = tokens.long()
+        rows = tokens.view(batch, self.rows, self.row_length)
+        codes = rows[:, :, : self.cols]
+        if bool(((codes < 0) | (codes >= self.num_codes)).any()):
+            raise ValueError(f"{name}: codes must lie in [0, {self.num_codes}), got values in "
+                             f"[{int(codes.min())}, {int(codes.max())}]")
+        if self.eol_id is not None and not bool((rows[:, :, self.cols] == self.num_codes).all()):
+            raise ValueError(f"{name}: every row must end with the end-of-row token ({self.num_codes} in decoder tokens)")
+        return tokens
+
+    def tokens_of_codes(self, codes: Tensor) -> Tensor:
+        """Decoder tokens ``[B, num_tokens]`` of code grids ``[B, rows, cols]``: each row, then end of row if any."""
+        if codes.dim() != 3 or tuple(codes.shape[1:]) != (self.rows, self.cols):
+            raise ValueError(f"codes must have shape [B, {self.rows}, {self.cols}], got {tuple(codes.shape)}")
+        if self.eol_id is None:
+            return codes.reshape(codes.shape[0], -1).long()
+        ends = torch.full((codes.shape[0], self.rows, 1), self.num_codes, dtype=torch.long, device=codes.device)
+        return torch.cat([codes.long(), ends], dim=2).view(codes.shape[0], -1)
+
     def model_ids(self, tokens: Tensor) -> Tensor:
         """Decoder tokens (codes, ``num_codes`` for end of row) as the model's vocabulary ids."""
         ids = tokens + self.code_offset
@@ -366,10 +394,17 @@ class UnifiedTokenModel(nn.Module):
 
     # ---- conditions ---------------------------------------------------------------------------------------
     def condition(self, prompt_ids: Sequence[Sequence[int]], negative_prompt_ids: Optional[Sequence[Sequence[int]]] = None,
-                  *, add_prefix: bool = True) -> UnifiedCondition:
+                  *, add_prefix: bool = True, source: Optional[Tensor] = None) -> UnifiedCondition:
         """Conditional and unconditional prompts from tokenized prompts (one list of ids per sample). With
         ``add_prefix`` the layout's prefix (image start, resolution tokens) is appended to both; without, the
-        ids must already end with it (transformers' Emu3 processor adds it)."""
+        ids must already end with it (transformers' Emu3 processor adds it).
+
+        ``source``: an image-to-image request's source panel, decoder tokens ``[B, num_tokens]`` laid out as the
+        decoded image (rows of codes, each ended by the end-of-row token when the layout has one), appended after
+        the prefix in both branches: the dual-panel layout of Lumina-mGPT 2.0's image-to-image tasks, where the
+        prefix declares twice the rows, the source fills the upper panel and the decoder writes the lower one.
+        Guidance keeps it in the unconditional branch (which starts at image start, or holds the negative
+        prompt or the padded prompt): only the text is dropped."""
         prompts = [self._ids("prompt_ids", p) for p in prompt_ids]
         prefix = torch.tensor(self.layout.prefix, dtype=torch.long)
         if add_prefix:
@@ -389,6 +424,10 @@ class UnifiedTokenModel(nn.Module):
             uncond = [torch.where(torch.isin(p, torch.tensor(keep, dtype=torch.long)), p, self.pad_id) for p in prompts]
         if any(u.numel() == 0 for u in uncond):
             raise ValueError("an unconditional prompt is empty: give negative_prompt_ids or a layout prefix")
+        if source is not None:
+            panels = self.layout.model_ids(self.layout.check_tokens("source", source, len(prompts)).cpu())
+            prompts = [torch.cat([p, panel]) for p, panel in zip(prompts, panels)]
+            uncond = [torch.cat([u, panel]) for u, panel in zip(uncond, panels)]
         return UnifiedCondition(prompts, uncond)
 
     @staticmethod

@@ -7,7 +7,9 @@ A diffusers ``DiffusionPipeline`` with three components:
 * ``decoding_config``: a :class:`vispec.decoding.DecodingConfig` (strategy, window, draft
   initialisation, coupling, and the model's default sampling settings), saved like a scheduler;
 * ``drafter`` (optional): a smaller LlamaGen GPT for draft-model speculative decoding
-  (``decoding="sd"``).
+  (``decoding="sd"``);
+* ``gad_drafter`` (optional): a masked block drafter (:class:`vispec.models.gad_drafter.GADDrafter`) for GAD
+  (``decoding="gad"``, :mod:`vispec.decoding.gad`): one drafter forward proposes the whole block.
 
 Decoding specs follow the one grammar of :mod:`vispec.decoding.config` (``"mc-sjd"``,
 ``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.1"``). Acceptance rules (``acceptance="lantern"``,
@@ -49,6 +51,7 @@ from vispec.decoding import DecodingConfig
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule
 from vispec.decoding.neighbors import NeighborTables, codebook_key
 from vispec.models.checkpoints import diffusers_load_kwargs
+from vispec.models.gad_drafter import GADDrafter
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.models.llamagen_vq import decode_tokens
 from vispec.models.offload import materialized
@@ -74,14 +77,15 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
 
     # the drafter is not in the sequence: it alternates with the transformer every step, so both stay on the device
     model_cpu_offload_seq = "transformer->vqvae"
-    _optional_components = ["drafter"]
+    _optional_components = ["drafter", "gad_drafter"]
     _callback_tensor_inputs = ["tokens", "num_committed"]
     _applied_callback_inputs = ("tokens",)
 
     def __init__(self, transformer: LlamaGenGPT, vqvae: VQModel, decoding_config: DecodingConfig,
-                 drafter: Optional[LlamaGenGPT] = None):
+                 drafter: Optional[LlamaGenGPT] = None, gad_drafter: Optional[GADDrafter] = None):
         super().__init__()
-        self.register_modules(transformer=transformer, vqvae=vqvae, decoding_config=decoding_config, drafter=drafter)
+        self.register_modules(transformer=transformer, vqvae=vqvae, decoding_config=decoding_config, drafter=drafter,
+                              gad_drafter=gad_drafter)
         self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
         self.neighbor_tables = NeighborTables()  # LANTERN's, per codebook
         self._neighbors_looked_up = False  # whether the folder this pipeline came from was searched for tables
@@ -231,7 +235,8 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
             decoding: a spec (:mod:`vispec.decoding.config`: ``"ar"``, ``"sjd-vertical"``, ``"mc-sjd:window=8"``,
                 ``"mc-sjd+lantern:k=100,delta=0.1"``, ...) or a :class:`DecodingConfig`; a spec keeps the pipeline's
                 window, initialisation and sampling defaults unless it names them. Default: the pipeline's
-                ``decoding_config``. ``"sd"`` is draft-model speculative decoding with the pipeline's ``drafter``.
+                ``decoding_config``. ``"sd"`` is draft-model speculative decoding with the pipeline's ``drafter``;
+                ``"gad"`` drafts whole blocks with its ``gad_drafter``.
             acceptance: instead of a ``+rule`` suffix: ``"exact"``, ``"lantern"``, ``"gsd"`` (with ``:key=value`` options), an
                 :class:`~vispec.decoding.acceptance.AcceptanceConfig` or a built rule. LANTERN and GSD are
                 lossy; each image's stats then carry the measured TV from the exact target.
@@ -265,6 +270,9 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         rule = self.acceptance_rule(acceptance if isinstance(acceptance, AcceptanceRule) else config.rule)
         if config.strategy == "sd" and self.drafter is None:
             raise ValueError("decoding 'sd' needs a drafter: this pipeline has none (pass drafter= when building it)")
+        if config.strategy == "gad" and self.gad_drafter is None:
+            raise ValueError("decoding 'gad' needs a block drafter: this pipeline has none (pass gad_drafter= when "
+                             "building it, e.g. GADDrafter.from_pretrained(...); `vispec train gad-drafter` trains one)")
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
         condition = self.condition(class_labels, prompt_embeds, prompt_mask, num_images_per_prompt)
         batch = condition.batch_size
@@ -276,7 +284,7 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
             self.transformer, condition, num_tokens=num_tokens, sampling=sampling, config=config, rule=rule,
             generator=generator, max_batch_size=max_batch_size, callback_on_step_end=callback_on_step_end,
             tensor_inputs=tensor_inputs, grid_width=side, compile=compile,
-            drafter=self.drafter if config.strategy == "sd" else None)
+            drafter={"sd": self.drafter, "gad": self.gad_drafter}.get(config.strategy))
 
         # 3. tokens -> pixels
         grid = tokens.view(batch, side, side)

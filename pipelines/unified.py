@@ -10,6 +10,11 @@ Components:
   without it the transformer's own ``decode_image_tokens`` is used (Emu3, Janus);
 * ``decoding_config``: the default decoder and sampling settings (:class:`vispec.decoding.DecodingConfig`).
 
+Image-to-image (``image=``): the source picture, tokenised by the ``vqvae``, is the upper panel of Lumina-mGPT 2.0's
+dual-panel image (the resolution tokens declare twice the height; the panel sits in the prompt after the image
+prefix, in both guidance branches) and the decoder writes the lower panel. ``image_to_image`` in the config marks a
+model trained for it (the benchmark then runs its image-to-image task); any pipeline with a vqvae takes the request.
+
 The layout (:class:`vispec.models.unified.ImageLayout`) is built per call from ``height`` and ``width``:
 ``rows = height / downsample`` rows of ``width / downsample`` codes, each row ended by ``eol_id``; the prefix
 is ``image_start_id`` and, when the model has them, two resolution tokens
@@ -87,7 +92,8 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
                  resolution_token_base: Optional[int] = None, resolution_unit: int = 32, downsample: int = 8,
                  prompt_template: str = "{prompt}", prompt_suffix_ids: Optional[list] = None, cfg_mode: str = "image_start",
                  bos_id: Optional[int] = None,
-                 pad_id: Optional[int] = None, default_height: int = 256, default_width: int = 256):
+                 pad_id: Optional[int] = None, default_height: int = 256, default_width: int = 256,
+                 image_to_image: bool = False):
         super().__init__()
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
@@ -101,7 +107,7 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
             image_end_ids=list(image_end_ids or []), resolution_token_base=resolution_token_base, resolution_unit=resolution_unit,
             downsample=downsample, prompt_template=prompt_template, prompt_suffix_ids=list(prompt_suffix_ids or []),
             cfg_mode=cfg_mode, bos_id=bos_id, pad_id=pad_id,
-            default_height=default_height, default_width=default_width)
+            default_height=default_height, default_width=default_width, image_to_image=bool(image_to_image))
         self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
         self.neighbor_tables = NeighborTables()  # LANTERN's, per codebook
 
@@ -115,8 +121,10 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         return super().from_pretrained(path, **kwargs)
 
     # ------------------------------------------------------------------ layout and model
-    def layout(self, height: int, width: int) -> ImageLayout:
-        """The image layout of a ``height x width`` image (module docstring)."""
+    def layout(self, height: int, width: int, source_panel: bool = False) -> ImageLayout:
+        """The image layout of a ``height x width`` image (module docstring). ``source_panel``: an image-to-image
+        request's dual-panel layout: the resolution tokens declare twice the height (the source panel above, the
+        decoded one below; :meth:`vispec.models.unified.UnifiedTokenModel.condition` puts the source in the prompt)."""
         cfg = self.config
         unit = self._size_unit()
         for name, value in (("height", height), ("width", width)):
@@ -127,8 +135,9 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         self._check_vocabulary_ids()
         prefix = () if cfg.image_start_id is None else (cfg.image_start_id,)
         if cfg.resolution_token_base is not None:
-            self._check_resolution_tokens(height, width)
-            prefix += (cfg.resolution_token_base + height // cfg.resolution_unit,
+            declared = 2 * height if source_panel else height
+            self._check_resolution_tokens(declared, width, "2 x height (the dual panel)" if source_panel else "height")
+            prefix += (cfg.resolution_token_base + declared // cfg.resolution_unit,
                        cfg.resolution_token_base + width // cfg.resolution_unit)
         return ImageLayout(rows=height // cfg.downsample, cols=width // cfg.downsample, num_codes=cfg.num_codes,
                            code_offset=cfg.code_offset, eol_id=cfg.eol_id, prefix=prefix,
@@ -174,7 +183,7 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
                 raise ValueError(f"{name} (model_index.json) gives {what}, outside the transformer's vocabulary of "
                                  f"{size} ids (0..{size - 1})")
 
-    def _check_resolution_tokens(self, height: int, width: int) -> None:
+    def _check_resolution_tokens(self, height: int, width: int, height_name: str = "height") -> None:
         """The resolution tokens ``resolution_token_base + size / resolution_unit`` must stay below the next id the
         config gives another role (codes, end of row, image start / end) and inside the vocabulary; the error
         names ``height`` / ``width`` and the largest size that keeps them there."""
@@ -191,7 +200,7 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
             return
         end, owner = min(above)
         largest = (end - 1 - base) * cfg.resolution_unit
-        for name, value in (("height", height), ("width", width)):
+        for name, value in ((height_name, height), ("width", width)):
             token = base + value // cfg.resolution_unit
             if token >= end:
                 raise ValueError(f"{name}={value} needs the resolution token {token} (resolution_token_base {base} + "
@@ -239,19 +248,20 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
                              f"give the pipeline a vqvae")
 
     def _check_context(self, model: UnifiedTokenModel, layout: ImageLayout, prompts: list[list[int]],
-                       negatives: Optional[list[list[int]]], height: int, width: int) -> None:
-        """Every prompt row (template, image prefix) and the image's tokens must fit the transformer's context
-        (``max_position_embeddings``); the error names ``height`` / ``width`` when the image alone does not fit,
-        else ``prompt`` or ``negative_prompt``."""
+                       negatives: Optional[list[list[int]]], height: int, width: int, panel: int = 0) -> None:
+        """Every prompt row (template, image prefix, ``panel`` source tokens) and the image's tokens must fit the
+        transformer's context (``max_position_embeddings``); the error names ``height`` / ``width`` when the image
+        alone does not fit, else ``prompt`` or ``negative_prompt``."""
         limit = model.max_positions
         if limit is None:
             return
-        prefix, image = len(layout.prefix), layout.num_tokens
+        prefix, image = len(layout.prefix) + panel, layout.num_tokens
         if prefix + image >= limit:  # not even a one-token prompt fits
-            largest = self._largest_square(limit - prefix - 1)
+            largest = self._largest_square((limit - len(layout.prefix) - 1) // (2 if panel else 1))
             hint = f"; the largest square image that fits is {largest}x{largest}" if largest else ""
+            what = f"a {prefix}-token image prefix" if not panel else f"the image prefix and the {panel}-token source panel"
             raise ValueError(f"height={height} and width={width} give {image} image tokens ({layout.rows} rows of "
-                             f"{layout.row_length}) after a {prefix}-token image prefix, beyond the transformer's "
+                             f"{layout.row_length}) after {what}, beyond the transformer's "
                              f"context of {limit} positions (max_position_embeddings){hint}")
         for name, rows in (("prompt", prompts), ("negative_prompt", negatives or [])):
             longest = max((len(r) for r in rows), default=0)
@@ -273,12 +283,12 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
             size += unit
 
     def _check_memory(self, model: UnifiedTokenModel, layout: ImageLayout, rows: list[list[int]], batch: int,
-                      max_batch_size: Optional[int], guidance: bool, output_type: str) -> None:
+                      max_batch_size: Optional[int], guidance: bool, output_type: str, panel: int = 0) -> None:
         """Refuse a call whose key/value cache (``max_batch_size`` images at a time, all at once by default), token
         grids and pixels would not fit the execution device's available memory (a lower estimate: activations
         and the image decoder's work come on top). The error names ``num_images_per_prompt``."""
         slots = batch if max_batch_size is None else min(batch, check_int("max_batch_size", max_batch_size, minimum=1))
-        capacity = max(len(r) for r in rows) + len(layout.prefix) + layout.num_tokens
+        capacity = max(len(r) for r in rows) + len(layout.prefix) + panel + layout.num_tokens
         need = model.cache_bytes(slots * (2 if guidance else 1), capacity) + batch * layout.num_tokens * 8
         if output_type != "latent":
             need += batch * 3 * layout.rows * layout.cols * self.config.downsample ** 2 * 4
@@ -288,6 +298,47 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
                              f"{need / 2 ** 30:.1f} GiB for the key/value cache and outputs, more than the "
                              f"{free / 2 ** 30:.1f} GiB available on {self._execution_device}; ask for fewer images per "
                              f"call or set max_batch_size")
+
+    # ------------------------------------------------------------------ image-to-image
+    def _source_pixels(self, image: Any) -> torch.Tensor:
+        """``image`` (the call's argument) as ``[B, 3, H, W]`` in [-1, 1] (diffusers' ``VaeImageProcessor``:
+        PIL images, numpy arrays or tensors in [0, 1], or lists of them), checked before any work."""
+        if self.vqvae is None:
+            raise ValueError("image (image-to-image) needs the pipeline's vqvae to tokenise the source; this pipeline "
+                             "has none")
+        items = image if isinstance(image, (list, tuple)) else [image]
+        if not items or not all(isinstance(i, (PIL.Image.Image, np.ndarray, torch.Tensor)) for i in items):
+            raise ValueError(f"image must be a PIL image, a numpy array or a tensor (or a non-empty list of them), got "
+                             f"{type(image).__name__}")
+        for item in items:
+            if isinstance(item, (np.ndarray, torch.Tensor)) and item.size and (float(item.min()) < 0 or float(item.max()) > 1):
+                raise ValueError(f"image arrays and tensors must lie in [0, 1] (diffusers' convention), got values in "
+                                 f"[{float(item.min()):.3g}, {float(item.max()):.3g}]")
+        try:
+            pixels = self.image_processor.preprocess(image)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"image could not be read as images: {err}") from None
+        if pixels.dim() != 4 or pixels.shape[1] != 3:
+            raise ValueError(f"image must have 3 channels (RGB), got a batch of shape {tuple(pixels.shape)}")
+        return pixels.float()
+
+    def _source_size(self, pixels: torch.Tensor, height: Optional[int], width: Optional[int]) -> tuple[int, int]:
+        """The decoded panel's size: the source's; a ``height`` / ``width`` that differs is refused (no resizing)."""
+        size = (int(pixels.shape[2]), int(pixels.shape[3]))
+        for name, given, actual in (("height", height, size[0]), ("width", width, size[1])):
+            if given is not None and given != actual:
+                raise ValueError(f"{name}={given} differs from the source image's {name} {actual}: an edited image has "
+                                 f"its source's size (resize the source, or leave {name} out)")
+        return size
+
+    @torch.no_grad()
+    def source_tokens(self, pixels: torch.Tensor, layout: ImageLayout) -> torch.Tensor:
+        """Decoder tokens ``[B, num_tokens]`` of source images ``[B, 3, H, W]`` in [-1, 1]: the vqvae's codes, rows
+        ended by the end-of-row token (the layout of the decoded panel)."""
+        from vispec.models.llamagen_vq import encode_to_tokens
+
+        codes = encode_to_tokens(self.vqvae, pixels.to(self._execution_device))
+        return layout.tokens_of_codes(codes.cpu())
 
     # ------------------------------------------------------------------ acceptance
     def codebook(self) -> torch.Tensor:
@@ -325,6 +376,7 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         self,
         prompt: Union[str, list[str]],
         negative_prompt: Union[str, list[str], None] = None,
+        image: Any = None,
         height: Optional[int] = None,
         width: Optional[int] = None,
         guidance_scale: Optional[float] = None,
@@ -341,10 +393,18 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         callback_on_step_end_tensor_inputs: Sequence[str] = ("tokens",),
         max_batch_size: Optional[int] = None,
     ) -> Union[UnifiedImagePipelineOutput, tuple]:
-        """Generate images from text.
+        """Generate images from text, or edit an image (image-to-image).
 
         Args:
             prompt: one prompt or a list; negative_prompt: likewise (models with ``cfg_mode="negative"``).
+            image: a source image for image-to-image (an edit instruction in ``prompt``): a PIL image, a numpy array
+                or a ``[B, 3, H, W]`` / ``[3, H, W]`` tensor in [0, 1] (diffusers' convention), or a list of them;
+                one for every prompt or one per prompt. It is tokenised by the ``vqvae`` and laid out as the upper
+                panel of Lumina-mGPT 2.0's dual-panel image (the resolution tokens declare twice the height); the
+                decoder writes the lower panel, of the source's size (``height`` / ``width`` default to it and
+                must match it). ``decoding="iad"`` or ``"mc-sjd:init=source"`` draft from the source (input-guided
+                aggressive decoding: exact, and fast where the edit keeps most of the picture); each image's
+                ``stats["source_kept"]`` is the fraction of its codes equal to the source's.
             height, width: pixels (multiples of the tokenizer's downsampling; default the config's); the size's
                 resolution tokens must lie below the next id the config gives another role, and prompt, image
                 prefix and image tokens must fit the transformer's context (``max_position_embeddings``).
@@ -362,32 +422,49 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         """
         tensor_inputs = self.check_common_inputs(output_type, OUTPUT_TYPES, "num_images_per_prompt", num_images_per_prompt,
                                                  callback_on_step_end, callback_on_step_end_tensor_inputs)
+        pixels = None if image is None else self._source_pixels(image)
+        if pixels is not None:
+            height, width = self._source_size(pixels, height, width)
         height = self.config.default_height if height is None else height
         width = self.config.default_width if width is None else width
-        layout = self.layout(height, width)
+        layout = self.layout(height, width, source_panel=pixels is not None)
         self._check_pixel_decoder(output_type)
         config = DecodingConfig.resolve(decoding, base=self.decoding_config, acceptance=acceptance)
+        if config.init == "source" and config.strategy != "ar" and pixels is None:
+            raise ValueError(f"decoding {config.name!r} drafts from a source image (init='source'): give image=... "
+                             f"(an image-to-image request)")
         if config.strategy == "sd":
             raise ValueError("decoding 'sd' needs a drafter model; UnifiedImagePipeline has none: use 'ar', 'sjd' or 'mc-sjd'")
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
         sampling.check_vocab(layout.vocab_size)  # what the decoders check once started
-        prompts, negatives = self._prompt_ids(prompt, negative_prompt, height, width)
+        prompts, negatives = self._prompt_ids(prompt, negative_prompt, 2 * height if pixels is not None else height, width)
+        if pixels is not None and pixels.shape[0] not in (1, len(prompts)):
+            raise ValueError(f"image has {pixels.shape[0]} images for {len(prompts)} prompts: give one, or one per prompt")
         model = self.unified_model(layout)
-        self._check_context(model, layout, prompts, negatives, height, width)
+        panel = 0 if pixels is None else layout.num_tokens
+        self._check_context(model, layout, prompts, negatives, height, width, panel)
         batch = len(prompts) * num_images_per_prompt
         check_generator(generator, batch)
         self._check_memory(model, layout, prompts + (negatives or []), batch, max_batch_size,
-                           sampling.uses_guidance, output_type)
+                           sampling.uses_guidance, output_type, panel)
         rule = self.acceptance_rule(acceptance if isinstance(acceptance, AcceptanceRule) else config.rule, model)
         repeat = lambda rows: [r for r in rows for _ in range(num_images_per_prompt)]  # noqa: E731
-        condition = model.condition(repeat(prompts), None if negatives is None else repeat(negatives))
+        source = None
+        if pixels is not None:
+            source = self.source_tokens(pixels, layout).expand(len(prompts), -1).repeat_interleave(num_images_per_prompt, 0)
+        condition = model.condition(repeat(prompts), None if negatives is None else repeat(negatives), source=source)
         self._layout = layout
+        drafts_from_source = source is not None and config.init == "source" and config.strategy != "ar"
         tokens, stats = self.decode_image_tokens(
             model, condition, num_tokens=layout.num_tokens, sampling=sampling, config=config, rule=rule,
             generator=generator, max_batch_size=max_batch_size, callback_on_step_end=callback_on_step_end,
-            tensor_inputs=tensor_inputs)
+            tensor_inputs=tensor_inputs, **({"source": source} if drafts_from_source else {}))
 
         codes = layout.codes(tokens)
+        if source is not None:
+            kept = (codes == layout.codes(source.to(codes.device))).flatten(1).float().mean(1).tolist()
+            for row, fraction in zip(stats, kept):
+                row["source_kept"] = fraction
         images: Any = codes if output_type == "latent" else self.image_processor.postprocess(
             self._pixels(codes, height, width), output_type=output_type)
         self.last_stats = stats

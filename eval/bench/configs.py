@@ -61,9 +61,10 @@ class DecoderBenchConfig:
         for method in self.methods:
             config = decoding_config(method, self.window)
             # decodes a bare GPT: no drafter model, no VQ codebook (a refusal now, not after the other methods ran)
-            if config.strategy == "sd":
+            if config.strategy in ("sd", "gad"):
                 raise ValueError(f"methods: {method!r} needs a drafter model, which `vispec bench decoders` does not "
-                                 "load; time sd with `vispec bench image --model tiny-c2i` (its folder has a drafter)")
+                                 f"load; time {config.strategy} with `vispec bench image --model tiny-c2i` (its folder has "
+                                 "a drafter and a gad_drafter)")
             if config.rule.rule == "lantern":
                 raise ValueError(f"methods: {method!r} needs the VQ codebook, which `vispec bench decoders` does not "
                                  "load; time +lantern with `vispec bench image`")

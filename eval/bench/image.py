@@ -240,7 +240,45 @@ def _batched_row(task, records: list, conditions) -> dict:
         row[COMMITS_KEY] = hist
     if "drafter_nfe" in stats[0]:
         row["drafter_nfe_batched"] = sum(r["drafter_nfe"] for r in stats) / n
+    if "request_kept" in stats[0]:  # image-to-image: forwards by how much of the picture the edit keeps
+        row["source_kept"] = sum(r["source_kept"] for r in stats) / n
+        row["kept_bins"] = kept_bins(stats)
     return row
+
+
+def kept_bins(stats: list[dict]) -> dict[str, dict[str, float]]:
+    """Image-to-image rows: per bin of the requests' ``request_kept`` (:data:`~vispec.eval.bench.image_tasks.KEPT_BINS`),
+    the images, their mean forwards and the mean fraction of the output equal to the source."""
+    from vispec.eval.bench.image_tasks import kept_bin
+
+    bins: dict[str, list[dict]] = {}
+    for r in stats:
+        bins.setdefault(kept_bin(r["request_kept"]), []).append(r)
+    return {label: {"images": len(rows), "nfe": sum(r["nfe"] for r in rows) / len(rows),
+                    "source_kept": sum(r["source_kept"] for r in rows) / len(rows)}
+            for label, rows in sorted(bins.items())}
+
+
+def format_kept_table(result: dict) -> str:
+    """Image-to-image: step compression over AR (both at batch ``batch_size``) per bin of how much of the source the
+    requested edit keeps, and the share of each method's output equal to the source; empty for other tasks."""
+    rows = {name: r for name, r in result["methods"].items() if "kept_bins" in r and not name.startswith("ar-reseed")}
+    if "ar" not in rows:
+        return ""
+    labels = list(rows["ar"]["kept_bins"])
+    width = max([18] + [len(name) for name in rows])
+    header = f"{'kept by the edit':<{width}} " + " ".join(f"{label:>10}" for label in labels) + f" {'kept out':>8}"
+    images = f"{'images':<{width}} " + " ".join(f"{rows['ar']['kept_bins'][b]['images']:>10d}" for b in labels)
+    lines = [header, "-" * len(header), images]
+    for name, r in rows.items():
+        cells = []
+        for label in labels:
+            mine, ar = r["kept_bins"].get(label), rows["ar"]["kept_bins"][label]
+            cells.append(f"{ar['nfe'] / mine['nfe']:>9.2f}x" if mine else f"{'':>10}")
+        lines.append(f"{name:<{width}} " + " ".join(cells) + f" {r['source_kept']:>8.1%}")
+    lines.append("step compression over AR per bin of the fraction of source codes the true edit keeps (batched run); "
+                 "kept out: the share of the output's codes equal to the source's")
+    return "\n".join(lines)
 
 
 def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = print,
@@ -492,6 +530,9 @@ def format_image_table(result: dict) -> str:
     budget = format_budget_table(result)
     if budget:
         lines += ["", budget]
+    kept = format_kept_table(result)
+    if kept:
+        lines += ["", kept]
     commits = format_commits_table(result)
     if commits:
         lines += ["", commits]

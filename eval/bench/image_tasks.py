@@ -7,6 +7,9 @@ throughput sweep) on a task; the task knows the conditions, how to generate and 
   labels ``i % num_classes``; quality is the evaluator's top-1 accuracy (class adherence) and FID against
   held-out real crops with the evaluator's penultimate features; the reference is the evaluator on held-out
   crops and the FID between two disjoint sets of them (the floor);
+* :class:`EditImageTask` (``"image-to-image"``, a ``UnifiedImagePipeline`` marked ``image_to_image`` such as
+  tiny-edit): held-out scene pairs (an instruction and a source picture), judged as text-to-image against the
+  target caption, with the step compression binned by how much of the picture the edit keeps;
 * :class:`TextImageTask` (``"text-to-image"``, a ``UnifiedImagePipeline`` such as tiny-t2i): conditions are
   held-out captions with their sizes (:class:`~vispec.eval.bench.scenes.SceneSampler` ``("test", seed)``, scenes
   of 64x64 and 64x96); quality is prompt-following accuracy from the programmatic scene checks
@@ -204,10 +207,12 @@ class ClassImageTask(ImageTask):
         config = DecodingConfig.parse(method, base=self.pipe.decoding_config)
         if config.strategy == "sd" and self.pipe.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter, but the pipeline {self.cfg.model!r} has none")
+        if config.strategy == "gad" and getattr(self.pipe, "gad_drafter", None) is None:
+            raise ValueError(f"method {method!r} needs a gad_drafter, but the pipeline {self.cfg.model!r} has none")
         self.pipe.acceptance_rule(config.rule)
 
     def compilable(self, method: str) -> bool:
-        """``sd`` runs its drafter rounds eagerly (:func:`vispec.decoding.decode`)."""
+        """``sd`` and ``gad`` run their drafter rounds eagerly (:func:`vispec.decoding.decode`)."""
         from vispec.decoding import DecodingConfig
 
         return DecodingConfig.parse(method).strategy in ("ar", "sjd", "mc-sjd", "sjd-pac")
@@ -457,15 +462,21 @@ class TextImageTask(ImageTask):
 
     def real_stats(self, n: int) -> dict:
         """Scene checks and CLIP score of ``n`` held-out renders (true and rolled captions), FID to ``n`` other ones."""
-        from vispec.eval.bench.clip_score import clip_score, to_uint8 as float_to_uint8
+        from vispec.eval.bench.clip_score import to_uint8 as float_to_uint8
         from vispec.eval.bench.scenes import SceneSampler
 
         batch = SceneSampler("test", seed=self.cfg.seed + REAL_SEED_OFFSET).sample(2 * n)
-        real = float_to_uint8(batch.images)  # the renders are uint8 levels in [-1, 1]: exact
-        captions = batch.captions[:n]
+        return self._real_renders(float_to_uint8(batch.images), batch.captions[:n])  # uint8 levels in [-1, 1]: exact
+
+    def _real_renders(self, real: Tensor, captions: list[str]) -> dict:
+        """:meth:`real_stats` of ``2n`` uint8 renders, the first ``n`` with their ``captions``: the quality metrics of
+        those ``n`` (against rolled captions too), the FID reference (they) and floor (to the other ``n``)."""
+        from vispec.eval.bench.clip_score import clip_score
+
+        n = len(captions)
         features = self._features(real)
         self.reference = features[:n]
-        out = self.quality_of(self.judge(real[:n], captions), captions)
+        out = self.quality_of(TextImageTask.judge(self, real[:n], captions), captions)
         out.pop("fid")
         out["clip_score_mismatched"] = clip_score(real[:n], captions[1:] + captions[:1], self.clip_model,
                                                   self.clip_processor)
@@ -479,15 +490,140 @@ class TextImageTask(ImageTask):
                 f"vs {real['clip_score_mismatched']:.2f} with mismatched ones, FID real vs real {real['fid_real_vs_real']:.3f}")
 
 
-TASKS: dict[str, type[ImageTask]] = {ClassImageTask.kind: ClassImageTask, TextImageTask.kind: TextImageTask}
+# ------------------------------------------------------------------------------------------- image-to-image
+class EditRequest(NamedTuple):
+    """One image-to-image condition: the edit ``instruction``, the ``source`` picture (uint8 ``[3, H, W]``), the
+    caption the edited picture must match, the edit's kind and ``kept``: the fraction of the source's VQ codes the
+    true edit keeps (the target render's codes aligned to the source outside the edit, then compared), how much of the
+    picture must change."""
+
+    instruction: str
+    source: Tensor
+    target_caption: str
+    kind: str
+    kept: float
+
+
+KEPT_BINS = (0.0, 0.8, 0.9, 0.95, 1.0)  # the step-compression table's bins of ``kept``
+
+
+def kept_bin(kept: float) -> str:
+    """The :data:`KEPT_BINS` interval holding ``kept`` (the last one closed), as a label."""
+    for lo, hi in zip(KEPT_BINS, KEPT_BINS[1:]):
+        if kept < hi or hi == KEPT_BINS[-1]:
+            return f"{lo:.2f}-{hi:.2f}"
+    raise ValueError(f"kept must lie in [0, 1], got {kept}")  # pragma: no cover
+
+
+class EditImageTask(TextImageTask):
+    """A ``UnifiedImagePipeline`` trained for image-to-image (``image_to_image`` in its config; tiny-edit): held-out
+    scene pairs (:class:`~vispec.eval.bench.scene_edits.EditSampler` ``("test", seed)``), each an instruction and a
+    source picture; the edited picture is judged against the target caption (scene checks: the edited attribute and
+    the untouched ones), by CLIP score of the target caption and by CLIP-feature FID to held-out target renders.
+    Per image the stats carry the request's ``request_kept`` (:class:`EditRequest`) and the output's
+    ``source_kept``, so :func:`vispec.eval.bench.image.format_kept_table` shows step compression against how much
+    of the picture the edit keeps."""
+
+    kind = "image-to-image"
+
+    @classmethod
+    def check(cls, cfg: ImageBenchConfig, folder: str) -> None:
+        super().check(cfg, folder)
+        if not image_to_image(folder):
+            raise ValueError(f"{cfg.model} is not an image-to-image model (image_to_image in its model_index.json)")
+
+    def run_config(self) -> dict:
+        return {**ImageTask.run_config(self), "clip": self.clip_path, "sizes": [[64, 64]],
+                "conditions": f"held-out scene pairs: EditSampler('test', seed={self.cfg.seed})",
+                "reference": f"held-out target renders: EditSampler('test', seed={self.cfg.seed + REAL_SEED_OFFSET})"}
+
+    def conditions(self, n: int) -> list[EditRequest]:
+        from vispec.eval.bench.clip_score import to_uint8 as float_to_uint8
+        from vispec.eval.bench.scene_edits import EditSampler, aligned_target_codes
+        from vispec.models.llamagen_vq import encode_to_tokens
+
+        pairs = EditSampler("test", seed=self.cfg.seed).sample(n)
+        if not pairs:
+            return []
+        with torch.no_grad():
+            device = self.pipe._execution_device
+            source_px, target_px = torch.stack([p.source for p in pairs]), torch.stack([p.target for p in pairs])
+            source = encode_to_tokens(self.pipe.vqvae, source_px.to(device)).cpu()
+            target = aligned_target_codes(source, encode_to_tokens(self.pipe.vqvae, target_px.to(device)).cpu(),
+                                          source_px, target_px)
+        kept = (source == target).flatten(1).float().mean(1).tolist()
+        return [EditRequest(p.instruction, float_to_uint8(p.source[None])[0], p.target_caption, p.kind, k)
+                for p, k in zip(pairs, kept)]
+
+    def warm_up(self) -> None:
+        request = self.conditions(1)[0]
+        self.pipe(prompt=[request.instruction], image=request.source[None].float() / 255, decoding="sjd",
+                  output_type="latent")
+
+    def generate(self, method: str, conditions: Sequence, seeds: list[int], batch_size: int, compile: bool = False,
+                 tick: Tick = None) -> tuple[list[Tensor], list[dict], float]:
+        if compile:
+            raise ValueError("compile=True: unified-token (image-to-image) models decode eagerly")
+        if len(conditions) != len(seeds):
+            raise ValueError(f"conditions and seeds must have the same length, got {len(conditions)} and {len(seeds)}")
+        images: list[Tensor] = []
+        stats: list[dict] = []
+        cfg = self.cfg
+        start = time.perf_counter()
+        for lo in range(0, len(conditions), batch_size):
+            chunk = conditions[lo : lo + batch_size]
+            out = self.pipe(prompt=[c.instruction for c in chunk], image=torch.stack([c.source for c in chunk]).float() / 255,
+                            decoding=method, generator=[torch.Generator().manual_seed(s) for s in seeds[lo : lo + batch_size]],
+                            guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k,
+                            top_p=cfg.top_p, output_type="pt")
+            images += list(to_uint8(out.images).cpu())
+            stats += [{**stat, "request_kept": c.kept, "edit_kind": c.kind} for stat, c in zip(out.stats, chunk)]
+            if tick is not None:
+                tick(len(chunk))
+        if torch.device(self.pipe.device).type == "cuda":
+            torch.cuda.synchronize(self.pipe.device)
+        return images, stats, time.perf_counter() - start
+
+    def judge(self, images: Images, conditions: Sequence) -> list[tuple[dict, dict[str, Tensor]]]:
+        return super().judge(images, [c.target_caption if isinstance(c, EditRequest) else c for c in conditions])
+
+    def real_stats(self, n: int) -> dict:
+        """Scene checks and CLIP score of ``n`` held-out target renders (their captions, and rolled ones), FID to ``n``
+        other ones."""
+        from vispec.eval.bench.clip_score import to_uint8 as float_to_uint8
+        from vispec.eval.bench.scene_edits import EditSampler
+
+        pairs = EditSampler("test", seed=self.cfg.seed + REAL_SEED_OFFSET).sample(2 * n)
+        return self._real_renders(float_to_uint8(torch.stack([p.target for p in pairs])),
+                                  [p.target_caption for p in pairs[:n]])
+
+    @staticmethod
+    def describe_real(real: dict) -> str:
+        return (f"real held-out edit targets: accuracy {real['accuracy']:.3f}, CLIP {real['clip_score']:.2f} with their "
+                f"captions vs {real['clip_score_mismatched']:.2f} with mismatched ones, FID real vs real "
+                f"{real['fid_real_vs_real']:.3f}")
+
+
+TASKS: dict[str, type[ImageTask]] = {ClassImageTask.kind: ClassImageTask, TextImageTask.kind: TextImageTask,
+                                     EditImageTask.kind: EditImageTask}
+
+
+def image_to_image(folder: str) -> bool:
+    """Whether a pipeline folder's ``model_index.json`` marks its model as trained for image-to-image requests."""
+    import json
+
+    with open(os.path.join(folder, "model_index.json")) as f:
+        return bool(json.load(f).get("image_to_image", False))
 
 
 def task_class(folder: str) -> type[ImageTask]:
-    """The task of a pipeline folder: text-to-image for a ``UnifiedImagePipeline``, else class-to-image (whose check
-    names any other kind)."""
+    """The task of a pipeline folder: image-to-image for a ``UnifiedImagePipeline`` marked ``image_to_image``,
+    text-to-image for another one, else class-to-image (whose check names any other kind)."""
     from vispec.models.checkpoints import pipeline_kind
 
-    return TextImageTask if pipeline_kind(folder) == "UnifiedImagePipeline" else ClassImageTask
+    if pipeline_kind(folder) == "UnifiedImagePipeline":
+        return EditImageTask if image_to_image(folder) else TextImageTask
+    return ClassImageTask
 
 
 def load_task(cfg: ImageBenchConfig) -> ImageTask:

@@ -314,7 +314,7 @@ def _pair(rng: np.random.Generator, sides: list[float], relation: str, height: i
     return boxes
 
 
-def _layout(rng: np.random.Generator, parsed: dict, height: int, width: int) -> tuple[SceneObject, ...]:
+def layout_objects(rng: np.random.Generator, parsed: dict, height: int, width: int) -> tuple[SceneObject, ...]:
     phrases = parsed["objects"] * (parsed["count"] or 1)
     sizes = [p["size"] or SIZES[int(rng.integers(2))] for p in phrases]
     sides = [rng.uniform(*EXTENTS[s]) * min(height, width) for s in sizes]
@@ -345,7 +345,7 @@ def _tint(rng: np.random.Generator) -> np.ndarray:
     return (tint * np.cos(angle - np.array([0, 2 * np.pi / 3, 4 * np.pi / 3]))).astype(np.float32)
 
 
-def _plain_background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+def plain_background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """A smooth grey ramp ``[H, W, 3]`` in ``[0, 1]`` with a faint tint (see the module docstring)."""
     level, ramp, angle = rng.uniform(0.25, 0.75), rng.uniform(0.0, 0.15), rng.uniform(0, 2 * np.pi)
     y = (np.arange(height, dtype=np.float32)[:, None] + 0.5) / height - 0.5
@@ -354,7 +354,7 @@ def _plain_background(rng: np.random.Generator, height: int, width: int) -> np.n
     return grey[..., None].astype(np.float32) + _tint(rng)
 
 
-def _photo_background(rng: np.random.Generator, grey: Sequence[np.ndarray], tiles: Sequence[Tile], height: int,
+def photo_background(rng: np.random.Generator, grey: Sequence[np.ndarray], tiles: Sequence[Tile], height: int,
                       width: int) -> np.ndarray:
     """A muted textured background ``[H, W, 3]`` in ``[0, 1]`` (see the module docstring)."""
     tile = tiles[int(rng.integers(len(tiles)))]
@@ -373,7 +373,7 @@ def _photo_background(rng: np.random.Generator, grey: Sequence[np.ndarray], tile
     return level[..., None] + _tint(rng)
 
 
-def _alpha(shape: str, box: tuple[float, float, float, float]) -> tuple[int, int, np.ndarray]:
+def shape_alpha(shape: str, box: tuple[float, float, float, float]) -> tuple[int, int, np.ndarray]:
     """``(y0, x0, coverage [h, w] in [0, 1])`` of a shape over the integer pixels around its box."""
     y0, x0 = int(np.floor(box[0])), int(np.floor(box[1]))
     h, w = int(np.ceil(box[2])) - y0, int(np.ceil(box[3])) - x0
@@ -399,7 +399,7 @@ def render(rng: np.random.Generator, objects: Sequence[SceneObject], background:
     image = background.copy()
     for obj in objects:
         colour = np.asarray(PALETTE[obj.colour], dtype=np.float32) / 255.0 * rng.uniform(0.85, 1.0)
-        y0, x0, a = _alpha(obj.shape, obj.box)
+        y0, x0, a = shape_alpha(obj.shape, obj.box)
         region = image[y0 : y0 + a.shape[0], x0 : x0 + a.shape[1]]
         region += a[..., None] * (colour - region)
     return np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
@@ -489,11 +489,11 @@ class SceneSampler:
 
     def _draw(self, rng: np.random.Generator, caption: str, height: int, width: int) -> tuple[Tensor, str, Scene]:
         parsed = parse_caption(caption)
-        objects = _layout(rng, parsed, height, width)
+        objects = layout_objects(rng, parsed, height, width)
         if self.background == "plain":
-            background = _plain_background(rng, height, width)
+            background = plain_background(rng, height, width)
         else:
-            background = _photo_background(rng, self._grey, self._tiles, height, width)
+            background = photo_background(rng, self._grey, self._tiles, height, width)
         pixels = render(rng, objects, background)
         image = to_model_range(torch.from_numpy(pixels).permute(2, 0, 1))
         key = composition_key(caption)

@@ -31,7 +31,8 @@ from vispec.decoding import DecodingConfig
 from vispec.eval.bench.data import CLASS_NAMES
 from vispec.eval.bench.evaluator import CropClassifier
 # their home: torch-free, for the CLI (re-exported here)
-from vispec.eval.train.configs import AssembleConfig, DrafterAssembleConfig, MDLMAssembleConfig, T2IAssembleConfig
+from vispec.eval.train.configs import (AssembleConfig, DrafterAssembleConfig, EditAssembleConfig, MDLMAssembleConfig,
+                                      T2IAssembleConfig)
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_gpt import LlamaGenGPT
 
@@ -243,3 +244,87 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
     if cfg.clip:
         extras["clip"] = lambda path: shutil.copytree(cfg.clip, path)
     return write_pipeline_folder(pipe, cfg.out, card, info, record_title="Training records", extras=extras)
+
+
+def assemble_edit(cfg: EditAssembleConfig) -> dict:
+    """Write tiny-edit (a ``UnifiedImagePipeline`` like tiny-t2i's: the fine-tuned Chameleon editor, its instruction
+    tokenizer, tiny-t2i's scene VQ and CLIP) with its model card; the layout ids come from the trainer's record
+    (:func:`vispec.eval.train.edit.edit_vocabulary`), the measured numbers from ``cfg.evaluation`` when given."""
+    from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
+
+    from vispec.eval.train.edit import DOWNSAMPLE, PANEL, PANEL_TOKENS
+    from vispec.eval.train.t2i import RESOLUTION_UNIT
+    from vispec.pipelines import UnifiedImagePipeline
+    from vispec.pipelines.embedded import resolve_model_path
+
+    cfg.validate()
+    record = read_record(cfg.edit, required=True)
+    vocab = record["metrics"]["vocabulary"]
+    base = resolve_model_path(cfg.init_from)
+    transformer = ChameleonForConditionalGeneration.from_pretrained(cfg.edit).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(cfg.edit, "tokenizer"))
+    vqvae = VQModel.from_pretrained(os.path.join(base, "vqvae"), **diffusers_load_kwargs()).eval()
+    num_codes = vqvae.config.num_vq_embeddings
+    if vocab["vocab_size"] - vocab["code_offset"] != num_codes:
+        raise ValueError(f"the editor was trained for {vocab['vocab_size'] - vocab['code_offset']} codes, the VQ has {num_codes}")
+    decoding = DecodingConfig(strategy="mc-sjd", window=cfg.window, guidance_scale=cfg.guidance_scale,
+                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    pipe = UnifiedImagePipeline(
+        transformer=transformer, tokenizer=tokenizer, vqvae=vqvae, decoding_config=decoding, family="chameleon",
+        num_codes=num_codes, code_offset=vocab["code_offset"], eol_id=vocab["end_of_row"],
+        image_start_id=vocab["image_start"], image_end_ids=[vocab["image_end"]], resolution_token_base=vocab["resolution_base"],
+        resolution_unit=RESOLUTION_UNIT, downsample=DOWNSAMPLE, prompt_template="{prompt}", cfg_mode="image_start",
+        default_height=PANEL[0], default_width=PANEL[1])
+    evaluation = {}
+    if cfg.evaluation:
+        with open(cfg.evaluation) as handle:
+            evaluation = json.load(handle)
+    c, config, metrics = transformer.config, record["config"], record["metrics"]
+    card = [
+        "# tiny-edit: vispec's embedded instruction image editor (unified tokens, dual panel)",
+        "",
+        "Edits a 64x64 scene (vispec.eval.bench.scenes) by an instruction that changes exactly one attribute",
+        "(vispec.eval.bench.scene_edits): 'make the red square blue', 'move the red circle to the left', 'move the red",
+        "square below the blue circle', 'make the red circle large', 'add a red circle', 'remove one red circle',",
+        "'add a blue square left of the red circle', 'remove the blue square'. Pairs share background and untouched",
+        "objects; held-out pairs have target compositions never trained on.",
+        "",
+        "- Sequence: Lumina-mGPT 2.0's dual-panel image-to-image layout: instruction words, `[image_start, "
+        f"res(2H), res(W)]` (the header declares twice the height), the SOURCE panel rows ({PANEL_TOKENS} tokens: 16 rows of",
+        "  16 codes and end of row), then the TARGET panel rows, then image_end. Guidance starts at image start: the",
+        "  unconditional branch keeps the source panel and drops the instruction (instruction dropout "
+        f"{config['instruction_dropout']} in training).",
+        f"- Decoder: transformers' Chameleon, {c.num_hidden_layers} layers, hidden {c.hidden_size}, max positions "
+        f"{c.max_position_embeddings}; vocabulary: a word-level tokenizer of the caption and edit words, then image start / end,",
+        f"  end of row, resolution tokens (n = pixels / {RESOLUTION_UNIT}) and {num_codes} codes. Initialised from tiny-t2i "
+        f"({metrics['mapped_rows']} embedding / head rows copied by token meaning, {metrics['new_rows']} new words random),",
+        f"  then fine-tuned {metrics.get('steps_done', config['steps'])} steps (batch {config['batch_size']}, lr {config['lr']}, "
+        f"{metrics['train_minutes']} min on a shared CPU) on {config['num_pairs']} train pairs; loss on the target rows only;",
+        f"  final training loss {metrics['final_loss']:.3f}.",
+        "- VQ tokenizer and CLIP: tiny-t2i's, unchanged. Its encoder has global attention and group norms, so a",
+        "  one-object edit changes many codes away from the object too: the target panel is not a plain copy of the source.",
+        f"- Default sampling: CFG {cfg.guidance_scale}, temperature {cfg.temperature}, top-k {cfg.top_k}; decoding mc-sjd "
+        f"(window {cfg.window}).",
+        "- Reproduce with samples/train_tiny_edit.sh (seeded).",
+    ]
+    held = metrics.get("held_out", {})
+    if held:
+        card += ["", "## Measured (held-out test pairs)", "",
+                 f"- Teacher-forced, {held['pairs']} pairs: next-token accuracy {held['token_accuracy']:.3f} on the target "
+                 f"panel (before fine-tuning {metrics['held_out_before']['token_accuracy']:.3f}), loss {held['loss']:.3f}; "
+                 f"target codes equal to the source's at the same place: {held['target_equals_source']:.3f}; accuracy on "
+                 f"the codes that differ from the source: {held['accuracy_on_changed_codes']:.3f}."]
+    for key, value in evaluation.items():
+        if key.startswith("ar_guidance_") or key.startswith("baseline") or key.startswith("ceiling"):
+            card.append(f"- {key} ({evaluation['settings']['pairs']} pairs, scene checks vs the target caption): overall "
+                        f"{value['accuracy']['overall']:.3f}, strict (edit visible) {value['strict_overall']:.3f}, "
+                        f"generated codes equal to the source's {value['codes_equal_source']:.3f}.")
+    if evaluation:
+        card.append("- Full evaluation: logs/evaluation.json (vispec.eval.train.edit.evaluate_edit).")
+    extras = {"logs/transformer.jsonl": lambda path: shutil.copy(os.path.join(cfg.edit, "train_log.jsonl"), path)}
+    if cfg.evaluation:
+        extras["logs/evaluation.json"] = lambda path: shutil.copy(cfg.evaluation, path)
+    if os.path.isdir(os.path.join(base, "clip")):
+        extras["clip"] = lambda path: shutil.copytree(os.path.join(base, "clip"), path)
+    info = {"transformer": record, "init_from": cfg.init_from}
+    return write_pipeline_folder(pipe, cfg.out, card, info, record_title="Training record", extras=extras)

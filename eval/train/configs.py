@@ -191,13 +191,7 @@ class DrafterTrainConfig:
                      fractions=("class_dropout_prob",))
         check_heads(self, "dim", "n_head", name, multiple=4)
         check_training_memory(self, self.footprint(), name)
-        from vispec.decoding import DecodingConfig
-
-        try:
-            DecodingConfig.parse(self.sample_decoding)
-        except ValueError as err:
-            raise ValueError(f"{name('sample_decoding')}: {err}") from None
-        check_pipeline_name(self, "target", name)
+        _check_sampled_target(self, name)
 
     def footprint(self) -> Footprint:
         """The drafter GPT's blocks (embeddings sized by the target's vocabulary left out), a batch's activations and
@@ -205,6 +199,78 @@ class DrafterTrainConfig:
         parameters, activations = _llamagen_footprint(self.dim, self.n_layer, self.n_head, self.batch_size)
         return Footprint(parameters, activations + self.num_sequences * (2 * GPT_TOKENS + 8),
                          ("dim", "n_layer", "n_head", "batch_size", "num_sequences"))
+
+
+def _check_sampled_target(cfg: "DrafterTrainConfig", name: Namer) -> None:
+    """A drafter trainer's ``sample_decoding`` is a decoding spec and its ``target`` an embedded model or a local
+    pipeline folder (these import the decoders and the pipelines: checked last)."""
+    from vispec.decoding import DecodingConfig
+
+    try:
+        DecodingConfig.parse(cfg.sample_decoding)
+    except ValueError as err:
+        raise ValueError(f"{name('sample_decoding')}: {err}") from None
+    check_pipeline_name(cfg, "target", name)
+
+
+@dataclass
+class GADDrafterTrainConfig:
+    """``vispec train gad-drafter``: the masked block drafter of ``decoding="gad"`` (:mod:`vispec.eval.train.gad`)."""
+
+    target: str = "tiny-c2i"  # embedded name or pipeline folder
+    out: str = "out/tiny-c2i-gad-drafter"
+    num_sequences: int = 2048
+    sample_batch: int = 256
+    sample_decoding: str = "ar"
+    steps: int = 2400
+    batch_size: int = 8  # sequences per step (one teacher forward each)
+    blocks_per_sequence: int = 4  # drafter rows per sequence: random prefix lengths and block sizes
+    max_block: int = 16
+    context: int = 48  # committed tokens the drafter sees (three rows of tiny-c2i's 16 x 16 grid)
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    dim: int = 128
+    n_layer: int = 2
+    n_head: int = 4
+    class_dropout_prob: float = 0.1
+    seed: int = 0
+    log_every: int = 25
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field before any work; then ``sample_decoding`` must be a decoding spec and ``target`` an embedded
+        model or a local pipeline folder."""
+        check_common(self, name)
+        check_fields(self, name, counts=("num_sequences", "sample_batch", "blocks_per_sequence", "max_block", "dim",
+                                         "n_layer", "n_head"),
+                     non_negative=("context",), fractions=("class_dropout_prob",))
+        if self.max_block >= GPT_TOKENS:
+            raise ValueError(f"{name('max_block')} must be below {GPT_TOKENS} (the image's tokens), got {self.max_block}")
+        if self.context >= GPT_TOKENS:
+            raise ValueError(f"{name('context')} must be below {GPT_TOKENS} (0: the whole prefix), got {self.context}")
+        check_heads(self, "dim", "n_head", name, multiple=4)
+        check_training_memory(self, self.footprint(), name)
+        _check_sampled_target(self, name)
+
+    def footprint(self) -> Footprint:
+        """The drafter's blocks (as a LlamaGen GPT's, vocabulary-sized tables left out), the rows' activations (at most a
+        whole image each) and the sampled sequences."""
+        parameters, activations = _llamagen_footprint(self.dim, self.n_layer, self.n_head,
+                                                      self.batch_size * self.blocks_per_sequence)
+        return Footprint(parameters, activations + self.num_sequences * (2 * GPT_TOKENS + 8),
+                         ("dim", "n_layer", "n_head", "batch_size", "blocks_per_sequence", "num_sequences"))
+
+
+@dataclass
+class GADDrafterAssembleConfig:
+    """``vispec train assemble-gad-drafter``: add a trained GAD drafter to a pipeline folder (``gad_drafter/``)."""
+
+    drafter: str = "out/tiny-c2i-gad-drafter"
+    pipeline: str = "models/pretrained/tiny-c2i"
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Both folders exist and hold what they should, before anything is read."""
+        check_folder(self, "drafter", name, holds="config.json", what="the folder `vispec train gad-drafter` wrote")
+        check_folder(self, "pipeline", name, holds="model_index.json", what="a LlamaGenPipeline folder")
 
 
 @dataclass
@@ -596,6 +662,57 @@ class T2IAssembleConfig:
         check_decoding_defaults(self, name)
 
 
+
+@dataclass
+class EditTrainConfig:
+    """``vispec train edit``: tiny-edit, fine-tuned from tiny-t2i on scene-edit pairs (:mod:`vispec.eval.train.edit`)."""
+
+    init_from: str = "tiny-t2i"  # embedded name or tiny-t2i pipeline folder (transformer, tokenizer, vqvae reused)
+    out: str = "out/tiny-edit/transformer"
+    num_pairs: int = 6000
+    eval_pairs: int = 128  # held-out (test-split) pairs for the teacher-forced metrics
+    steps: int = 600
+    max_minutes: float = 0.0  # wall-clock cap of the optimisation (0: none); the schedule follows the nearer end
+    warmup: int = 20
+    batch_size: int = 12
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    instruction_dropout: float = 0.1
+    seed: int = 0
+    log_every: int = 10
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field before any work; then ``init_from`` must be an embedded model or a local pipeline folder."""
+        check_common(self, name)
+        check_fields(self, name, counts=("num_pairs", "eval_pairs", "warmup"), fractions=("instruction_dropout",),
+                     non_negative_numbers=("max_minutes",))
+        check_pipeline_name(self, "init_from", name)
+
+
+@dataclass
+class EditAssembleConfig:
+    """``vispec train assemble-edit``: write tiny-edit as a ``UnifiedImagePipeline`` folder."""
+
+    edit: str = "out/tiny-edit/transformer"
+    init_from: str = "tiny-t2i"  # the pipeline whose vqvae (and clip) tiny-edit reuses
+    evaluation: str = ""  # a JSON file of measured numbers to put in the model card (optional)
+    out: str = "models/pretrained/tiny-edit"
+    guidance_scale: float = 3.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    window: int = 16
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field before anything is read; the sampling defaults last (they import the decoders)."""
+        check_output(self, name)
+        check_folder(self, "edit", name, holds="train_config.json", what="the folder `vispec train edit` wrote")
+        if self.evaluation and not os.path.isfile(self.evaluation):
+            raise ValueError(f"{name('evaluation')} must be a JSON file or empty, got {self.evaluation!r}")
+        check_pipeline_name(self, "init_from", name)
+        check_decoding_defaults(self, name)
+
+
 CONFIGS = (VQTrainConfig, EvaluatorTrainConfig, GPTTrainConfig, AssembleConfig, DrafterTrainConfig,
            DrafterAssembleConfig, T2ITrainConfig, CLIPTrainConfig, T2IAssembleConfig, MDLMTrainConfig,
-           MDLMAssembleConfig, FilterTrainConfig)
+           MDLMAssembleConfig, FilterTrainConfig, EditTrainConfig, EditAssembleConfig)

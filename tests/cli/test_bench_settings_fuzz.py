@@ -140,7 +140,7 @@ def _parses(methods_text: str, parse) -> bool:
 
 def _decoders_parse(spec: str) -> None:
     config = decoders.decoding_config(spec, 16)
-    if config.strategy == "sd" or config.rule.rule == "lantern":  # no drafter, no codebook: refused up front
+    if config.strategy in ("sd", "gad") or config.rule.rule == "lantern":  # no drafter, no codebook: refused up front
         raise ValueError(spec)
 
 

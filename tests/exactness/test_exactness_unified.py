@@ -80,12 +80,14 @@ def drafter_model() -> UnifiedTokenModel:
 # ---- the exact AR distribution by full forwards ---------------------------------------------------------------
 
 @torch.no_grad()
-def conditional_table(model: UnifiedTokenModel, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
+def conditional_table(model: UnifiedTokenModel, prompt: list[int], sampling: SamplingConfig,
+                      panel: tuple[int, ...] = ()) -> torch.Tensor:
     """``[V ** (N-1), N, V]`` float64: row ``c`` (the ``c``-th context of length ``N - 1`` in row-major order),
     position ``t``: the processed target of token ``t`` given the context's first ``t`` tokens.
 
-    Full forwards of the transformers model over whole sequences (conditional: prompt, image prefix, tokens;
-    unconditional: image prefix, tokens), the layout's rows of the LM head, CFG on raw logits, then the
+    Full forwards of the transformers model over whole sequences (conditional: prompt, image prefix, ``panel``
+    (an image-to-image request's source panel, model ids), tokens; unconditional: image prefix, ``panel``,
+    tokens), the layout's rows of the LM head, CFG on raw logits, then the
     end-of-row token forced at every row's last position and masked elsewhere, then temperature, top-k,
     top-p and softmax."""
     layout = model.layout
@@ -99,8 +101,8 @@ def conditional_table(model: UnifiedTokenModel, prompt: list[int], sampling: Sam
         hidden = chameleon.model(input_ids=seqs).last_hidden_state[:, len(head) - 1:]
         return chameleon.lm_head(hidden)[..., ids].double()  # [C, N, V]: position t predicts token t
 
-    cond = logits(list(prompt) + list(layout.prefix))
-    uncond = logits(list(layout.prefix))
+    cond = logits(list(prompt) + list(layout.prefix) + list(panel))
+    uncond = logits(list(layout.prefix) + list(panel))
     guided = uncond + sampling.guidance_scale * (cond - uncond)
     forced = torch.arange(num) % layout.row_length == layout.row_length - 1
     eol = torch.arange(vocab) == layout.num_codes
@@ -109,12 +111,13 @@ def conditional_table(model: UnifiedTokenModel, prompt: list[int], sampling: Sam
     return warp_logits(guided, sampling).softmax(dim=-1)
 
 
-def exact_joint_unified(model: UnifiedTokenModel, prompt: list[int],
-                        sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """All ``V ** N`` decoded sequences and their exact AR probabilities (float64), by enumeration."""
+def exact_joint_unified(model: UnifiedTokenModel, prompt: list[int], sampling: SamplingConfig,
+                        panel: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """All ``V ** N`` decoded sequences and their exact AR probabilities (float64), by enumeration (``panel``: a
+    source panel after the image prefix, :func:`conditional_table`)."""
     layout = model.layout
     vocab, num = layout.vocab_size, layout.num_tokens
-    table = conditional_table(model, prompt, sampling)
+    table = conditional_table(model, prompt, sampling, panel)
     seqs = torch.tensor(list(itertools.product(range(vocab), repeat=num)), dtype=torch.long)
     rows = sequence_index(seqs[:, :-1], vocab)
     joint = table[rows].gather(-1, seqs[..., None]).squeeze(-1).prod(dim=1)

@@ -37,8 +37,8 @@ DISTRIBUTED_HELP = {
 IMAGE_HELP = {
     "model": "embedded model or pipeline folder: a class-to-image LlamaGen pipeline (tiny-c2i) or a text-to-image "
              "UnifiedImagePipeline (tiny-t2i, or its folder models/pretrained/tiny-t2i)",
-    "methods": "decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4,mc-sjd+lantern,gsd,sd,sd+lantern (sd needs a drafter: "
-               "class-to-image only)",
+    "methods": "decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4,mc-sjd+lantern,gsd,sd,sd+lantern,gad (sd and gad need "
+               "a drafter: class-to-image only)",
     "num_images": "images per method for the quality metrics (accuracy and FID; text-to-image also CLIP score, on "
                   "held-out captions of both sizes, 64x64 and 64x96)",
     "latency_images": "images decoded one at a time for batch-1 latency",

@@ -33,6 +33,7 @@ class DecodeJob:
     backend: str = "auto"
     compile: bool = False
     max_batch_size: Optional[int] = None
+    source: Optional[Tensor] = None  # [requests, num_tokens] source tokens for init="source" (IAD), -1: none
 
 
 def resolve_grid_width(model: Any, num_tokens: int, grid_width: Optional[int], init: str = "horizontal") -> int:

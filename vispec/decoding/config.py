@@ -4,8 +4,9 @@ One grammar for every surface (:func:`vispec.decoding.decode`, the pipelines, th
 benchmarks)::
 
     spec    := variant [":" option ("," option)*] ["+" rule [":" rule-option ("," rule-option)*]]
-    variant := "ar" | "sjd" ["-random" | "-horizontal" | "-vertical"] | "mc-sjd" ["-maximal" | "-gumbel"]
-             | "sjd-pac" ["-maximal" | "-gumbel"] | "sd" | "gsd"     ("gsd" is short for "sjd+gsd")
+    variant := "ar" | "sjd" ["-random" | "-horizontal" | "-vertical" | "-source"] | "mc-sjd" ["-maximal" | "-gumbel"]
+             | "sjd-pac" ["-maximal" | "-gumbel"] | "sd" | "gad" | "gsd" | "iad"
+             ("gsd" is short for "sjd+gsd", "iad" for "sjd-source": drafts copied from a source image)
     option  := key "=" value, key in window, init, coupling, tree_width, tree_depth, guidance_scale, temperature,
                top_k, top_p, cfg_interval
     rule    := "exact" | "budget" | "lantern" | "gsd" | "lumina"  (options: vispec.decoding.acceptance.AcceptanceConfig)
@@ -36,11 +37,13 @@ from vispec.checks import check_int
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule
 from vispec.sampling import SamplingConfig
 
-STRATEGIES = ("ar", "sjd", "mc-sjd", "sjd-pac", "sd")
-INITS = ("random", "horizontal", "vertical")
-COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sjd-pac": ("maximal", "gumbel"), "sd": ("none",)}
+STRATEGIES = ("ar", "sjd", "mc-sjd", "sjd-pac", "sd", "gad")
+INITS = ("random", "horizontal", "vertical", "source")
+COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sjd-pac": ("maximal", "gumbel"), "sd": ("none",),
+             "gad": ("none",)}
 DEFAULT_WINDOW = 16
 SD_DEFAULT_WINDOW = 5  # draft-model decoding: the pending token plus 4 drafted tokens per target forward
+GAD_DEFAULT_WINDOW = 9  # gad: the pending token plus a block of 8 drafted by one drafter forward
 PAC_DEFAULT_WINDOW = 64  # SJD-PAC: its paper's L (the tree's 13 slots and a chain of 51)
 AUTO_WINDOW = "auto"
 AUTO_LARGEST_WINDOW = 64  # window="auto" picks from 1, 2, 4, ..., 64 (a GPU's forward cost is flat well past it)
@@ -54,7 +57,8 @@ OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "tree_width": i
                 "temperature": float, "top_k": int, "top_p": float, "cfg_interval": int}
 TREE_KEYS = ("tree_width", "tree_depth")
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "cfg_interval")
-SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical], mc-sjd[-maximal|-gumbel], sjd-pac[-maximal|-gumbel], sd or gsd, optionally followed by "
+SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical|-source], mc-sjd[-maximal|-gumbel], sjd-pac[-maximal|-gumbel], sd, gad, gsd or iad, "
+             "optionally followed by "
              "':key=value,...' (window, init, coupling, tree_width, tree_depth, sampling settings) and '+rule' (exact, "
              "budget[:delta=..,decay=..,end=..,neighbors=..], lantern[:k=..,delta=..], gsd[:half_width=..], lumina)")
 
@@ -119,10 +123,15 @@ class DecodingConfig(PipelineComponent):
             mc-sjd and sjd-pac: each pass picks a window from 1, 2, 4, ..., 64 by measured step cost and running
             acceptance (:mod:`vispec.decoding.windows`; sjd-pac's tree loses levels in windows too small
             for it; exact all the same, but the tokens a seed gives then depend on the machine's timings). For ``"sd"``
-            the pending token plus the drafted tokens.
+            the pending token plus the drafted tokens; likewise for ``"gad"`` (GAD, arXiv 2205.10350: a masked
+            block drafter proposes ``window - 1`` tokens in one forward, :mod:`vispec.decoding.gad`).
         init: draft initialisation for new window slots: ``"random"`` (uniform token),
             ``"horizontal"`` (copy the previous token in raster order, i.e. the left neighbour),
-            ``"vertical"`` (copy the token one row above; horizontal on the first row).
+            ``"vertical"`` (copy the token one row above; horizontal on the first row), ``"source"`` (the source
+            image's token at the same grid position: input-guided aggressive decoding for image-to-image requests;
+            ``"iad"`` is ``"sjd-source"``, whose unverified tail is drafted from the source again after every pass;
+            ``"mc-sjd:init=source"`` keeps MC-SJD's coupled re-drafts). ``"source"`` needs a request with a source
+            image (``decode(source=...)``, ``pipe(image=...)``).
         coupling: ``"none"`` for SJD; ``"maximal"`` (verify every slot, keep each slot's coupled output
             as its next draft) or ``"gumbel"`` (drafts by Gumbel-max with noise fixed per absolute
             position) for MC-SJD and for SJD-PAC's main path (``"maximal"``, the default, is SJD-PAC's adaptive
@@ -180,7 +189,7 @@ class DecodingConfig(PipelineComponent):
             if not rule.lossless:
                 raise ValueError(f"sjd-pac verifies its tree with the exact rule only, got acceptance {rule.name!r}")
         if strategy == "ar" and not rule.lossless:
-            raise ValueError(f"acceptance {rule.name!r} needs a speculative decoder (sjd, mc-sjd, sd), not 'ar'")
+            raise ValueError(f"acceptance {rule.name!r} needs a speculative decoder (sjd, mc-sjd, sd, gad), not 'ar'")
         object.__setattr__(self, "coupling", coupling)  # stored resolved and canonical, so equal configs compare equal
         object.__setattr__(self, "acceptance", rule.name)
         self.sampling()  # validates the sampling defaults
@@ -223,7 +232,7 @@ class DecodingConfig(PipelineComponent):
         return self._label(())
 
     def _label(self, sampling_keys: tuple[str, ...]) -> str:
-        variant = {"ar": "ar", "sd": "sd", "sjd": f"sjd-{self.init}", "mc-sjd": f"mc-sjd-{self.coupling}",
+        variant = {"ar": "ar", "sd": "sd", "gad": "gad", "sjd": "iad" if self.init == "source" else f"sjd-{self.init}", "mc-sjd": f"mc-sjd-{self.coupling}",
                    "sjd-pac": "sjd-pac" if self.coupling == "maximal" else f"sjd-pac-{self.coupling}"}[self.strategy]
         values, defaults = self.settings(), DecodingConfig.parse(variant).settings()
         keys = ("window",) + (("init",) if self.strategy != "sjd" else ()) + TREE_KEYS + sampling_keys
@@ -248,6 +257,8 @@ class DecodingConfig(PipelineComponent):
             raise ValueError(f"decoding must be a DecodingConfig or a string, got {type(value).__name__}")
         decoder, _, rule = value.strip().partition("+")
         label, _, options = decoder.partition(":")
+        if label.strip() == "iad":  # input-guided aggressive decoding: SJD with drafts from the source image
+            label = "sjd-source"
         if label.strip() == "gsd":  # short for sjd+gsd; the options are the rule's
             if rule:
                 raise ValueError(f"decoding {value!r}: 'gsd' already names its rule (it is short for 'sjd+gsd')")
@@ -291,12 +302,12 @@ class DecodingConfig(PipelineComponent):
 
 
 def _default_window(strategy: str) -> int:
-    return {"sd": SD_DEFAULT_WINDOW, "sjd-pac": PAC_DEFAULT_WINDOW}.get(strategy, DEFAULT_WINDOW)
+    return {"sd": SD_DEFAULT_WINDOW, "gad": GAD_DEFAULT_WINDOW, "sjd-pac": PAC_DEFAULT_WINDOW}.get(strategy, DEFAULT_WINDOW)
 
 
 def _variant(value: str, label: str) -> tuple[str, str]:
     """``(strategy, suffix)`` of a variant label: ``"mc-sjd-gumbel"`` -> ``("mc-sjd", "gumbel")``."""
-    for strategy in ("mc-sjd", "sjd-pac", "sjd", "sd", "ar"):
+    for strategy in ("mc-sjd", "sjd-pac", "sjd", "sd", "gad", "ar"):
         if label == strategy:
             return strategy, ""
         if label.startswith(strategy + "-") and strategy in ("mc-sjd", "sjd-pac", "sjd"):

@@ -13,10 +13,20 @@ initialised:
   known token ``x[k - 1]`` (each new slot copies its left neighbour, itself a copy);
 * ``vertical``: the token one row above, ``x[pos - g]`` for grid width ``g``, following the chain
   ``pos - g, pos - 2g, ...`` back into the known prefix; on the first row it falls back to
-  ``horizontal``.
+  ``horizontal``;
+* ``source``: input-guided aggressive decoding (IAD; Ge et al., arXiv 2205.10350, §2): the token of a source
+  image at the same grid position, ``s[pos]`` (an image-to-image request: the picture being edited, tokenised
+  by the model's VQ). Positions without a source token (``s[pos] = -1``) fall back to ``horizontal``. Image
+  grids do not shift, so a rejection that commits another token leaves the alignment as it is: the draft for
+  position ``pos`` is always ``s[pos]``.
+
+Every rule is a deterministic function of the committed tokens and fixed inputs (or of independent noise), so
+the draft distribution is one-hot and the verification exact.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -33,20 +43,34 @@ def init_draft_tokens(
     vocab_size: int,
     seeds: Tensor,
     draws: Tensor,
+    source: Optional[Tensor] = None,
 ) -> Tensor:
     """Initial tokens for window slots at ``positions [B, W]`` (only slots at ``>= known`` matter).
 
     ``tokens [B, T]`` holds committed tokens and drafts by absolute position; ``known [B]`` is the
     first position without a token (``>= 1``: token 0 is always committed before any window).
+    ``source [B, N]``: the source tokens of the batch's slots (``init="source"`` only; :func:`source_rows`);
+    positions past ``N`` (window padding) read its last column.
     """
     if init == "random":
         return randint_below(seeds, positions, Stream.INIT, draws, vocab_size)
     last_known = tokens.gather(1, (known - 1)[:, None]).expand_as(positions)
     if init == "horizontal":
         return last_known
+    if init == "source":
+        if source is None:
+            raise ValueError("init 'source' (input-guided drafts) needs the source tokens of the request")
+        copied = source.gather(1, positions.clamp(0, source.shape[1] - 1))
+        return torch.where(copied >= 0, copied, last_known)
     if init == "vertical":
         steps_back = torch.div(positions - known[:, None], grid_width, rounding_mode="floor") + 1
         source = positions - steps_back * grid_width
         above = tokens.gather(1, source.clamp_min(0))
         return torch.where(source >= 0, above, last_known)
-    raise ValueError(f"init must be one of ('random', 'horizontal', 'vertical'), got {init!r}")
+    raise ValueError(f"init must be one of ('random', 'horizontal', 'vertical', 'source'), got {init!r}")
+
+
+def source_rows(source: Optional[Tensor], ids: Tensor) -> Optional[Tensor]:
+    """The source tokens ``[B, N]`` of the batch slots whose requests are ``ids [B]`` (-1: an idle slot, which
+    reads request 0's: its rows are padding); None without a source."""
+    return None if source is None else source.to(ids.device).index_select(0, ids.clamp_min(0))

@@ -77,7 +77,7 @@ from vispec.decoding.ar import decode_ar
 from vispec.decoding.common import DecodeJob, condition_size, resolve_grid_width, start_decoding
 from vispec.decoding.compiled import compiled
 from vispec.decoding.config import AUTO_WINDOW, DecodingConfig
-from vispec.decoding.drafts import init_draft_tokens
+from vispec.decoding.drafts import init_draft_tokens, source_rows
 from vispec.decoding.speculative import MAXIMAL, Coupling, RaggedBatch, verify_window
 from vispec.decoding.windows import WindowChooser, WindowStats, cost_key
 from vispec.kernels import race
@@ -243,7 +243,8 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
     main_positions = n[:, None] - 1 + main_slot
     known = n + draft_count
     need_init = (main_slot[None, :] >= 1) & (main_slot[None, :] < main_width[:, None]) & (main_positions >= known[:, None])
-    init = init_draft_tokens(step.init, batch.tokens, main_positions, known, step.grid_width, step.vocab, batch.seeds, nfe)
+    init = init_draft_tokens(step.init, batch.tokens, main_positions, known, step.grid_width, step.vocab, batch.seeds, nfe,
+                             source_rows(job.source, batch.ids))
     batch.tokens.scatter_(1, main_positions, torch.where(need_init, init, batch.tokens.gather(1, main_positions)))
     main_tokens = batch.tokens.gather(1, main_positions)  # [B, M]
     candidates, valid = _candidates(step, batch, main_tokens, main_width)  # [B, D, K]

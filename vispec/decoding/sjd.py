@@ -13,7 +13,9 @@ which the newest (``z``, position ``n - 1``) is not yet in the KV cache, plus dr
    from ``P_{W-1}`` when every draft was accepted: ``m + 1`` tokens per pass;
 5. keep the KV of ``z, d_1 .. d_m`` (rollback of the rest, per sample);
 6. the unverified tail becomes the next drafts: position ``n + j`` (``j > m``) gets a token drawn
-   from ``P_j`` and stores ``q := P_j``.
+   from ``P_j`` and stores ``q := P_j``. With ``init="source"`` and no coupling (``"iad"``: input-guided
+   aggressive decoding, Ge et al., arXiv 2205.10350) the tail is dropped instead and drafted from the
+   source image again, as IAD re-copies the input after each rejection.
 
 Step 6 is where the variants differ (MC-SJD, So et al., arXiv 2510.24211):
 
@@ -53,7 +55,7 @@ from vispec.decoding.ar import decode_ar
 from vispec.decoding.common import DecodeJob, condition_size, resolve_grid_width, start_decoding
 from vispec.decoding.compiled import compiled
 from vispec.decoding.config import DecodingConfig
-from vispec.decoding.drafts import init_draft_tokens
+from vispec.decoding.drafts import init_draft_tokens, source_rows
 from vispec.decoding.speculative import GUMBEL, JACOBI, MAXIMAL, Coupling, RaggedBatch, verify_window
 from vispec.decoding.windows import WindowChooser, WindowStats, cost_key, round_up, window_set
 from vispec.kernels.philox import Stream
@@ -94,7 +96,8 @@ def sjd_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optiona
     # 1. fill the window: initialise the slots past the known drafts
     known = n + draft_count
     need_init = (slot[None, :] >= 1) & in_window & (positions >= known[:, None])
-    init = init_draft_tokens(step.init, batch.tokens, positions, known, step.grid_width, step.vocab, batch.seeds, batch.nfe)
+    init = init_draft_tokens(step.init, batch.tokens, positions, known, step.grid_width, step.vocab, batch.seeds, batch.nfe,
+                             source_rows(job.source, batch.ids))
     batch.tokens.scatter_(1, positions, torch.where(need_init, init, batch.tokens.gather(1, positions)))
     # Rows past a sample's own width are padding (the widest sample's, or the compiled window set's, or an
     # idle slot's: width 1): they read buffer positions no real row uses (stale drafts, or past N for idle
@@ -131,6 +134,8 @@ def sjd_step(step: SJDStep, batch: RaggedBatch, width_pad: int, longest: Optiona
     write = (slot[None, :] > m[:, None]) & in_window
     batch.tokens.scatter_(1, at, torch.where(write, next_tokens, batch.tokens.gather(1, at)))
     batch.state["draft_count"], batch.state["draft_q"] = width - 1 - m, next_q
+    if step.init == "source" and not step.coupling.every_rejection:  # IAD: the tail is drafted from the source again
+        batch.state["draft_count"] = torch.zeros_like(m)
     batch.state["single_passes"] = batch.state["single_passes"] + (live & (m == 0)).long()
     return target.status
 

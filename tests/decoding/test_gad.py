@@ -1,0 +1,217 @@
+"""GAD for images (``decoding="gad"``, :mod:`vispec.decoding.gad`) and its masked block drafter
+(:class:`vispec.models.gad_drafter.GADDrafter`): shapes, what the drafter may see, clear errors before any work,
+batch independence, composition with the acceptance rules, and the pipeline's ``gad_drafter`` slot.
+
+The distributional certificate (chi-square against the exact AR joint, with negative controls) is
+``tests/exactness/test_gad_exactness.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vispec.decoding import DecodingConfig, decode
+from vispec.models.gad_drafter import GADDrafter
+from vispec.models.llamagen_gpt import LlamaGenCondition
+from vispec.sampling import SamplingConfig
+
+from helpers import gens, image_components, tiny_gpt
+
+VOCAB, TOKENS, CLASSES = 32, 36, 5
+SAMPLING = SamplingConfig(temperature=0.9, top_k=12, top_p=0.95, guidance_scale=2.0)
+
+
+def tiny_drafter(seed: int = 5, std: float = 0.3, **overrides) -> GADDrafter:
+    """A random block drafter with peaked, context-dependent proposals (output head re-initialised: the
+    constructor zeroes it, which would make every ``q`` uniform)."""
+    torch.manual_seed(seed)
+    settings = dict(vocab_size=VOCAB, dim=16, n_layer=1, n_head=2, num_classes=CLASSES, block_size=TOKENS, context=12,
+                    max_block=8)
+    drafter = GADDrafter(**{**settings, **overrides}).eval()
+    torch.nn.init.normal_(drafter.output.weight, std=std)
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_gpt(vocab_size=VOCAB, block_size=TOKENS, num_classes=CLASSES, std=0.5, seed=3)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return tiny_drafter()
+
+
+def condition(labels) -> LlamaGenCondition:
+    return LlamaGenCondition(class_labels=torch.as_tensor(labels, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------- the drafter
+def test_drafter_shapes_and_guidance_halves(drafter):
+    tokens = torch.randint(0, VOCAB, (3, TOKENS), generator=torch.Generator().manual_seed(0))
+    prefix, masked = torch.tensor([1, 20, 30]), torch.tensor([8, 5, 4])
+    out = drafter.propose(tokens, prefix, masked, condition([0, 1, 2]), guidance=True)
+    assert out.cond.shape == out.uncond.shape == (3, 8, VOCAB) and out.cond.dtype == torch.float32
+    plain = drafter.propose(tokens, prefix, masked, condition([0, 1, 2]), guidance=False)
+    assert plain.uncond is None and torch.allclose(plain.cond, out.cond, atol=1e-5)
+    null = drafter(tokens, prefix, masked, torch.tensor([0, 1, 2]), torch.ones(3, dtype=torch.bool))
+    assert torch.allclose(null, out.uncond, atol=1e-5)
+    assert not torch.allclose(out.cond, out.uncond)  # the class matters
+
+
+def test_drafter_sees_only_the_committed_context(drafter):
+    """Rows depend on the last ``context`` committed tokens only: not on what follows the prefix (drafts, stale
+    tokens), nor on tokens before the context; padding masks (rows >= k) do not change the real rows."""
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (1, TOKENS), generator=gen)
+    n, labels = torch.tensor([30]), torch.tensor([2])
+    base = drafter(tokens, n, torch.tensor([5]), labels)
+    later = tokens.clone()
+    later[:, 30:] = torch.randint(0, VOCAB, (1, TOKENS - 30), generator=gen)
+    early = tokens.clone()
+    early[:, : 30 - drafter.context_size] = 0
+    assert torch.equal(drafter(later, n, torch.tensor([5]), labels), base)
+    assert torch.allclose(drafter(early, n, torch.tensor([5]), labels), base, atol=1e-6)
+    inside = tokens.clone()
+    inside[:, 29] = (inside[:, 29] + 1) % VOCAB
+    assert not torch.allclose(drafter(inside, n, torch.tensor([5]), labels), base)
+    shorter = drafter(tokens, n, torch.tensor([3]), labels)
+    assert not torch.allclose(shorter[:, :3], base[:, :3])  # the block's size is visible to its masks ...
+    assert torch.allclose(drafter(tokens.repeat(2, 1), n.repeat(2), torch.tensor([5, 3]), labels.repeat(2))[1], shorter[0],
+                          atol=1e-5)  # ... and a ragged batch gives each row its own
+
+
+def test_drafter_save_load_roundtrip(drafter, tmp_path):
+    drafter.save_pretrained(tmp_path / "gad")
+    assert (tmp_path / "gad" / "config.json").is_file() and any(p.suffix == ".safetensors" for p in (tmp_path / "gad").iterdir())
+    loaded = GADDrafter.from_pretrained(tmp_path / "gad").eval()
+    tokens = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(2))
+    args = (tokens, torch.tensor([4, 9]), torch.tensor([8, 8]), torch.tensor([0, 4]))
+    assert torch.equal(loaded(*args), drafter(*args))
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(tokens=torch.zeros(2, TOKENS)), "tokens"),
+    (dict(tokens=torch.zeros(TOKENS, dtype=torch.long)), "tokens"),
+    (dict(num_prefix=torch.tensor([1])), "num_prefix"),
+    (dict(num_prefix=torch.tensor([0, 3])), "num_prefix"),
+    (dict(num_masked=torch.tensor([9, 1])), "num_masked"),
+    (dict(num_prefix=torch.tensor([30, 3]), num_masked=torch.tensor([8, 1])), "num_prefix \\+ num_masked"),
+    (dict(labels=torch.tensor([0, 5])), "labels"),
+    (dict(tokens=torch.full((2, TOKENS), VOCAB)), "tokens"),
+    (dict(condition_drop=torch.tensor([1, 0])), "condition_drop"),
+])
+def test_drafter_bad_input_names_the_argument(drafter, kwargs, name):
+    args = dict(tokens=torch.zeros(2, TOKENS, dtype=torch.long), num_prefix=torch.tensor([1, 3]), num_masked=torch.tensor([2, 2]),
+                labels=torch.tensor([0, 1]))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        drafter(**args)
+
+
+@pytest.mark.parametrize("kwargs,name", [(dict(context=TOKENS + 1), "context"), (dict(max_block=0), "max_block"),
+                                         (dict(block_size=60), "block_size"), (dict(dim=12, n_head=2), "dim")])
+def test_drafter_bad_config_names_the_setting(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        tiny_drafter(**kwargs)
+
+
+# ---------------------------------------------------------------------- the decoder
+def test_gad_spec_parses_and_names():
+    config = DecodingConfig.parse("gad")
+    assert config.strategy == "gad" and config.window == 9 and config.method == "gad"
+    assert DecodingConfig.parse("gad:window=5+budget:delta=0.1").name == "gad:window=5+budget:delta=0.1"
+    assert DecodingConfig.parse(DecodingConfig.parse("gad:window=4").name) == DecodingConfig.parse("gad:window=4")
+
+
+def test_gad_block_proposal_counts_forwards(model, drafter):
+    out = decode(model, condition([0, 1, 2]), num_tokens=TOKENS, sampling=SAMPLING, decoding="gad:window=6",
+                 drafter=drafter, generator=gens(3))
+    assert out.tokens.shape == (3, TOKENS) and bool(((out.tokens >= 0) & (out.tokens < VOCAB)).all())
+    nfe, drafter_nfe = out.stats.nfe, out.stats.extra["drafter_nfe"]
+    # one drafter forward per target forward that had drafts (all but the prefill and the final bonus-only pass)
+    assert bool((drafter_nfe <= nfe - 1).all()) and bool((drafter_nfe >= nfe - 2).all())
+    assert bool((out.stats.accepted_drafts > 0).all()) and bool((nfe < TOKENS).all())
+    assert int(out.stats.commits[:, 6:].sum()) == 0  # at most window tokens per pass
+
+
+def test_gad_greedy_matches_ar(model, drafter):
+    greedy = SamplingConfig(temperature=0.0, guidance_scale=3.0)
+    reference = decode(model, condition(list(range(CLASSES))), num_tokens=TOKENS, sampling=greedy, decoding="ar")
+    out = decode(model, condition(list(range(CLASSES))), num_tokens=TOKENS, sampling=greedy, decoding="gad:window=5",
+                 drafter=drafter)
+    assert torch.equal(out.tokens, reference.tokens)
+
+
+@pytest.mark.parametrize("max_batch_size", [None, pytest.param(2, marks=pytest.mark.slow)])
+def test_gad_outputs_do_not_depend_on_the_batch(model, drafter, max_batch_size):
+    """Per-sample generators: a sample's tokens are the same alone, in a batch, and streamed through fewer slots."""
+    labels = [3, 0, 4, 1]
+    batch = decode(model, condition(labels), num_tokens=TOKENS, sampling=SAMPLING, decoding="gad", drafter=drafter,
+                   generator=gens(4, seed=10), max_batch_size=max_batch_size)
+    for i in (0, 2):
+        alone = decode(model, condition([labels[i]]), num_tokens=TOKENS, sampling=SAMPLING, decoding="gad", drafter=drafter,
+                       generator=gens(1, seed=10 + i))
+        assert torch.equal(alone.tokens[0], batch.tokens[i])
+        assert int(alone.stats.nfe[0]) == int(batch.stats.nfe[i])
+        assert int(alone.stats.extra["drafter_nfe"][0]) == int(batch.stats.extra["drafter_nfe"][i])
+
+
+def test_gad_composes_with_the_acceptance_rules(model, drafter):
+    """The exact rule is the default (``+exact`` is the same decode); lossy rules are allowed, as for ``sd``, and
+    report their measured TV; the budgeted rule at δ = 0 is the exact rule token for token."""
+    kwargs = dict(num_tokens=TOKENS, sampling=SAMPLING, drafter=drafter)
+    assert DecodingConfig.parse("gad+exact") == DecodingConfig.parse("gad")
+    exact = decode(model, condition([0, 1]), decoding="gad", generator=gens(2), **kwargs)
+    assert torch.equal(decode(model, condition([0, 1]), decoding="gad", acceptance="budget:delta=0", generator=gens(2),
+                              **kwargs).tokens, exact.tokens)
+    lossy = decode(model, condition([0, 1]), decoding="gad+budget:delta=0.2", generator=gens(2), **kwargs)
+    assert lossy.stats.tv_mean is not None and float(lossy.stats.tv_max.max()) <= 0.2 + 1e-6
+    assert int(lossy.stats.accepted_drafts.sum()) >= int(exact.stats.accepted_drafts.sum()) - 8
+
+
+def test_gad_bad_input_is_refused_before_any_work(model, drafter, monkeypatch):
+    calls = []
+    monkeypatch.setattr(type(model), "prefill", lambda *a, **k: calls.append(1))
+    cases = [
+        (dict(drafter=None), "drafter"),
+        (dict(drafter=tiny_gpt(vocab_size=VOCAB, block_size=TOKENS, num_classes=CLASSES)), "drafter"),  # an AR GPT
+        (dict(drafter=tiny_drafter(vocab_size=VOCAB + 1)), "vocabulary"),
+        (dict(drafter=tiny_drafter(block_size=16, context=4)), "drafter covers"),
+        (dict(decoding="gad:window=10"), "window"),  # 9 drafts > max_block 8
+        (dict(decoding="gad:window=1"), "window"),
+        (dict(drafter=tiny_drafter(class_dropout_prob=0.0)), "unconditional"),
+        (dict(compile=True), "compile"),
+    ]
+    for overrides, name in cases:
+        kwargs = dict(num_tokens=TOKENS, sampling=SAMPLING, decoding="gad", drafter=drafter, generator=gens(1))
+        kwargs.update(overrides)
+        with pytest.raises(ValueError, match=name):
+            decode(model, condition([0]), **kwargs)
+    assert not calls
+
+
+# ---------------------------------------------------------------------- the pipeline
+def test_pipeline_gad_drafter_slot(tmp_path):
+    from vispec.pipelines import LlamaGenPipeline
+
+    components = image_components(drafter=False)
+    transformer = components["transformer"]
+    without = LlamaGenPipeline(**components)
+    without.set_progress_bar_config(disable=True)
+    with pytest.raises(ValueError, match="gad_drafter"):
+        without(class_labels=[0], decoding="gad", output_type="latent")
+    t = transformer.config
+    torch.manual_seed(0)
+    gad = GADDrafter(vocab_size=t.vocab_size, dim=16, n_layer=1, n_head=2, num_classes=t.num_classes, block_size=t.block_size,
+                     context=8, max_block=4)
+    pipe = LlamaGenPipeline(**components, gad_drafter=gad)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(class_labels=[0, 1], decoding="gad:window=3", generator=gens(2), output_type="latent")
+    assert out.stats[0]["method"] == "gad:window=3" and out.stats[0]["drafter_nfe"] > 0
+    pipe.save_pretrained(tmp_path / "p")
+    loaded = LlamaGenPipeline.from_pretrained(tmp_path / "p")
+    loaded.set_progress_bar_config(disable=True)
+    assert isinstance(loaded.gad_drafter, GADDrafter)
+    again = loaded(class_labels=[0, 1], decoding="gad:window=3", generator=gens(2), output_type="latent")
+    assert torch.equal(again.images, out.images)
