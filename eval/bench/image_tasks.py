@@ -504,7 +504,7 @@ class EditRequest(NamedTuple):
     kept: float
 
 
-KEPT_BINS = (0.0, 0.8, 0.9, 0.95, 1.0)  # the step-compression table's bins of ``kept``
+KEPT_BINS = (0.0, 0.6, 0.7, 0.8, 0.9, 1.0)  # the step-compression table's bins of ``kept``
 
 
 def kept_bin(kept: float) -> str:

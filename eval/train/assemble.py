@@ -274,7 +274,7 @@ def assemble_edit(cfg: EditAssembleConfig) -> dict:
         num_codes=num_codes, code_offset=vocab["code_offset"], eol_id=vocab["end_of_row"],
         image_start_id=vocab["image_start"], image_end_ids=[vocab["image_end"]], resolution_token_base=vocab["resolution_base"],
         resolution_unit=RESOLUTION_UNIT, downsample=DOWNSAMPLE, prompt_template="{prompt}", cfg_mode="image_start",
-        default_height=PANEL[0], default_width=PANEL[1])
+        default_height=PANEL[0], default_width=PANEL[1], image_to_image=True)
     evaluation = {}
     if cfg.evaluation:
         with open(cfg.evaluation) as handle:
@@ -301,8 +301,11 @@ def assemble_edit(cfg: EditAssembleConfig) -> dict:
         f"  then fine-tuned {metrics.get('steps_done', config['steps'])} steps (batch {config['batch_size']}, lr {config['lr']}, "
         f"{metrics['train_minutes']} min on a shared CPU) on {config['num_pairs']} train pairs; loss on the target rows only;",
         f"  final training loss {metrics['final_loss']:.3f}.",
-        "- VQ tokenizer and CLIP: tiny-t2i's, unchanged. Its encoder has global attention and group norms, so a",
-        "  one-object edit changes many codes away from the object too: the target panel is not a plain copy of the source.",
+        "- VQ tokenizer and CLIP: tiny-t2i's, unchanged. Its encoder has global attention and group norms, so encoding",
+        "  the edited picture alone changes many codes away from the object (flat regions sit near ties between codes);",
+        "  the training targets therefore keep the source's code wherever the pixels of a code cell and its neighbours",
+        "  did not change (vispec.eval.bench.scene_edits.aligned_target_codes): the model learns to copy what it does",
+        "  not edit, which is what IAD's drafts (the source's codes) rely on.",
         f"- Default sampling: CFG {cfg.guidance_scale}, temperature {cfg.temperature}, top-k {cfg.top_k}; decoding mc-sjd "
         f"(window {cfg.window}).",
         "- Reproduce with samples/train_tiny_edit.sh (seeded).",

@@ -113,3 +113,22 @@ def test_bad_arguments_are_named(kwargs, name):
         EditSampler(**kwargs)
     with pytest.raises(ValueError, match="index"):
         EditSampler().pair_at(-1)
+
+
+def test_aligned_target_codes_copy_the_source_outside_the_edit():
+    """A code cell keeps the source's code unless a pixel changed in it or in a neighbouring cell (margin 1)."""
+    from vispec.eval.bench.scene_edits import aligned_target_codes
+
+    source = torch.zeros(1, 3, 16, 16)
+    target = source.clone()
+    target[0, :, 5, 9] = 1.0  # one pixel of code cell (1, 2) (4 x 4 pixels per cell)
+    source_codes = torch.zeros(1, 4, 4, dtype=torch.long)
+    target_codes = torch.ones(1, 4, 4, dtype=torch.long)  # an encoder that changed every code
+    aligned = aligned_target_codes(source_codes, target_codes, source, target)
+    expected = torch.zeros(4, 4, dtype=torch.long)
+    expected[0:3, 1:4] = 1  # the cell and its neighbours take the target's codes
+    assert torch.equal(aligned[0], expected)
+    assert torch.equal(aligned_target_codes(source_codes, target_codes, source, target, margin=0)[0],
+                       torch.nn.functional.one_hot(torch.tensor(1 * 4 + 2), 16).view(4, 4))
+    with pytest.raises(ValueError, match="source_codes and target_codes"):
+        aligned_target_codes(source_codes, target_codes[:, :2], source, target)
