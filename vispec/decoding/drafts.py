@@ -64,9 +64,9 @@ def init_draft_tokens(
         return torch.where(copied >= 0, copied, last_known)
     if init == "vertical":
         steps_back = torch.div(positions - known[:, None], grid_width, rounding_mode="floor") + 1
-        source = positions - steps_back * grid_width
-        above = tokens.gather(1, source.clamp_min(0))
-        return torch.where(source >= 0, above, last_known)
+        row_above = positions - steps_back * grid_width
+        above = tokens.gather(1, row_above.clamp_min(0))
+        return torch.where(row_above >= 0, above, last_known)
     raise ValueError(f"init must be one of ('random', 'horizontal', 'vertical', 'source'), got {init!r}")
 
 
