@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Callable
+from typing import Any, Callable
 
 from diffusers import VQModel
 
@@ -192,13 +192,33 @@ def training_stages(trained: str, record: dict) -> list[tuple[str, dict]]:
         stages.insert(0, (parent, read_record(parent, required=True)))
 
 
+def scene_pipeline(transformer: Any, tokenizer: Any, vqvae: Any, vocab: dict, cfg: Any, what: str,
+                   size: tuple[int, int], image_to_image: bool = False) -> Any:
+    """A ``UnifiedImagePipeline`` over a scene model's vocabulary (tiny-t2i's layout: image start / end, end of row,
+    resolution tokens, codes), with ``cfg``'s decoding defaults; ``what`` names the model in the error raised when
+    its vocabulary and the VQ disagree on the number of codes."""
+    from vispec.eval.train.t2i import DOWNSAMPLE, RESOLUTION_UNIT
+    from vispec.pipelines import UnifiedImagePipeline
+
+    num_codes = vqvae.config.num_vq_embeddings
+    if vocab["vocab_size"] - vocab["code_offset"] != num_codes:
+        raise ValueError(f"the {what} was trained for {vocab['vocab_size'] - vocab['code_offset']} codes, the VQ has {num_codes}")
+    decoding = DecodingConfig(strategy="mc-sjd", window=cfg.window, guidance_scale=cfg.guidance_scale,
+                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    return UnifiedImagePipeline(
+        transformer=transformer, tokenizer=tokenizer, vqvae=vqvae, decoding_config=decoding, family="chameleon",
+        num_codes=num_codes, code_offset=vocab["code_offset"], eol_id=vocab["end_of_row"],
+        image_start_id=vocab["image_start"], image_end_ids=[vocab["image_end"]], resolution_token_base=vocab["resolution_base"],
+        resolution_unit=RESOLUTION_UNIT, downsample=DOWNSAMPLE, prompt_template="{prompt}", cfg_mode="image_start",
+        default_height=size[0], default_width=size[1], image_to_image=image_to_image)
+
+
 def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
     """Write tiny-t2i (a ``UnifiedImagePipeline``: the Chameleon decoder, its caption tokenizer, the scene VQ) with
     its model card; the layout ids come from the trainer's record (:func:`vispec.eval.train.t2i.t2i_vocabulary`)."""
     from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
 
     from vispec.eval.train.t2i import DOWNSAMPLE, RESOLUTION_UNIT
-    from vispec.pipelines import UnifiedImagePipeline
 
     cfg.validate()
     record = read_record(cfg.t2i, required=True)
@@ -206,17 +226,8 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
     transformer = ChameleonForConditionalGeneration.from_pretrained(cfg.t2i).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(cfg.t2i, "tokenizer"))
     vqvae = VQModel.from_pretrained(cfg.vq, **diffusers_load_kwargs()).eval()
-    num_codes = vqvae.config.num_vq_embeddings
-    if vocab["vocab_size"] - vocab["code_offset"] != num_codes:
-        raise ValueError(f"the decoder was trained for {vocab['vocab_size'] - vocab['code_offset']} codes, the VQ has {num_codes}")
-    decoding = DecodingConfig(strategy="mc-sjd", window=cfg.window, guidance_scale=cfg.guidance_scale,
-                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-    pipe = UnifiedImagePipeline(
-        transformer=transformer, tokenizer=tokenizer, vqvae=vqvae, decoding_config=decoding, family="chameleon",
-        num_codes=num_codes, code_offset=vocab["code_offset"], eol_id=vocab["end_of_row"],
-        image_start_id=vocab["image_start"], image_end_ids=[vocab["image_end"]], resolution_token_base=vocab["resolution_base"],
-        resolution_unit=RESOLUTION_UNIT, downsample=DOWNSAMPLE, prompt_template="{prompt}", cfg_mode="image_start",
-        default_height=64, default_width=64)
+    pipe = scene_pipeline(transformer, tokenizer, vqvae, vocab, cfg, "decoder", (64, 64))
+    num_codes = pipe.config.num_codes
     info = {name: read_record(folder) for name, folder in (("vqvae", cfg.vq), ("transformer", cfg.t2i), ("clip", cfg.clip))
             if folder}
     c = transformer.config
@@ -252,9 +263,8 @@ def assemble_edit(cfg: EditAssembleConfig) -> dict:
     (:func:`vispec.eval.train.edit.edit_vocabulary`), the measured numbers from ``cfg.evaluation`` when given."""
     from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
 
-    from vispec.eval.train.edit import DOWNSAMPLE, PANEL, PANEL_TOKENS
+    from vispec.eval.train.edit import PANEL, PANEL_TOKENS
     from vispec.eval.train.t2i import RESOLUTION_UNIT
-    from vispec.pipelines import UnifiedImagePipeline
     from vispec.pipelines.embedded import resolve_model_path
 
     cfg.validate()
@@ -264,17 +274,8 @@ def assemble_edit(cfg: EditAssembleConfig) -> dict:
     transformer = ChameleonForConditionalGeneration.from_pretrained(cfg.edit).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(cfg.edit, "tokenizer"))
     vqvae = VQModel.from_pretrained(os.path.join(base, "vqvae"), **diffusers_load_kwargs()).eval()
-    num_codes = vqvae.config.num_vq_embeddings
-    if vocab["vocab_size"] - vocab["code_offset"] != num_codes:
-        raise ValueError(f"the editor was trained for {vocab['vocab_size'] - vocab['code_offset']} codes, the VQ has {num_codes}")
-    decoding = DecodingConfig(strategy="mc-sjd", window=cfg.window, guidance_scale=cfg.guidance_scale,
-                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-    pipe = UnifiedImagePipeline(
-        transformer=transformer, tokenizer=tokenizer, vqvae=vqvae, decoding_config=decoding, family="chameleon",
-        num_codes=num_codes, code_offset=vocab["code_offset"], eol_id=vocab["end_of_row"],
-        image_start_id=vocab["image_start"], image_end_ids=[vocab["image_end"]], resolution_token_base=vocab["resolution_base"],
-        resolution_unit=RESOLUTION_UNIT, downsample=DOWNSAMPLE, prompt_template="{prompt}", cfg_mode="image_start",
-        default_height=PANEL[0], default_width=PANEL[1], image_to_image=True)
+    pipe = scene_pipeline(transformer, tokenizer, vqvae, vocab, cfg, "editor", PANEL, image_to_image=True)
+    num_codes = pipe.config.num_codes
     evaluation = {}
     if cfg.evaluation:
         with open(cfg.evaluation) as handle:
