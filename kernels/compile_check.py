@@ -8,7 +8,9 @@ interpreter off (the interpreter replaces kernels before they can be compiled), 
 in a subprocess. ``--kernel`` (repeatable) keeps the configurations whose name starts with a prefix, e.g.
 ``--kernel multi_verify`` for the recursive rejection sampling kernel alone. ``--progress`` shows a tqdm bar over
 the configurations on stderr (a full check takes minutes; ``vispec bench kernels`` passes it when its stderr is a
-terminal).
+terminal). ``--spot-arch`` (repeatable) compiles only the first configuration of each kernel for an architecture: a spot
+check that the kernels build there, at a tenth of a full pass's cost (the test suite runs every configuration for
+sm_90 and this for sm_80).
 """
 
 from __future__ import annotations
@@ -45,9 +47,23 @@ def selected_configs(prefixes: tuple[str, ...] = ()) -> list[tuple[str, object, 
     return [config for config in kernel_configs() if not prefixes or config[0].startswith(prefixes)]
 
 
-def compile_all(arch: int, prefixes: tuple[str, ...] = (), done: Optional[Callable[[dict], None]] = None) -> list[dict]:
-    """Compile each configuration (those whose name starts with one of ``prefixes``, if given) for
-    ``GPUTarget("cuda", arch, 32)``; one record per configuration, also passed to ``done(record)`` as it is made."""
+def first_of_each_kernel(configs: list) -> list:
+    """The first configuration of each kernel (the name before ``[``), in order."""
+    seen: set[str] = set()
+    kept = []
+    for config in configs:
+        kernel = config[0].split("[")[0]
+        if kernel not in seen:
+            seen.add(kernel)
+            kept.append(config)
+    return kept
+
+
+def compile_all(arch: int, prefixes: tuple[str, ...] = (), done: Optional[Callable[[dict], None]] = None,
+                spot: bool = False) -> list[dict]:
+    """Compile each configuration (those whose name starts with one of ``prefixes``, if given; with ``spot`` only the
+    first of each kernel) for ``GPUTarget("cuda", arch, 32)``; one record per configuration, also passed to
+    ``done(record)`` as it is made."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -56,7 +72,8 @@ def compile_all(arch: int, prefixes: tuple[str, ...] = (), done: Optional[Callab
     if interpreter_enabled():
         raise RuntimeError("TRITON_INTERPRET=1 is set: kernels are interpreted and cannot be compiled; unset it")
     records = []
-    for name, fn, signature, constexprs in selected_configs(prefixes):
+    configs = selected_configs(prefixes)
+    for name, fn, signature, constexprs in first_of_each_kernel(configs) if spot else configs:
         start = time.perf_counter()
         try:
             compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
@@ -83,15 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, action="append", help="compute capability x10 (80 = A100, 90 = H100); repeatable")
     parser.add_argument("--kernel", action="append", default=[],
                         help="only configurations whose name starts with this prefix (e.g. multi_verify); repeatable")
+    parser.add_argument("--spot-arch", type=int, action="append", default=[],
+                        help="compile only the first configuration of each kernel for this architecture; repeatable")
     parser.add_argument("--json", help="write the records to this file")
     parser.add_argument("--progress", action="store_true", help="a progress bar over the configurations on stderr")
     args = parser.parse_args(argv)
-    arches, prefixes = args.arch or [80, 90], tuple(args.kernel)
+    prefixes = tuple(args.kernel)
+    arches = [(arch, False) for arch in (args.arch or ([] if args.spot_arch else [80, 90]))]
+    arches += [(arch, True) for arch in args.spot_arch if arch not in (args.arch or [])]
+    configs = selected_configs(prefixes)
+    total = sum(len(first_of_each_kernel(configs)) if spot else len(configs) for _, spot in arches)
     records = []
-    with _bar(len(selected_configs(prefixes)) * len(arches), args.progress) as bar:
-        for arch in arches:
-            bar.set_description(f"compiling for sm_{arch}", refresh=False)
-            records += compile_all(arch, prefixes, done=lambda record: bar.update(1))
+    with _bar(total, args.progress) as bar:
+        for arch, spot in arches:
+            bar.set_description(f"compiling for sm_{arch}{' (one per kernel)' if spot else ''}", refresh=False)
+            records += compile_all(arch, prefixes, done=lambda record: bar.update(1), spot=spot)
     failed = [r for r in records if not r["ok"]]
     for record in failed:
         print(f"FAILED {record['kernel']} {record['arch']}: {record['error']}")

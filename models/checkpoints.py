@@ -362,6 +362,31 @@ def build_on_meta(model_cls: type, config: Any, max_parameters: Optional[int] = 
         return model_cls(config)
 
 
+def check_official_config(config: Any, model_type: str, family: str, required: Mapping[str, Any],
+                          size_keys: tuple[str, ...], integer_keys: tuple[str, ...], minimum: int) -> None:
+    """The checks every official ``config.json`` reader starts with: ``config`` is a dict whose ``model_type`` (if set)
+    is ``model_type`` (case-insensitive), whose settings in ``required`` have the only values the model implements,
+    which has every key of ``size_keys``, and whose ``size_keys + integer_keys`` are integers ``>= minimum``. Each
+    error names the key and what ``family``'s loader expects."""
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
+    found = config.get("model_type")
+    if found is not None and str(found).lower() != model_type.lower():
+        raise ValueError(f"config.json sets model_type={found!r}; this loader reads {family} checkpoints "
+                         f"(model_type {model_type!r})")
+    for key, wanted in required.items():
+        if config.get(key) is not None and config[key] != wanted:
+            raise ValueError(f"config.json sets {key}={config[key]!r}; the {family} loader implements only {key}={wanted!r}")
+    missing = [key for key in size_keys if config.get(key) is None]
+    if missing:
+        raise ValueError(f"config.json lacks {missing}, needed to build the model")
+    kind = "non-negative" if minimum == 0 else "positive" if minimum == 1 else f">= {minimum}"
+    for key in size_keys + integer_keys:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            raise ValueError(f"config.json sets {key}={value!r}; it must be a {kind} integer")
+
+
 def read_json_object(path: str) -> dict[str, Any]:
     """The JSON object in ``path`` (a config file); ``ValueError`` naming the file when it is unreadable or not an object."""
     try:

@@ -56,7 +56,7 @@ from typing import Any, Optional
 import torch
 
 from vispec.checks import check_number
-from vispec.models.checkpoints import check_state_dict, diffusers_load_kwargs, read_json_object, safetensors_header
+from vispec.models.checkpoints import check_official_config, check_state_dict, diffusers_load_kwargs, read_json_object, safetensors_header
 from vispec.models.llada import LLaDAModelLM
 from vispec.models.llada_checkpoint import shard_files, read_sharded_safetensors
 
@@ -105,22 +105,8 @@ def dream_config_to_kwargs(config: dict[str, Any], overrides: Optional[dict[str,
     which ids the tokenizer uses is not in the config). ``eot_token_id`` is ``<|im_end|>`` (151645) for the
     Qwen2.5 vocabulary, else None. ``overrides`` (LLaDAModelLM argument names) win.
     """
-    if not isinstance(config, dict):
-        raise ValueError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
-    model_type = config.get("model_type")
-    if model_type is not None and str(model_type).lower() != "dream":
-        raise ValueError(f"config.json sets model_type={model_type!r}; this loader reads Dream checkpoints "
-                         "(model_type 'Dream'), whose attention is bidirectional")
-    for key, wanted in _REQUIRED.items():
-        if config.get(key) is not None and config[key] != wanted:
-            raise ValueError(f"config.json sets {key}={config[key]!r}; the Dream loader implements only {key}={wanted!r}")
-    missing = [key for key in _SIZE_KEYS if config.get(key) is None]
-    if missing:
-        raise ValueError(f"config.json lacks {missing}, needed to build the model")
-    for key in _SIZE_KEYS + ("num_key_value_heads", "max_position_embeddings"):
-        value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"config.json sets {key}={value!r}; it must be a positive integer")
+    check_official_config(config, "Dream", "Dream", _REQUIRED, _SIZE_KEYS,
+                          ("num_key_value_heads", "max_position_embeddings"), minimum=1)
     heads = config["num_attention_heads"]
     if config["hidden_size"] % heads:
         raise ValueError(f"config.json sets hidden_size={config['hidden_size']}, which num_attention_heads={heads} "

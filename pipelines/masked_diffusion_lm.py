@@ -3,7 +3,9 @@
 A diffusers ``DiffusionPipeline`` following diffusers' ``LLaDA2Pipeline`` conventions, with components:
 
 * ``model``: the mask predictor (:class:`vispec.models.llada.LLaDAModelLM`, or any module with
-  ``model(input_ids, attention_mask).logits`` and a config holding ``mask_token_id``);
+  ``model(input_ids, attention_mask).logits`` and a config holding ``mask_token_id``), or transformers' DiffusionGemma
+  wrapped in :class:`vispec.models.diffusion_gemma.DiffusionGemmaLM` (uniform corruption; ``block_length`` = its
+  ``canvas_length``; ``strategy="gemma"`` is its own rule, whose step budget is the default per block);
 * ``tokenizer``: a transformers tokenizer with a mask token (``<|mdm_mask|>`` for LLaDA);
 * ``scheduler``: an unmasking policy from :mod:`vispec.dllm.schedulers` (LLaDA quota, confidence
   threshold, factor, entropy bound, contiguous run, Learn2PD), swappable like diffusers schedulers;
@@ -20,8 +22,11 @@ as in ``LLaDA2Pipeline`` and the statistics are in ``pipe.last_stats``). Mask to
 
 Users of diffusers' ``LLaDA2Pipeline`` can keep its argument names: ``num_inference_steps`` is steps per
 block (``steps`` is LLaDA's total over blocks), ``eos_early_stop``, ``mask_token_id`` and ``eos_token_id``
-are accepted; ``top_k``, ``top_p``, ``minimal_topk > 1`` and its ``BlockRefinementScheduler`` are refused
-with an error that says what to use instead. The tokenizer is optional when ``input_ids`` are given.
+are accepted. Its ``BlockRefinementScheduler`` is accepted as a scheduler or ``strategy=`` and runs as the equal vispec
+policy (:class:`vispec.dllm.TokenEditingScheduler`: threshold commits with a top-k floor and token editing, on
+block-causal LLaDA2-layout models, :mod:`vispec.models.llada2`), with ``minimal_topk``, ``editing_threshold`` and
+``max_post_steps`` as call arguments; ``top_k`` and ``top_p`` are refused with an error that says what to use
+instead. The tokenizer is optional when ``input_ids`` are given.
 
 Guidance follows vispec's one convention (as :class:`vispec.pipelines.LlamaGenPipeline` and diffusers):
 ``guidance_scale = s`` gives ``ℓ = ℓ_u + s (ℓ_c - ℓ_u)`` with the prompt masked in the unconditional
@@ -41,8 +46,11 @@ from diffusers.utils import BaseOutput
 
 import vispec.models.llada  # noqa: F401 (diffusers resolves the saved model class through this module)
 from vispec.checks import check_int
-from vispec.dllm import AdaptiveBlocks, ProphetRule, SelfSpeculation, UnmaskingOptions, UnmaskingScheduler, decode, make_scheduler
+from vispec.dllm import (AdaptiveBlocks, ProphetRule, SelfSpeculation, TokenEditingScheduler, UnmaskingOptions,
+                         UnmaskingScheduler, decode, from_block_refinement, make_scheduler)
 from vispec.dllm.learned import LearnedFilterScheduler, ParallelDecodeFilter
+from vispec.dllm.options import check_blocks
+from vispec.dllm.uniform import SharedGenerator
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.outputs import UNDECIDED, DecodeProgress
 from vispec.pipelines.common import PipelineMixin, check_generator
@@ -70,12 +78,12 @@ class MaskedDiffusionLMPipelineOutput(BaseOutput):
     full_texts: Optional[list[str]] = None
 
 
-def _refuse_block_refinement(scheduler: Any) -> None:
-    if type(scheduler).__name__ == "BlockRefinementScheduler":
-        raise ValueError("diffusers' BlockRefinementScheduler (LLaDA2's threshold commits with a top-k quota and token "
-                         "editing) is not one of vispec's unmasking policies: pass strategy='threshold' with "
-                         "threshold= for confidence-threshold commits (Fast-dLLM), or strategy='llada' with "
-                         "num_inference_steps= for a fixed quota per step (vispec.dllm.SCHEDULERS)")
+def _from_diffusers(scheduler: Any) -> Any:
+    """A diffusers ``BlockRefinementScheduler`` as the equal vispec policy (:func:`vispec.dllm.from_block_refinement`,
+    LLaDA2's threshold commits with a top-k floor and token editing); anything else unchanged."""
+    if type(scheduler).__name__ == "BlockRefinementScheduler" and hasattr(scheduler, "config"):
+        return from_block_refinement(scheduler)
+    return scheduler
 
 
 class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
@@ -93,7 +101,7 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
     def __init__(self, model: Any, tokenizer: Any, scheduler: UnmaskingScheduler, default_gen_length: int = 128,
                  default_block_length: int = 32, filter: Optional[ParallelDecodeFilter] = None):
         super().__init__()
-        _refuse_block_refinement(scheduler)
+        scheduler = _from_diffusers(scheduler)
         if filter is not None and not isinstance(filter, ParallelDecodeFilter):
             raise ValueError(f"filter must be a ParallelDecodeFilter (Learn2PD), got {type(filter).__name__}")
         self.register_modules(model=model, tokenizer=tokenizer, scheduler=scheduler, filter=filter)
@@ -179,12 +187,7 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         width = max(len(r) for r in rows)
         if width == 0:
             raise ValueError("the prompt encodes to no tokens")
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, row in enumerate(rows):  # tokenisation, not a hot path
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
-        return ids, mask
+        return left_pad(rows, pad_id)
 
     def _checked_ids(self, input_ids: Any, attention_mask: Any, pad_id: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = _as_tensor("input_ids", input_ids)
@@ -237,24 +240,46 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         return self.check_common_inputs(output_type, OUTPUT_TYPES, "num_sequences_per_prompt", num_sequences_per_prompt,
                                         callback, callback_inputs)
 
-    def _scheduler(self, strategy: Union[str, UnmaskingScheduler, None], threshold: Optional[float]) -> UnmaskingScheduler:
-        scheduler = self.scheduler if strategy is None else strategy
-        _refuse_block_refinement(scheduler)
+    def _scheduler(self, strategy: Union[str, UnmaskingScheduler, None], threshold: Optional[float],
+                   minimal_topk: Optional[int] = None, num_inference_steps: Optional[int] = None,
+                   **editing: Any) -> tuple[UnmaskingScheduler, Optional[int]]:
+        """The call's policy: ``strategy`` (a name, a vispec scheduler or diffusers' ``BlockRefinementScheduler``) or the
+        pipeline's, with the call's ``threshold`` and, for the editing policy, its ``editing`` settings
+        (``editing_threshold``, ``max_post_steps``), ``minimal_topk`` and ``num_inference_steps`` (None: the
+        scheduler's); and the ``num_inference_steps`` left for a fixed-step policy's options."""
+        scheduler = _from_diffusers(self.scheduler if strategy is None else strategy)
         if isinstance(scheduler, str):
             scheduler = make_scheduler(scheduler)
         if not isinstance(scheduler, UnmaskingScheduler):
-            raise ValueError(f"strategy must be a strategy name or an UnmaskingScheduler, got {type(scheduler).__name__}")
+            raise ValueError(f"strategy must be a strategy name, an UnmaskingScheduler or diffusers' "
+                             f"BlockRefinementScheduler, got {type(scheduler).__name__}")
+        if isinstance(scheduler, TokenEditingScheduler):  # LLaDA2's names are the policy's own settings
+            editing.update(minimal_topk=minimal_topk, num_inference_steps=num_inference_steps)
+            num_inference_steps = None
+        elif minimal_topk is not None and minimal_topk != 1:
+            raise ValueError(f"minimal_topk={minimal_topk!r} has no equivalent here: the adaptive strategies commit at "
+                             "least one token per step; for n tokens per step use strategy='llada' with "
+                             "num_inference_steps = block_length / n (or strategy='editing', LLaDA2's rule)")
+        overrides = {name: value for name, value in editing.items() if value is not None}
         if threshold is not None:
             if "threshold" not in scheduler.config:
                 raise ValueError(f"threshold applies to the threshold, contiguous and learn2pd strategies, not "
-                                 f"{scheduler.strategy or type(scheduler).__name__!r}")
-            own_filter = getattr(scheduler, "filter", None)
-            # diffusers' from_config drops keys listed in `_use_default_values`: pass the settings alone
-            settings = {k: v for k, v in scheduler.config.items() if not k.startswith("_")}
-            scheduler = type(scheduler).from_config({**settings, "threshold": threshold})
-            if own_filter is not None:
-                scheduler.filter = own_filter
-        return self._with_filter(scheduler)
+                                 f"{scheduler.strategy or type(scheduler).__name__!r} (and to the editing strategy, "
+                                 "LLaDA2's rule)")
+            overrides["threshold"] = threshold
+        if not overrides:
+            return self._with_filter(scheduler), num_inference_steps
+        if not isinstance(scheduler, TokenEditingScheduler) and set(overrides) - {"threshold"}:
+            names = sorted(set(overrides) - {"threshold"})
+            raise ValueError(f"{', '.join(names)} apply to the editing strategy (LLaDA2's rule; strategy='editing' or "
+                             f"diffusers' BlockRefinementScheduler), not {scheduler.strategy or type(scheduler).__name__!r}")
+        own_filter = getattr(scheduler, "filter", None)
+        # diffusers' from_config drops keys listed in `_use_default_values`: pass the settings alone
+        settings = {k: v for k, v in scheduler.config.items() if not k.startswith("_")}
+        scheduler = type(scheduler).from_config({**settings, **overrides})
+        if own_filter is not None:
+            scheduler.filter = own_filter
+        return self._with_filter(scheduler), num_inference_steps
 
     def _with_filter(self, scheduler: UnmaskingScheduler) -> UnmaskingScheduler:
         """A Learn2PD scheduler without a filter of its own gets the pipeline's ``filter`` component (a copy of the
@@ -300,7 +325,9 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         if num_inference_steps is not None:
             check_int("num_inference_steps", num_inference_steps, minimum=1, hint=" (steps per block)")
         if scheduler.fixed_steps and steps is None and num_inference_steps is None:
-            steps = settings["gen_length"]
+            own = getattr(scheduler, "default_steps_per_block", None)  # a budget of its own (DiffusionGemma's rule)
+            steps = settings["gen_length"] if own is None else own * check_blocks(settings["gen_length"],
+                                                                                  settings["block_length"])
         options = UnmaskingOptions(steps=steps, **settings)
         if num_inference_steps is not None:
             options = replace(options, steps=num_inference_steps * options.num_blocks)
@@ -360,6 +387,8 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
         minimal_topk: Optional[int] = None,
+        editing_threshold: Optional[float] = None,
+        max_post_steps: Optional[int] = None,
     ) -> Union[MaskedDiffusionLMPipelineOutput, tuple]:
         """Generate text.
 
@@ -369,8 +398,8 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                 mask is inferred from leading pad ids when not given: :meth:`prepare_input_ids`).
             use_chat_template, add_generation_prompt: apply the tokenizer's chat template when it has one.
             gen_length, block_length: canvas and semi-AR block lengths (default: the pipeline's config).
-            num_inference_steps: steps per block for fixed-step strategies (``"llada"``), as in diffusers'
-                ``LLaDA2Pipeline``; ``steps``: the same as a total over all blocks (LLaDA's ``generate``). Default:
+            num_inference_steps: steps per block for fixed-step strategies (``"llada"``) and the editing policy's step
+                budget per block, as in diffusers' ``LLaDA2Pipeline``; ``steps``: the same as a total over all blocks (LLaDA's ``generate``). Default:
                 one token per step (``steps = gen_length``). Adaptive strategies take neither.
             temperature: 0 for arg-max candidates, else float64 Gumbel-max sampling.
             guidance_scale: unsupervised CFG scale ``s >= 1`` (``ℓ = ℓ_u + s (ℓ_c - ℓ_u)``, the prompt masked in
@@ -382,7 +411,8 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             early_stop_eos (LLaDA2: ``eos_early_stop``): once EOS is committed, the rest of the canvas becomes EOS
                 without more forwards (default True).
             logits_eos_inf, confidence_eos_eot_inf: LLaDA's EOS options (spec: intended semantics).
-            generator: one ``torch.Generator`` or a list with one per sequence.
+            generator: one ``torch.Generator`` or a list with one per sequence; or a :class:`vispec.dllm.SharedGenerator`
+                (batch-wide draws in transformers' / diffusers' order, for DiffusionGemma's token equality with them).
             output_type: ``"text"`` (sequences and texts; the default with a tokenizer) or ``"seq"`` (sequences
                 only; the default without one).
             return_dict: False returns ``(sequences, texts)`` as ``LLaDA2Pipeline`` does; the per-sequence
@@ -409,8 +439,12 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                 steps of the stepwise run, whose tokens it returns exactly (any strategy, any temperature; only
                 ``cache="none"`` and none of eotp, early_commit, adaptive_block, compile).
             mask_token_id, eos_token_id: override the tokenizer's (or, without a tokenizer, the model config's).
-            top_k, top_p, minimal_topk: ``LLaDA2Pipeline``'s names; only ``minimal_topk=1`` has an equivalent here
-                (every adaptive strategy commits at least one token per step); the others raise, saying what to use.
+            top_k, top_p: ``LLaDA2Pipeline``'s candidate filters, which have no equivalent here (they raise, saying
+                what to use).
+            minimal_topk, editing_threshold, max_post_steps: ``LLaDA2Pipeline``'s settings of the editing policy
+                (``strategy="editing"`` or diffusers' ``BlockRefinementScheduler``, :mod:`vispec.dllm.editing`), which
+                also reads ``num_inference_steps`` as its step budget per block; None: the scheduler's. For the other
+                strategies only ``minimal_topk=1`` has an equivalent (they commit at least one token per step).
         """
         # 1. check inputs; the options (checked once, when built) from the user's and LLaDA2's names
         if output_type is None:
@@ -421,22 +455,20 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             if value is not None:
                 raise ValueError(f"{name} (LLaDA2's candidate filtering) has no equivalent here: candidates are arg-max "
                                  "(temperature=0) or Gumbel-max samples from the full softmax at temperature=")
-        if minimal_topk is not None and minimal_topk != 1:
-            raise ValueError(f"minimal_topk={minimal_topk!r} has no equivalent here: the adaptive strategies commit at "
-                             "least one token per step; for n tokens per step use strategy='llada' with "
-                             "num_inference_steps = block_length / n")
         if eos_early_stop is not None and early_stop_eos is not None and eos_early_stop != early_stop_eos:
             raise ValueError("early_stop_eos and eos_early_stop (its LLaDA2 name) disagree; pass one")
         width = self._vocab_width()
         for name, value in (("mask_token_id", mask_token_id), ("eos_token_id", eos_token_id)):
             if value is not None:
                 check_int(name, value, minimum=0, maximum=None if width is None else width - 1)
+        scheduler, num_inference_steps = self._scheduler(
+            strategy, threshold, editing_threshold=editing_threshold, max_post_steps=max_post_steps,
+            minimal_topk=minimal_topk, num_inference_steps=num_inference_steps)
         gen_length = self.config.default_gen_length if gen_length is None else gen_length
-        if block_length is None:  # the default block never exceeds the canvas
-            block_length = self.config.default_block_length
-            if isinstance(gen_length, int) and gen_length < block_length:
+        if block_length is None:  # the scheduler's (BlockRefinementScheduler's block_length), else the pipeline's
+            block_length = scheduler.config.get("block_length") or self.config.default_block_length
+            if isinstance(gen_length, int) and gen_length < block_length:  # the default block never exceeds the canvas
                 block_length = gen_length
-        scheduler = self._scheduler(strategy, threshold)
         mask_id = self.mask_token_id if mask_token_id is None else mask_token_id
         eos_id = self._token_id("eos_token_id") if eos_token_id is None else eos_token_id
         options = self._options(
@@ -450,7 +482,8 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         ids, mask = self.prepare_input_ids(prompt, messages, input_ids, attention_mask, use_chat_template, add_generation_prompt,
                                            mask_token_id=mask_id)
         batch = ids.shape[0] * num_sequences_per_prompt
-        check_generator(generator, batch)
+        if not isinstance(generator, SharedGenerator):  # the reference implementations' draws (vispec.dllm.uniform)
+            check_generator(generator, batch)
         device = self._execution_device
         ids = ids.repeat_interleave(num_sequences_per_prompt, 0).to(device)
         mask = mask.repeat_interleave(num_sequences_per_prompt, 0).to(device)
@@ -487,6 +520,17 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             return (out.tokens, texts)
         return MaskedDiffusionLMPipelineOutput(sequences=out.tokens, texts=texts, stats=stats,
                                                prompt_sequences=prompt_ids, full_texts=full_texts)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists as left-padded ``ids [B, P]`` and ``attention_mask [B, P]`` (1 on the tokens), ``P`` the longest."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):  # tokenisation, not a hot path
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids, mask
 
 
 def _as_tensor(name: str, value: Any) -> torch.Tensor:

@@ -3,16 +3,34 @@
 For every task (test split of :mod:`vispec.eval.bench.text_tasks`), strategy (``llada`` = one token per step,
 the baseline; ``threshold``; ``factor``; ``entropy``; ``contiguous``; ``learn2pd``, for models with a Learn2PD filter)
 and cache (``none``, ``prefix``, ``dual``, ``dkv``), or for every explicit setting ``strategy[+rule...][@cache]`` (rules
-``eotp``, ``prophet``, ``adablock``: :data:`RULES`), two runs:
+``eotp``, ``prophet``, ``adablock``: :data:`RULES`), and for every value of a policy's knob swept by ``thresholds``
+(threshold, contiguous), ``factors``, ``entropy_bounds`` or ``filter_thresholds`` (learn2pd), two or more runs:
 
 * batch 1: problems one at a time; accuracy (strict-match and flexible-extract for arithmetic, as
-  lm-eval scores GSM8K; exact match otherwise), NFE, tokens per forward, latency per problem and
-  tokens/s (generated tokens before EOS, EOS excluded, over the wall time of the whole loop:
-  tokenisation and decoding included, as Fast-dLLM measures);
-* batch ``batch_size`` (or each of ``batch_sizes``): the same problems in batches (rows advance on their own and leave the
-  forward when done): tokens/s and accuracy again (identical tokens up to float ties).
+  lm-eval scores GSM8K; exact match otherwise), NFE, tokens per forward, latency per problem and tokens/s;
+* batch ``batch_size`` (or each of ``batch_sizes``, e.g. ``8, 32``): the same problems in batches (rows advance on
+  their own and leave the forward when done): tokens/s and accuracy again, and the **batch-invariance check**: the
+  problems whose text differs from their batch-1 text (``batch_mismatches``, and ``batch_invariant``, the share that
+  agree). Every row decodes with its own generator keyed by position, so a row's tokens do not depend on the batch;
+  a mismatch can only come from float rounding of the padded forwards flipping a near tie.
 
-Every run reports peak memory. All settings share ``gen_length``, ``block_length`` and temperature 0.
+**How speed is counted** (as Fast-dLLM measures, and as users ask, Fast-dLLM issue #15): ``tokens`` of a problem are
+its *generated* ids before its first EOS, EOS and end-of-turn excluded (:func:`vispec.dllm.count_tokens`): never the
+prompt, never the left padding of a batch, never the EOS that early stop writes after the answer or the canvas left
+after it. ``tokens_per_s`` is the sum of the problems' tokens over the sum of the wall times of the pipeline calls
+that decoded them (tokenisation, chat template, decoding and detokenisation included; model loading and the warm-up
+call excluded), so at batch ``B`` it is the throughput of ``B`` prompts decoded together. ``tokens_per_forward``
+(TPF) is the tokens over the model forwards (NFE, cache refreshes included), per problem summed. Every run reports
+peak memory. All settings share ``gen_length``, ``block_length`` and temperature 0.
+
+**AUP** (accuracy under parallelism; Qian et al., "AUP: when Accuracy Meets Parallelism in Diffusion Language
+Models", hao-ai-lab blog and the d3LLM code's ``aup_utils.py``, 2025): for each task and policy (a setting without
+its knob value) the batch-1 runs give points ``(rho_i, y_i)``: TPF and accuracy in percent (the task's first metric),
+sorted by ``rho``; points with ``y_i < y_1 - 5`` (five points below the least parallel one) are dropped, and
+``AUP = rho_1 y_1 + 1/2 sum_{i>=2} (rho_i - rho_{i-1}) (y_i W(y_i) + y_{i-1} W(y_{i-1}))`` with
+``W(y) = min(exp(-3 (1 - y / y_max)), 1)``, ``y_max`` the best accuracy of any run on the task
+(:func:`accuracy_under_parallelism`). A policy run at one knob value has one point (``AUP = rho_1 y_1``); sweep the
+knob for its curve.
 
 The reference row is LLaDA's own baseline: ``llada``, one token per step (``steps = gen_length``), no cache
 and **no** early stop, so the whole canvas is decoded as their ``generate()`` decodes it. Every other setting
@@ -26,9 +44,12 @@ definition), ``latency_speedup`` the ratio of latency per problem, ``nfe_reducti
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Optional
+
+from vispec.checks import check_number
 
 if TYPE_CHECKING:
     from vispec.eval.bench.distributed import Workers
@@ -96,6 +117,11 @@ class TextBenchConfig:
     threshold: float = 0.9
     factor: float = 1.0
     entropy_bound: float = 0.1
+    # knob values swept for AUP (each replaces the single knob above for its strategies; empty: the single knob)
+    thresholds: tuple[float, ...] = ()  # threshold, contiguous
+    factors: tuple[float, ...] = ()  # factor
+    entropy_bounds: tuple[float, ...] = ()  # entropy
+    filter_thresholds: tuple[float, ...] = ()  # learn2pd
     early_stop_eos: bool = True
     settings: tuple[str, ...] = ()  # "strategy[+rule...][@cache]"; when given, replaces the strategies x caches grid
     filter_threshold: float = 0.96  # Learn2PD's acceptance τ
@@ -130,11 +156,29 @@ class TextBenchConfig:
         for setting in self.settings:
             parse_setting(setting)
         self.rule_options({"eotp", "prophet", "adablock", "ssd"}, None)  # validates their settings
-        for strategy in set(self.strategies) | {parse_setting(t)[0] for t in self.settings}:
-            _scheduler(self, strategy)  # validates the strategies' settings (threshold, factor, ...)
+        running = {parse_setting(t)[0] for t in self.settings} if self.settings else set(self.strategies)
+        for strategy in set(self.strategies) | running:
+            for value in self.knob_values(strategy):  # validates the strategies' settings (threshold, factor, ...)
+                setting_scheduler(self, strategy, value)
+        for sweep in SWEEPS:
+            users = sorted(s for s, knob in KNOBS.items() if knob[1] == sweep)
+            if getattr(self, sweep) and not running & set(users):
+                raise ValueError(f"{sweep} sweeps the knob of {' / '.join(users)}, which no setting runs")
         from vispec.eval.bench.report import check_device
 
         check_device(self.device)
+
+    def knob_values(self, strategy: str) -> tuple:
+        """The knob values ``strategy`` runs at: its sweep (``thresholds``, ``factors``, ...), or ``(None,)`` (the
+        single knob, ``threshold``, ``factor``, ...; a strategy without a knob, ``llada``, always)."""
+        knob = KNOBS.get(strategy)
+        values = getattr(self, knob[1]) if knob else ()
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{knob[1]} must be numbers, got {values!r}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"{knob[1]} repeats a value: {values!r}")
+        return tuple(values) or (None,)
 
     def rule_options(self, rules, tokenizer) -> dict:
         """``pipe(...)`` keywords of a setting's rules (names, or ``ssd=K``; AdaBlock's delimiter ids come from
@@ -167,13 +211,28 @@ def _token_id(tokenizer, token: str) -> int:
     return ids[0]
 
 
-def _scheduler(cfg: TextBenchConfig, strategy: str):
+# strategy -> (its knob's config field, the field sweeping it, the scheduler's argument, the knob's short name)
+KNOBS = {"threshold": ("threshold", "thresholds", "threshold", "tau"),
+         "contiguous": ("threshold", "thresholds", "threshold", "tau"),
+         "factor": ("factor", "factors", "factor", "f"),
+         "entropy": ("entropy_bound", "entropy_bounds", "gamma", "gamma"),
+         "learn2pd": ("filter_threshold", "filter_thresholds", "threshold", "tau")}
+
+
+SWEEPS = tuple(dict.fromkeys(knob[1] for knob in KNOBS.values()))
+
+
+def setting_scheduler(cfg: TextBenchConfig, strategy: str, value: Optional[float] = None):
+    """The scheduler of ``strategy`` with the config's knob (``threshold``, ``factor``, ``entropy_bound``,
+    ``filter_threshold``), or with ``value`` for it (a swept value)."""
     from vispec.dllm import make_scheduler
 
-    settings = {"threshold": {"threshold": cfg.threshold}, "factor": {"factor": cfg.factor},
-                "entropy": {"gamma": cfg.entropy_bound}, "contiguous": {"threshold": cfg.threshold},
-                "learn2pd": {"threshold": cfg.filter_threshold}}.get(strategy, {})
-    return make_scheduler(strategy, **settings)
+    knob = KNOBS.get(strategy)
+    if knob is None:
+        if value is not None:
+            raise ValueError(f"strategy {strategy!r} has no knob to set to {value!r}")
+        return make_scheduler(strategy)
+    return make_scheduler(strategy, **{knob[2]: getattr(cfg, knob[0]) if value is None else value})
 
 
 def _row_bar(total: int, desc: str, enabled: Optional[bool]):
@@ -225,7 +284,8 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
     row.update(nfe=nfe / n, tokens=tokens / n, tokens_per_forward=tokens / max(nfe, 1), tokens_per_s=tokens / wall,
                latency_s=wall / n if batch_size == 1 else sum(r["latency_s"] for r in records) / n,
                wall_s=wall, cpu_s=cpu, canvases=sum(r.get("canvases", r["nfe"]) for r in records) / n,
-               peak_mem_mb=max(r["peak_mem_mb"] for r in records), texts=[r["text"] for r in records])
+               peak_mem_mb=max(r["peak_mem_mb"] for r in records), texts=[r["text"] for r in records],
+               per_problem={name: [r["scores"][name] for r in records] for name in records[0]["scores"]})
     return row
 
 
@@ -235,7 +295,8 @@ def result_settings(cfg: TextBenchConfig) -> dict:
     results folder and the process count."""
     import torch
 
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("num_problems", "results_dir", "num_processes")}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("num_problems", "results_dir", "num_processes")
+                and not (k in SWEEPS and not v)}  # no sweep: the settings of a results folder from before sweeps
     settings["device"] = torch.device(cfg.device).type
     return settings
 
@@ -267,15 +328,16 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     pipe.set_progress_bar_config(disable=True)
     cfg.gen_length = cfg.gen_length or pipe.config.default_gen_length
     cfg.block_length = cfg.block_length or min(pipe.config.default_block_length, cfg.gen_length)
-    reference = ("llada", (), "none", False)  # LLaDA's baseline: one token per step, no cache, no early stop
+    reference = ("llada", (), "none", False, None)  # LLaDA's baseline: one token per step, no cache, no early stop
     grid = ([parse_setting(t) for t in cfg.settings] if cfg.settings
             else [(s, (), c) for s in cfg.strategies for c in cfg.caches])
     settings = [reference]
     for strategy, rules, cache in grid:
         stepwise = tuple(r for r in rules if parse_rule(r, "settings")[0] != "ssd")
-        if stepwise != rules:  # a self-speculative row is compared with its stepwise twin, which runs first
-            settings.append((strategy, stepwise, cache, cfg.early_stop_eos))
-        settings.append((strategy, rules, cache, cfg.early_stop_eos))
+        for value in cfg.knob_values(strategy):
+            if stepwise != rules:  # a self-speculative row is compared with its stepwise twin, which runs first
+                settings.append((strategy, stepwise, cache, cfg.early_stop_eos, value))
+            settings.append((strategy, rules, cache, cfg.early_stop_eos, value))
     settings = list(dict.fromkeys(settings))
     if any(s == "learn2pd" for s, *_ in settings) and pipe.filter is None:
         raise ValueError(f"the learn2pd strategy needs a Learn2PD filter, and {cfg.model} has none (train one with "
@@ -289,25 +351,32 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     config = {**asdict(cfg), **environment(workers.device), "num_processes": workers.world_size}
     for task in tasks:
         items = split_items(task, "test", cfg.num_problems, cfg.seed)
-        for strategy, rules, cache, early_stop in settings:
+        for strategy, rules, cache, early_stop, value in settings:
             options = cfg.rule_options(set(rules), pipe.tokenizer)
             for batch_size in dict.fromkeys((1, *(cfg.batch_sizes or (cfg.batch_size,)))):
                 row = {"strategy": strategy, "rules": list(rules), "cache": cache, "early_stop_eos": early_stop,
                        "task": task.name, "batch_size": batch_size,
-                       "reference": (strategy, rules, cache, early_stop) == reference}
+                       "reference": (strategy, rules, cache, early_stop, value) == reference}
+                if value is not None:
+                    row.update(knob=KNOBS[strategy][3], knob_value=value)
                 group = f"{task.name}/{setting_name(row)}/B{batch_size}"
                 share = sum(len(unit) for unit in workers.my_units(len(items), batch_size))
                 with _row_bar(share, f"{task.name} {setting_name(row)} B={batch_size}",
                               progress_bar if workers.is_main else False) as bar:
-                    measured = _run(pipe, items, task, _scheduler(cfg, strategy), cache, batch_size, cfg, early_stop,
-                                    options, workers, store, group, tick=bar.update)
+                    measured = _run(pipe, items, task, setting_scheduler(cfg, strategy, value), cache, batch_size, cfg,
+                                    early_stop, options, workers, store, group, tick=bar.update)
                 if measured is None:
                     continue
                 row.update(measured)
+                alone = _batch_one_twin(runs, row)
+                if alone is not None:  # the batch-invariance check: each problem's text alone and in the batch
+                    row["batch_mismatches"] = [i for i, (a, b) in enumerate(zip(row["texts"], alone["texts"])) if a != b]
+                    row["batch_invariant"] = 1 - len(row["batch_mismatches"]) / len(row["texts"])
                 runs.append(row)
                 acc = " ".join(f"{k} {row[k]:.3f}" for k in task.metrics)
+                same = f", {len(row['batch_mismatches'])} differ from B=1" if "batch_mismatches" in row else ""
                 say(f"{task.name} {setting_name(row)} B={batch_size}: {acc}, "
-                    f"NFE {row['nfe']:.1f}, {row['tokens_per_s']:.1f} tok/s")
+                    f"NFE {row['nfe']:.1f}, {row['tokens_per_s']:.1f} tok/s{same}")
                 if partial:
                     partial({"config": config, "runs": list(runs)})
     if not workers.is_main:
@@ -325,7 +394,72 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     for row in runs:
         del row["texts"]
     config.update(temperature=0.0, baseline_steps=cfg.gen_length)
-    return {"config": config, "runs": runs}
+    return {"config": config, "runs": runs, "aup": aup_rows(runs)}
+
+
+# the setting of a run, without its batch size (and, for AUP, without its knob value)
+_POLICY_KEYS = ("task", "strategy", "cache", "early_stop_eos", "reference")
+
+
+def _same_policy(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in _POLICY_KEYS) and list(a["rules"]) == list(b["rules"])
+
+
+def _batch_one_twin(runs: list[dict], row: dict) -> Optional[dict]:
+    """The batch-1 run of ``row``'s setting (same knob value), or None for a batch-1 row."""
+    if row["batch_size"] == 1:
+        return None
+    return next((r for r in runs if r["batch_size"] == 1 and _same_policy(r, row)
+                 and r.get("knob_value") == row.get("knob_value")), None)
+
+
+def accuracy_under_parallelism(points: list[tuple[float, float]], y_max: float, alpha: float = 3.0,
+                               drop: float = 5.0) -> tuple[float, list[tuple[float, float]]]:
+    """d3LLM's AUP of ``points`` ``(rho, y)`` (tokens per forward, accuracy in percent) and the points it used
+    (module docstring): sorted by ``rho`` (ties keep their order), those with ``rho <= 0`` or ``y < y_1 - drop``
+    dropped, then ``rho_1 y_1`` plus the trapezoids of ``y W(y)``, ``W(y) = min(exp(-alpha (1 - y / y_max)), 1)``."""
+    check_number("y_max", y_max, minimum=0, exclusive_minimum=True, hint=" (the best accuracy on the task, in %)")
+    ordered = sorted(((float(r), float(y)) for r, y in points if r > 0), key=lambda p: p[0])
+    if not ordered:
+        return 0.0, []
+    used = [p for p in ordered if p[1] >= ordered[0][1] - drop]
+
+    def weighted(y: float) -> float:
+        return y * min(math.exp(-alpha * (1 - y / y_max)), 1.0)
+
+    aup = used[0][0] * used[0][1]
+    for (r0, y0), (r1, y1) in zip(used, used[1:]):
+        aup += 0.5 * (r1 - r0) * (weighted(y1) + weighted(y0))
+    return aup, used
+
+
+def aup_rows(runs: list[dict]) -> list[dict]:
+    """AUP per task and policy from the batch-1 runs (module docstring): ``task``, ``policy`` (the setting's name
+    without its knob value), ``metric``, ``points`` ``[[tpf, accuracy %, knob value], ...]`` (every run, sorted by
+    TPF), ``used`` (how many entered AUP), ``y_max`` and ``aup``."""
+    from vispec.eval.bench.text_tasks import get_task
+
+    rows = []
+    singles = [r for r in runs if r["batch_size"] == 1]
+    for task in dict.fromkeys(r["task"] for r in singles):
+        metric = get_task(task).metrics[0]
+        mine = [r for r in singles if r["task"] == task]
+        y_max = max(100 * r[metric] for r in mine)
+        families: list[list[dict]] = []
+        for r in mine:
+            family = next((f for f in families if _same_policy(f[0], r)), None)
+            if family is None:
+                families.append([r])
+            else:
+                family.append(r)
+        for family in families:
+            points = sorted(((r["tokens_per_forward"], 100 * r[metric], r.get("knob_value")) for r in family),
+                            key=lambda p: p[0])
+            aup, used = (0.0, []) if y_max <= 0 else accuracy_under_parallelism([p[:2] for p in points], y_max)
+            rows.append({"task": task, "policy": setting_name({k: v for k, v in family[0].items() if k != "knob"}),
+                         "metric": metric, "knob": family[0].get("knob"), "points": [list(p) for p in points],
+                         "used": len(used), "y_max": y_max, "aup": aup})
+    return rows
 
 
 def _stepwise_twin(runs: list[dict], row: dict) -> Optional[dict]:
@@ -335,37 +469,84 @@ def _stepwise_twin(runs: list[dict], row: dict) -> Optional[dict]:
     if len(rules) == len(row["rules"]):
         return None
     keys = ("task", "batch_size", "strategy", "cache", "early_stop_eos")
-    return next((r for r in runs if all(r[k] == row[k] for k in keys) and list(r["rules"]) == rules), None)
+    return next((r for r in runs if all(r[k] == row[k] for k in keys) and list(r["rules"]) == rules
+                 and r.get("knob_value") == row.get("knob_value")), None)
 
 
 def format_text_table(result: dict) -> str:
-    header = (f"{'task':<11} {'strategy':<10} {'rules':<17} {'cache':<6} {'stop':<4} {'B':>3} {'strict':>7} {'flex':>6} "
+    """The bench's tables: every run; then, when several batch sizes ran, throughput by batch size with the
+    batch-invariance check; then AUP per task and policy."""
+    header = (f"{'task':<11} {'strategy':<18} {'rules':<17} {'cache':<6} {'stop':<4} {'B':>3} {'strict':>7} {'flex':>6} "
               f"{'exact':>6} {'nfe':>7} {'NFE x':>6} {'canv':>6} {'tok/fwd':>7} {'tok/s':>8} {'speedup':>7} {'lat s':>7} "
-              f"{'cpu s':>7} {'same':>5} {'MB':>6}")
+              f"{'cpu s':>7} {'same':>5} {'inv':>5} {'MB':>6}")
     lines = [header, "-" * len(header)]
     for r in result["runs"]:
         cell = lambda k: f"{r[k]:.3f}" if k in r else "-"
         stop = "EOS" if r.get("early_stop_eos") else "-"
         rules = "+".join(r.get("rules", ())) or "-"
+        strategy = r["strategy"] + (f":{r['knob']}={r['knob_value']:g}" if r.get("knob") else "")
         n = max(1, round(r["wall_s"] / r["latency_s"])) if r.get("latency_s") else 1
         cpu = f"{r['cpu_s'] / n:.3f}" if "cpu_s" in r and r["batch_size"] == 1 else "-"
         same = f"{r['identical']:.2f}" if "identical" in r else "-"
-        lines.append(f"{r['task']:<11} {r['strategy']:<10} {rules:<17} {r['cache']:<6} {stop:<4} {r['batch_size']:>3} "
+        inv = f"{r['batch_invariant']:.2f}" if "batch_invariant" in r else "-"
+        lines.append(f"{r['task']:<11} {strategy:<18} {rules:<17} {r['cache']:<6} {stop:<4} {r['batch_size']:>3} "
                      f"{cell('strict_match'):>7} {cell('flexible_extract'):>6} {cell('exact_match'):>6} {r['nfe']:>7.1f} "
                      f"{r['nfe_reduction']:>6.2f} {r.get('canvases', r['nfe']):>6.1f} {r['tokens_per_forward']:>7.2f} "
-                     f"{r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f} {r['latency_s']:>7.3f} {cpu:>7} {same:>5} "
+                     f"{r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f} {r['latency_s']:>7.3f} {cpu:>7} {same:>5} {inv:>5} "
                      f"{r['peak_mem_mb']:>6.0f}")
     lines.append("reference: llada, no cache, no early stop (LLaDA's baseline); stop EOS: early stop at EOS; "
                  "rules: eotp (end-of-text prediction), prophet (early commit), adablock (adaptive blocks), ssd=K "
                  "(exact self-speculation, K canvases per forward); canv: canvas rows forwarded per problem; cpu s: "
-                 "CPU seconds per problem (B=1); same: share of problems whose text equals the setting without ssd")
+                 "CPU seconds per problem (B=1); same: share of problems whose text equals the setting without ssd; "
+                 "inv: share of problems whose text equals their batch-1 text; tok/s: generated tokens (prompt, "
+                 "padding and EOS excluded) per second of the pipeline calls")
+    throughput = format_throughput_table(result)
+    if throughput:
+        lines += ["", throughput]
+    if result.get("aup"):
+        lines += ["", format_aup_table(result)]
+    return "\n".join(lines)
+
+
+def format_throughput_table(result: dict) -> str:
+    """Tokens/s of each setting at each batch size side by side, with TPF and the problems whose text differs from
+    batch 1 (empty when only one batch size ran)."""
+    sizes = sorted({r["batch_size"] for r in result["runs"]})
+    if len(sizes) < 2:
+        return ""
+    header = f"{'task':<11} {'setting':<34} " + " ".join(f"{'tok/s B=' + str(b):>12}" for b in sizes) + \
+        f" {'tok/fwd':>7}  differ from B=1 (problem indices)"
+    lines = [header, "-" * len(header)]
+    for r in (r for r in result["runs"] if r["batch_size"] == 1):
+        same = [t for t in result["runs"] if _same_policy(t, r) and t.get("knob_value") == r.get("knob_value")]
+        speed = {t["batch_size"]: t["tokens_per_s"] for t in same}
+        differ = {t["batch_size"]: t["batch_mismatches"] for t in same if t.get("batch_mismatches")}
+        note = "; ".join(f"B={b}: {v[:10]}{'...' if len(v) > 10 else ''}" for b, v in sorted(differ.items())) or "none"
+        lines.append(f"{r['task']:<11} {setting_name(r):<34} " +
+                     " ".join(f"{speed[b]:>12.1f}" if b in speed else f"{'-':>12}" for b in sizes) +
+                     f" {r['tokens_per_forward']:>7.2f}  {note}")
+    return "\n".join(lines)
+
+
+def format_aup_table(result: dict) -> str:
+    """AUP per task and policy (d3LLM's accuracy under parallelism; module docstring)."""
+    header = f"{'task':<11} {'policy':<30} {'metric':<16} {'points':>6} {'used':>4} {'y_max':>6} {'AUP':>8}  (tok/fwd, acc %)"
+    lines = [header, "-" * len(header)]
+    for a in result["aup"]:
+        points = ", ".join(f"({p[0]:.2f}, {p[1]:.1f})" for p in a["points"][:6]) + (" ..." if len(a["points"]) > 6 else "")
+        lines.append(f"{a['task']:<11} {a['policy']:<30} {a['metric']:<16} {len(a['points']):>6} {a['used']:>4} "
+                     f"{a['y_max']:>6.1f} {a['aup']:>8.2f}  {points}")
+    lines.append("AUP: rho_1 y_1 + trapezoids of y W(y), W(y) = min(exp(-3 (1 - y / y_max)), 1), over the policy's "
+                 "batch-1 runs by tokens per forward, points 5 below the least parallel one dropped (d3LLM)")
     return "\n".join(lines)
 
 
 def setting_name(row: dict) -> str:
-    """A run's setting as one label: ``strategy[+rule...]@cache`` with ``+stop`` for early stop at EOS."""
+    """A run's setting as one label: ``strategy[:knob=value][+rule...]@cache`` with ``+stop`` for early stop at EOS
+    (the knob value only for a swept knob)."""
     rules = "".join(f"+{m}" for m in row.get("rules", ()))
-    return f"{row['strategy']}{rules}{'+stop' if row.get('early_stop_eos') else ''}@{row['cache']}"
+    knob = f":{row['knob']}={row['knob_value']:g}" if row.get("knob") else ""
+    return f"{row['strategy']}{knob}{rules}{'+stop' if row.get('early_stop_eos') else ''}@{row['cache']}"
 
 
 def accuracy_nfe_plot(result: dict, path: str, panel: tuple[int, int] = (560, 480)) -> str:

@@ -224,7 +224,7 @@ class GADDrafterTrainConfig:
     sample_decoding: str = "ar"
     steps: int = 2400
     batch_size: int = 8  # sequences per step (one teacher forward each)
-    blocks_per_sequence: int = 4  # drafter rows per sequence: random prefix lengths and block sizes
+    blocks_per_sequence: int = 16  # drafter rows per sequence: random prefix lengths and block sizes
     max_block: int = 16
     context: int = 48  # committed tokens the drafter sees (three rows of tiny-c2i's 16 x 16 grid)
     lr: float = 2e-3
@@ -233,6 +233,7 @@ class GADDrafterTrainConfig:
     n_layer: int = 2
     n_head: int = 4
     class_dropout_prob: float = 0.1
+    warm_start: str = "drafter"  # the target pipeline's GPT to start from: "drafter", "transformer" (the target) or ""
     seed: int = 0
     log_every: int = 25
 
@@ -240,6 +241,9 @@ class GADDrafterTrainConfig:
         """Every field before any work; then ``sample_decoding`` must be a decoding spec and ``target`` an embedded
         model or a local pipeline folder."""
         check_common(self, name)
+        if not isinstance(self.warm_start, str) or self.warm_start not in ("", "drafter", "transformer"):
+            raise ValueError(f"{name('warm_start')} must be 'drafter' (the target pipeline's AR drafter), 'transformer' "
+                             f"(the target itself) or '' (random init), got {self.warm_start!r}")
         check_fields(self, name, counts=("num_sequences", "sample_batch", "blocks_per_sequence", "max_block", "dim",
                                          "n_layer", "n_head"),
                      non_negative=("context",), fractions=("class_dropout_prob",))

@@ -45,7 +45,7 @@ from vispec.models.gad_drafter import GADDrafter
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 
 __all__ = ["GADDrafterAssembleConfig", "GADDrafterTrainConfig", "assemble_gad_drafter", "block_rows", "build_gad_drafter",
-           "train_gad_drafter"]
+           "train_gad_drafter", "warm_start_from_ar"]
 
 
 def build_gad_drafter(cfg: GADDrafterTrainConfig, target: LlamaGenGPT) -> GADDrafter:
@@ -54,6 +54,28 @@ def build_gad_drafter(cfg: GADDrafterTrainConfig, target: LlamaGenGPT) -> GADDra
     return GADDrafter(vocab_size=t.vocab_size, dim=cfg.dim, n_layer=cfg.n_layer, n_head=cfg.n_head,
                       num_classes=t.num_classes, class_dropout_prob=cfg.class_dropout_prob, block_size=t.block_size,
                       context=cfg.context, max_block=cfg.max_block)
+
+
+def warm_start_from_ar(drafter: GADDrafter, ar_drafter: LlamaGenGPT) -> None:
+    """Start ``drafter`` from a LlamaGen GPT of the same shape (tiny-c2i's AR ``drafter``, or the target
+    ``transformer`` itself): the two share LlamaGen's blocks, class table, norm and head parameter for parameter; the
+    token table gains the ``[MASK]`` row, which keeps its random init. The GPT already predicts ``x_n`` from ``x_{<n}``,
+    which is the block's first position; training then only has to move that skill from the last prefix token's
+    output to the masks' (and make the attention bidirectional). Raises if any shape differs."""
+    source, own = ar_drafter.state_dict(), drafter.state_dict()
+    loaded = {}
+    for key, value in own.items():
+        if key not in source:
+            raise ValueError(f"warm start: the AR drafter has no parameter {key!r} (it must be a LlamaGen GPT with the "
+                             f"GAD drafter's dim, n_layer and n_head)")
+        theirs = source[key]
+        if key == "tok_embeddings.weight" and theirs.shape[0] == value.shape[0] - 1 and theirs.shape[1:] == value.shape[1:]:
+            theirs = torch.cat([theirs, value[-1:]])  # the [MASK] row stays as initialised
+        if theirs.shape != value.shape:
+            raise ValueError(f"warm start: {key} has shape {tuple(theirs.shape)} in the AR drafter and {tuple(value.shape)} "
+                             f"in the GAD drafter (dim, n_layer and n_head must match)")
+        loaded[key] = theirs
+    drafter.load_state_dict(loaded)
 
 
 def block_rows(batch: int, repeats: int, num_tokens: int, max_block: int,
@@ -74,17 +96,23 @@ def train_gad_drafter(cfg: GADDrafterTrainConfig) -> dict:
     os.makedirs(cfg.out, exist_ok=True)
     cache = os.path.join(cfg.out, f"samples_{cfg.num_sequences}_{cfg.seed}.pt")
     start = time.time()
+    from vispec.pipelines.llamagen import LlamaGenPipeline
+
     if os.path.exists(cache):
         data = torch.load(cache, weights_only=True)
         tokens, labels = data["tokens"], data["labels"]
-        from vispec.pipelines.llamagen import LlamaGenPipeline
-
         target = LlamaGenPipeline.from_pretrained(cfg.target).transformer.eval()
     else:
         tokens, labels, target = sample_target_sequences(cfg)
         torch.save({"tokens": tokens, "labels": labels}, cache)
     sample_minutes = (time.time() - start) / 60
     drafter = build_gad_drafter(cfg, target).eval()  # no dropout layers; the label dropout is done here
+    if cfg.warm_start:
+        ar_drafter = getattr(LlamaGenPipeline.from_pretrained(cfg.target), cfg.warm_start)
+        if ar_drafter is None:
+            raise ValueError(f"warm_start={cfg.warm_start!r}: the target pipeline {cfg.target!r} has no {cfg.warm_start} "
+                             f"component (train one with `vispec train drafter`, or pass --warm-start '')")
+        warm_start_from_ar(drafter, ar_drafter)
     num_tokens = target.config.block_size
 
     def distillation_loss(seq: torch.Tensor, labels: torch.Tensor, gen: torch.Generator):

@@ -215,3 +215,19 @@ def test_pipeline_gad_drafter_slot(tmp_path):
     assert isinstance(loaded.gad_drafter, GADDrafter)
     again = loaded(class_labels=[0, 1], decoding="gad:window=3", generator=gens(2), output_type="latent")
     assert torch.equal(again.images, out.images)
+
+
+def test_warm_start_copies_a_same_shaped_gpt_and_keeps_the_mask_row(model):
+    """``vispec train gad-drafter --warm-start``: every shared parameter comes from the GPT, the [MASK] row stays as
+    initialised; a GPT of another shape is refused by name."""
+    from vispec.eval.train.gad import warm_start_from_ar
+
+    drafter = tiny_drafter(dim=32, n_layer=2, n_head=2)
+    mask_row = drafter.tok_embeddings.weight[-1].clone()
+    warm_start_from_ar(drafter, model)
+    theirs = model.state_dict()
+    for key, value in drafter.state_dict().items():
+        expected = theirs[key] if key != "tok_embeddings.weight" else torch.cat([theirs[key], mask_row[None]])
+        assert torch.equal(value, expected), key
+    with pytest.raises(ValueError, match="dim, n_layer and n_head must match"):
+        warm_start_from_ar(tiny_drafter(), model)

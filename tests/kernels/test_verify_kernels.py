@@ -440,8 +440,10 @@ def test_bad_inputs_name_the_argument():
 
 
 @pytest.mark.slow
-def test_every_kernel_configuration_compiles_for_cuda_80_and_90(tmp_path):
-    """In a subprocess: the interpreter (on in this process) replaces kernels before they can be compiled."""
+def test_every_kernel_configuration_compiles_for_cuda_90_and_each_kernel_for_80(tmp_path):
+    """In a subprocess: the interpreter (on in this process) replaces kernels before they can be compiled. Every
+    configuration for sm_90 (the recursive rejection sampling kernel's included, with and without a dense q); the first
+    configuration of each kernel for sm_80 (a spot check: the same Triton source, another ptxas target)."""
     import json
     import os
     import subprocess
@@ -450,7 +452,7 @@ def test_every_kernel_configuration_compiles_for_cuda_80_and_90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "0"
     report = tmp_path / "compile.json"
-    run = subprocess.run([sys.executable, "-m", "vispec.kernels.compile_check", "--arch", "80", "--arch", "90",
+    run = subprocess.run([sys.executable, "-m", "vispec.kernels.compile_check", "--arch", "90", "--spot-arch", "80",
                           "--json", str(report)], env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     records = json.loads(report.read_text())
@@ -458,6 +460,10 @@ def test_every_kernel_configuration_compiles_for_cuda_80_and_90(tmp_path):
     assert {"verify.threshold", "verify.accept", "verify.sample", "verify.first_rejection",
             "philox.vocab_noise", "philox.scalar_uniform"} <= kernels
     assert all(r["ok"] for r in records) and {r["arch"] for r in records} == {"sm_80", "sm_90"}
+    on_80 = [r["kernel"].split("[")[0] for r in records if r["arch"] == "sm_80"]
+    assert sorted(on_80) == sorted(set(on_80)) == sorted({r["kernel"].split("[")[0] for r in records})
+    rrs = [r["kernel"] for r in records if r["arch"] == "sm_90" and r["kernel"].startswith("multi_verify.rrs[")]
+    assert {"q=True", "q=False"} <= {part for kernel in rrs for part in kernel[:-1].split(",")}
 
 
 # ---- realistic sizes on a GPU ----------------------------------------------------------------------

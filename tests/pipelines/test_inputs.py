@@ -123,13 +123,24 @@ def test_text_bad_inputs_fail_before_any_work(tpipe, kwargs, error, match):
     assert work.calls == 0
 
 
-def test_block_refinement_scheduler_is_refused_with_what_to_pass(tpipe):
+def test_block_refinement_scheduler_is_mapped_or_refused_by_name(tpipe):
+    """diffusers' BlockRefinementScheduler becomes vispec's editing policy (its config carried over); on a
+    bidirectional model (LLaDA) that policy has no equivalent and the error says what to use, before any work."""
     diffusers = pytest.importorskip("diffusers")
-    scheduler = diffusers.BlockRefinementScheduler()
-    with pytest.raises(ValueError, match="BlockRefinementScheduler .* strategy='threshold'"):
-        tpipe(prompt="sort", strategy=scheduler)
-    with pytest.raises(ValueError, match="BlockRefinementScheduler"):
-        type(tpipe)(model=tpipe.model, tokenizer=tpipe.tokenizer, scheduler=scheduler)
+    from vispec.dllm import TokenEditingScheduler
+
+    scheduler = diffusers.BlockRefinementScheduler(block_length=16, num_inference_steps=8, threshold=0.9,
+                                                   editing_threshold=0.4, minimal_topk=2)
+    pipe = type(tpipe)(model=tpipe.model, tokenizer=tpipe.tokenizer, scheduler=scheduler)
+    assert isinstance(pipe.scheduler, TokenEditingScheduler)
+    assert dict(block_length=16, num_inference_steps=8, threshold=0.9, editing_threshold=0.4,
+                minimal_topk=2).items() <= dict(pipe.scheduler.config).items()
+    for call in (dict(), dict(strategy=diffusers.BlockRefinementScheduler()), dict(strategy="editing")):
+        with text_work(tpipe) as work, pytest.raises(ValueError, match="needs a block-causal model .* strategy='threshold'"):
+            (pipe if not call else tpipe)(prompt="sort", **call)
+        assert work.calls == 0
+    with pytest.raises(ValueError, match="editing_threshold, max_post_steps apply to the editing strategy"):
+        tpipe(prompt="sort", editing_threshold=0.5, max_post_steps=2)
 
 
 def test_nan_logits_are_an_error_not_an_empty_text():

@@ -1,18 +1,18 @@
-"""Every README example that runs on an embedded model runs as written in a fresh Python process."""
+"""Every README example that runs on an embedded model, or on a tiny random model it builds, runs as written in a fresh
+Python process."""
 
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-EMBEDDED = [b for b in BLOCKS if "vispec/tiny-" in b]
+from readme_blocks import EMBEDDED, RANDOM_MODEL
+
+RUN = EMBEDDED + RANDOM_MODEL
 
 
 def test_the_readme_has_embedded_examples():
@@ -23,13 +23,13 @@ def test_the_readme_has_embedded_examples():
 LIBRARY_DEPRECATION = re.compile(r"/(diffusers|transformers)/\S+:\d+: (DeprecationWarning|FutureWarning)")
 
 
-@pytest.mark.parametrize("index", range(len(EMBEDDED)))
+@pytest.mark.parametrize("index", range(len(RUN)))
 def test_readme_example_runs_in_a_fresh_process(index, tmp_path):
     """Every deprecation shown (``-W always``), none of them diffusers' or transformers'."""
     env = {**os.environ, "PYTHONWARNINGS": "always::DeprecationWarning,always::FutureWarning"}
-    result = subprocess.run([sys.executable, "-c", EMBEDDED[index]], cwd=tmp_path, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", RUN[index]], cwd=tmp_path, capture_output=True, text=True,
                             timeout=300, env=env)
-    assert result.returncode == 0, f"README example {index + 1} failed:\n{EMBEDDED[index]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"README example {index + 1} failed:\n{RUN[index]}\n{result.stderr[-3000:]}"
     warned = [line for line in result.stderr.splitlines() if LIBRARY_DEPRECATION.search(line)]
     assert not warned, f"README example {index + 1} printed library deprecations:\n" + "\n".join(warned)
 

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
 
 import torch
+from readme_blocks import BLOCKS, EMBEDDED, LUMINA, OFFICIAL, RANDOM_MODEL  # the first two run by test_readme.py
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-EMBEDDED = [b for b in BLOCKS if "vispec/tiny-" in b]  # run by tests/project/test_readme.py
-OFFICIAL = [b for b in BLOCKS if "c2i_B_256.pt" in b]
-LUMINA = [b for b in BLOCKS if '"lumina-mgpt-2"' in b]
 DATA = ROOT / "tests" / "data" / "llamagen"
 
 # what the official-checkpoint example asks of a LlamaGen-B model that the tiny checkpoint (4 heads, 10 classes,
@@ -36,8 +32,8 @@ def test_every_example_parses_and_is_run():
     assert len(BLOCKS) >= 5
     for block in BLOCKS:
         ast.parse(block)
-    assert len(EMBEDDED) + len(OFFICIAL) + len(LUMINA) == len(BLOCKS), \
-        "a README example neither runs on an embedded model nor is one of the official-checkpoint ones"
+    assert len(EMBEDDED) + len(RANDOM_MODEL) + len(OFFICIAL) + len(LUMINA) == len(BLOCKS), \
+        "a README example neither runs on an embedded or tiny random model nor is one of the official-checkpoint ones"
     assert len(OFFICIAL) == 1 and len(LUMINA) == 1
 
 

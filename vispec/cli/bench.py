@@ -77,10 +77,16 @@ TEXT_HELP = {
     "tasks": "comma-separated: arithmetic, sort, reverse",
     "num_problems": "test problems per task",
     "batch_size": "the batched run's batch size (batch 1 always runs)",
-    "batch_sizes": "comma-separated batch sizes of the batched runs, instead of --batch-size (batch 1 always runs)",
+    "batch_sizes": "comma-separated batch sizes of the batched runs, instead of --batch-size (batch 1 always runs), "
+                   "e.g. 8,32: tokens/s at each and the batch-invariance check against batch 1",
     "threshold": "confidence threshold τ of the threshold and contiguous rules",
     "factor": "f of the factor rule",
     "entropy_bound": "entropy budget γ of the EB rule (nats)",
+    "thresholds": "comma-separated τ values the threshold and contiguous rules run at, for their AUP curves "
+                  "(default: --threshold alone)",
+    "factors": "comma-separated f values the factor rule runs at (default: --factor alone)",
+    "entropy_bounds": "comma-separated γ values the EB rule runs at (default: --entropy-bound alone)",
+    "filter_thresholds": "comma-separated τ values learn2pd runs at (default: --filter-threshold alone)",
     "gen_length": "tokens to generate (default: the model's)",
     "block_length": "semi-AR block length (default: the model's)",
     "early_stop_eos": "keep decoding after EOS is committed",

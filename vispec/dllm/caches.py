@@ -201,6 +201,29 @@ class NoCache:
         """Drop the cached K/V (the next step refreshes)."""
         self.cache, self.cache_rows = None, None
 
+    # ------------------------------------------------------------------ models with state of their own between steps
+    def use_noise(self, seeds: Tensor, shared: Any) -> None:
+        """The decode's row seeds ``[B]`` and :class:`~vispec.dllm.uniform.SharedGenerator` (or None), for models whose
+        forward draws noise of its own (uniform corruption, :mod:`vispec.models.diffusion_gemma`); masked models draw
+        none."""
+
+    def after_step(self, rows: Tensor, out: Any) -> None:
+        """After the policy's step on ``rows`` (its :class:`~vispec.dllm.UnmaskSchedulerOutput` ``out``): models with
+        state between steps (self-conditioning, drafts) take it here; masked models keep none."""
+
+
+def cache_class(model: Any, mode: str) -> type:
+    """The cache class of ``mode`` for ``model``: :data:`CACHE_CLASSES`, or for encoder/decoder canvas models with
+    uniform corruption (``model.uniform_corruption``, DiffusionGemma) their own (:mod:`vispec.dllm.uniform`)."""
+    classes = CACHE_CLASSES
+    if getattr(model, "uniform_corruption", False):
+        from vispec.dllm.uniform import CANVAS_CACHES  # it builds on this module's classes
+
+        classes = CANVAS_CACHES
+    if mode not in classes:
+        raise ValueError(f"cache={mode!r} is not available for {type(model).__name__} (its modes: {tuple(classes)})")
+    return classes[mode]
+
 
 class PrefixCache(NoCache):
     """``cache="prefix"`` (module docstring): later steps forward ``x[block_start:]`` against the cached prefix."""

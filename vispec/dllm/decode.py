@@ -19,6 +19,11 @@ not with ``"dkv"``).
 
 Every forward counts one NFE for every row it serves, the cache-refreshing full forward included.
 
+Block-causal models (``model.attention_layout == "block_causal"``: LLaDA2, :mod:`vispec.models.llada2`) decode with
+their own loop (:mod:`vispec.dllm.block_causal`): blocks counted from each row's first prompt token, the canvas up to
+the block's end forwarded under the block-causal mask, ``cache="prefix"`` keeping the finished blocks' K/V exactly;
+the token-editing policy (:mod:`vispec.dllm.editing`, LLaDA2.1) runs only there.
+
 Guidance is LLaDA's unsupervised CFG (the unconditional branch masks the prompt) in vispec's one
 convention (:mod:`vispec.outputs`, as the image half): ``guidance_scale = s`` mixes
 ``ℓ = ℓ_u + s (ℓ_c - ℓ_u)`` and ``s = 1`` means no guidance (no unconditional branch is run). LLaDA's
@@ -73,13 +78,16 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from vispec.dllm.caches import CACHE_CLASSES
+from vispec.dllm.block_causal import BlockCausalLoop, check_block_causal, is_block_causal
+from vispec.dllm.caches import cache_class
+from vispec.dllm.editing import TokenEditingScheduler
 from vispec.dllm.infill import check_infill
 from vispec.dllm.loop import BlockLoop
 from vispec.dllm.speculative import SpeculativeLoop
 from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.schedulers import UnmaskingScheduler
 from vispec.dllm.tokens import TokenIds, config_id
+from vispec.dllm.uniform import SharedGenerator
 from vispec.kernels.philox import GeneratorArg, per_sample_seeds
 from vispec.outputs import DecodeOutput, StepCallback
 
@@ -113,7 +121,10 @@ def decode(
         logits_eos_inf: never propose EOS. ``confidence_eos_eot_inf``: rank EOS/EoT proposals last.
         early_stop_eos: fill the masked positions after a committed EOS with EOS.
         suppress_mask_token: never propose the mask token (nor padded embedding columns).
-        generator: one ``torch.Generator`` or a list with one per row.
+        generator: one ``torch.Generator`` or a list with one per row; or a :class:`vispec.dllm.uniform.SharedGenerator`,
+            which draws batch-wide in the order of transformers' / diffusers' reference implementations (the noise of
+            uniform-corruption models such as DiffusionGemma, and the DiffusionGemma rule's samples), for token
+            equality with them.
         callback: ``callback(progress)`` after every forward, ``progress`` a :class:`vispec.outputs.DecodeProgress`:
             ``step`` (global), ``num_committed [B]`` (committed generated tokens per row), ``tokens [B, gen_length]``
             (the canvas, :data:`vispec.outputs.UNDECIDED` where still masked) and ``details`` with ``block``,
@@ -163,9 +174,17 @@ def decode(
     elif not isinstance(options, UnmaskingOptions):
         raise ValueError(f"options must be an UnmaskingOptions, got {type(options).__name__}")
     ids = check_decode_inputs(model, input_ids, attention_mask, options, scheduler)
+    shared = shared_generator(generator, model, input_ids, options, scheduler)
     scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
+    if shared is not None:  # the reference implementations' batch-wide draws (vispec.dllm.uniform)
+        loop = BlockLoop(model, input_ids, attention_mask, options, ids, scheduler, shared.row_seeds(), callback,
+                         shared=shared)
+        loop.run()
+        return loop.output()
     seeds = per_sample_seeds(generator, input_ids.shape[0], input_ids.device)
     runner = SpeculativeLoop if options.speculative is not None else BlockLoop
+    if is_block_causal(model):  # LLaDA2 layout: block-aligned canvas, exact prefix cache (vispec.dllm.block_causal)
+        runner = BlockCausalLoop
     loop = runner(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback)
     loop.run()
     return loop.output()
@@ -182,7 +201,19 @@ def check_decode_inputs(model: Any, input_ids: Tensor, attention_mask: Optional[
         raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
     if not isinstance(scheduler, UnmaskingScheduler):
         raise ValueError(f"scheduler must be an UnmaskingScheduler (vispec.dllm.SCHEDULERS), got {type(scheduler).__name__}")
-    CACHE_CLASSES[options.cache].check_model(model)
+    block_causal = is_block_causal(model)
+    if not block_causal:
+        cache_class(model, options.cache).check_model(model)
+        if isinstance(scheduler, TokenEditingScheduler):
+            raise ValueError(f"the editing policy (TokenEditingScheduler, LLaDA2's M2T + T2T rule) needs a block-causal "
+                             f"model (LLaDA2 layout, vispec.models.llada2), got {type(model).__name__}; for LLaDA / "
+                             "Dream use strategy='threshold' (threshold commits) or 'llada' (a fixed quota per step)")
+    own_checks = getattr(model, "check_decode", None)  # a model's own limits (vispec.models.diffusion_gemma)
+    if own_checks is not None:
+        own_checks(input_ids, attention_mask, options, scheduler)
+    policy_checks = getattr(scheduler, "check_options", None)  # options a policy cannot honour (vispec.dllm.gemma_rule)
+    if policy_checks is not None:
+        policy_checks(options)
     if options.compile and not hasattr(model, "compiled_core"):
         raise ValueError(f"compile=True needs a model with static, compilable forwards (compiled_core), "
                          f"got {type(model).__name__}")
@@ -192,7 +223,10 @@ def check_decode_inputs(model: Any, input_ids: Tensor, attention_mask: Optional[
     pad_id = config_id(model, "pad_token_id")
     if pad_id is not None and pad_id == mask_id:
         raise ValueError(f"the model's pad_token_id equals mask_token_id ({mask_id}); padding would read as masks")
-    check_infill(model, input_ids, attention_mask, options, scheduler, mask_id)  # prompt masks (vispec.dllm.infill)
+    if block_causal:
+        check_block_causal(model, input_ids, attention_mask, options, mask_id)
+    else:
+        check_infill(model, input_ids, attention_mask, options, scheduler, mask_id)  # prompt masks (vispec.dllm.infill)
     context = config_id(model, "max_sequence_length")
     if context is not None and input_ids.shape[1] + options.gen_length > context:
         raise ValueError(f"prompt length {input_ids.shape[1]} + gen_length {options.gen_length} exceeds the model's "
@@ -210,3 +244,23 @@ def check_decode_inputs(model: Any, input_ids: Tensor, attention_mask: Optional[
             raise ValueError("adaptive_block cannot run with the learn2pd policy: its filter reads exactly "
                              "block_length confidences per block")
     return TokenIds(mask_id, eos_id, eot_id)
+
+
+def shared_generator(generator: Any, model: Any, input_ids: Tensor, options: UnmaskingOptions,
+                     scheduler: UnmaskingScheduler) -> Optional[SharedGenerator]:
+    """``generator`` bound to the decode when it is a :class:`~vispec.dllm.uniform.SharedGenerator` (None otherwise).
+    Its batch-wide draws serve the noise of models with a corruption process and policies that draw from it (the
+    DiffusionGemma rule); vispec's counter-based sampling (temperature > 0, random remasking) and self-speculation
+    have no reference order to follow, so they are refused with it."""
+    if not isinstance(generator, SharedGenerator):
+        return None
+    if options.speculative is not None or is_block_causal(model):
+        raise ValueError("a SharedGenerator serves the block loop of masked and uniform-corruption models; speculative "
+                         "decoding (its lanes draw per row) and block-causal models take a torch.Generator or one per row")
+    keyed = options.temperature > 0 or scheduler.uses_remask_noise
+    if keyed and not getattr(scheduler, "draws_shared", False):
+        raise ValueError(f"{type(scheduler).__name__} samples with counter-based noise (temperature > 0 or random "
+                         "remasking), which has no reference order to share: pass a torch.Generator (or one per row) "
+                         "as generator, or temperature=0 with a SharedGenerator")
+    return generator.bind(input_ids.shape[0], input_ids.device)
+

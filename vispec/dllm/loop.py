@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from vispec.dllm.blocks import AdaptiveBounds, FixedBlocks, to_canvas, window_tokens
-from vispec.dllm.caches import CACHE_CLASSES, Guidance, NoCache
+from vispec.dllm.caches import Guidance, NoCache, cache_class
 from vispec.dllm.callback import StopDecoding, apply_edit
 from vispec.dllm.eotp import EndOfText
 from vispec.dllm.options import UnmaskingOptions
@@ -47,11 +47,13 @@ class BlockLoop:
     """One decode's state and its semi-autoregressive loop (module docstring)."""
 
     def __init__(self, model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], options: UnmaskingOptions,
-                 ids: TokenIds, scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback]):
+                 ids: TokenIds, scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback],
+                 shared: Any = None):
         batch, self.prompt_len = input_ids.shape
         device, L = input_ids.device, options.gen_length
         self.model, self.options, self.ids, self.scheduler, self.seeds, self.callback = (
             model, options, ids, scheduler, seeds, callback)
+        self.shared = shared  # a SharedGenerator (vispec.dllm.uniform), or None: counter-based noise
         self.x = torch.cat([input_ids, torch.full((batch, L), ids.mask, dtype=torch.long, device=device)], dim=1)
         prompt_mask = (torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None
                        else attention_mask.to(device).bool())
@@ -61,8 +63,9 @@ class BlockLoop:
         self.infill = PromptInfill.build(input_ids, attention_mask, ids.mask, L)  # the prompt's masks, or None
         guidance = Guidance(options.guidance_scale, self.prompt_len, ids.mask,
                             None if self.infill is None else self.infill.slots)
-        self.cache: NoCache = CACHE_CLASSES[options.cache](model, guidance, key_mask, options.compile,
-                                                           options.cache_reload_steps)
+        self.cache: NoCache = cache_class(model, options.cache)(model, guidance, key_mask, options.compile,
+                                                                options.cache_reload_steps)
+        self.cache.use_noise(seeds, shared)  # models with noise of their own (uniform corruption)
         blocks = (batch, L, options.block_length, ids.mask, device)
         self.bounds = (FixedBlocks(*blocks) if options.adaptive_block is None
                        else AdaptiveBounds(options.adaptive_block, *blocks))
@@ -137,11 +140,13 @@ class BlockLoop:
             positions = torch.cat([infill.keys[rows], index_], dim=1)
         out = self.scheduler.step(block_logits, step, sample,
                                   mask_token_id=self.ids.mask, temperature=float(self.options.temperature),
-                                  noise=UnmaskNoise(self.seeds[rows], positions, self.nfe[rows]),  # keyed by position
+                                  noise=UnmaskNoise(self.seeds[rows], positions, self.nfe[rows], rows=rows,
+                                                    shared=self.shared),  # keyed by position
                                   num_masked_at_block_start=self.bounds.masked_at_start[rows],
                                   proposal_mask=self.masks[0], confidence_mask=self.masks[1])
         if infill is not None:
             out = self._fill_prompt(infill, rows, out)
+        cache.after_step(rows, out)  # self-conditioning and drafts of models with state between steps
         self._commit(view, out, index_, valid)
         for hook in self.hooks:  # end-of-text cut, Prophet's early commit
             hook.after_step(view)

@@ -37,7 +37,7 @@ the block, current block tokens) and returns :class:`UnmaskSchedulerOutput`. It 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -49,6 +49,9 @@ from vispec.checks import check_int, check_number
 from vispec.dllm.options import check_blocks
 from vispec.kernels.philox import Stream, uniforms
 from vispec.kernels.unmask import RowNoise, unmask_candidates
+
+if TYPE_CHECKING:
+    from vispec.dllm.uniform import SharedGenerator
 
 
 @dataclass
@@ -63,6 +66,11 @@ class UnmaskSchedulerOutput(BaseOutput):
         accepted: ``[B, Lb]`` bool, the committed positions a learned filter accepted (Learn2PD), as opposed to
             those committed only to meet the per-step floor; None for policies without a filter. End-of-text
             prediction truncates after an accepted EOS.
+        draft: ``[B, Lb]`` provisional tokens for still-undecided positions (``-1``: none), which a model with a
+            uniform corruption process is shown there at the next forward instead of fresh noise
+            (:mod:`vispec.dllm.uniform`); None for policies without drafts (masked models ignore it).
+        pred_logits: ``[B, Lb, V]`` the logits such a model self-conditions on at the next forward (diffusers'
+            ``pred_logits``); None: the step's own ``model_output``.
     """
 
     prev_sample: Tensor
@@ -70,6 +78,8 @@ class UnmaskSchedulerOutput(BaseOutput):
     sampled_tokens: Tensor
     confidence: Tensor
     accepted: Optional[Tensor] = None
+    draft: Optional[Tensor] = None
+    pred_logits: Optional[Tensor] = None
 
 
 @dataclass
@@ -95,11 +105,17 @@ class UnmaskNoise:
     ``seeds [B]`` come from each row's ``torch.Generator``; ``positions [B, Lb]`` are the block's
     positions in the generated canvas (independent of the prompt's padded width); ``draws [B]`` is the row's forward count, so every step gets fresh noise
     and a row's numbers do not depend on the rest of the batch.
+
+    ``rows [B]`` (the step's batch rows, sorted) lets a policy keep per-row state over the steps of a block (the
+    DiffusionGemma rule's stability history, :mod:`vispec.dllm.gemma_rule`); ``shared`` is the decode's
+    :class:`vispec.dllm.uniform.SharedGenerator` when it draws as the reference implementations do (None: counter-based).
     """
 
     seeds: Tensor
     positions: Tensor
     draws: Tensor
+    rows: Optional[Tensor] = None
+    shared: Optional["SharedGenerator"] = None
 
 
 class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
