@@ -51,12 +51,12 @@ def test_quiet_turns_the_bars_off(bench, monkeypatch):
 
 def test_compile_check_bar_counts_every_configuration(capsys, monkeypatch):
     """``python -m vispec.kernels.compile_check --progress``: one step per configuration and architecture."""
-    configs = [("verify.a", None, {}, {}), ("verify.b", None, {}, {}), ("unmask.c", None, {}, {})]
+    configs = [("verify.a[x=1]", None, {}, {}), ("verify.a[x=2]", None, {}, {}), ("unmask.c", None, {}, {})]
     monkeypatch.setattr(compile_check, "selected_configs", lambda prefixes=(): configs)
 
-    def compile_all(arch, prefixes=(), done=None):
+    def compile_all(arch, prefixes=(), done=None, spot=False):
         records = []
-        for name, *_ in configs:
+        for name, *_ in compile_check.first_of_each_kernel(configs) if spot else configs:
             records.append({"kernel": name, "arch": f"sm_{arch}", "ok": True, "seconds": 0.0, "error": None})
             done(records[-1])
         return records
@@ -67,6 +67,11 @@ def test_compile_check_bar_counts_every_configuration(capsys, monkeypatch):
     assert "compiling for sm_90" in captured.err and "6/6" in captured.err and "kernel" in captured.err
     assert captured.out.strip() == "compiled 6/6 kernel configurations (sm_80, sm_90) in 0.0 s"
     assert compile_check.main(["--arch", "80"]) == 0 and capsys.readouterr().err == ""  # no bar unless asked
+    # a spot check compiles the first configuration of each kernel: verify.a[x=1] and unmask.c
+    assert compile_check.main(["--arch", "90", "--spot-arch", "80", "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert "5/5" in captured.err and "one per kernel" in captured.err
+    assert captured.out.strip() == "compiled 5/5 kernel configurations (sm_80, sm_90) in 0.0 s"
 
 
 @pytest.mark.parametrize("bar", [True, False])
