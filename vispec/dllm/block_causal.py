@@ -44,7 +44,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from vispec.dllm.callback import StopDecoding, apply_edit
+from vispec.dllm.callback import apply_edit, report_progress
 from vispec.dllm.caches import Guidance
 from vispec.dllm.editing import TokenEditingScheduler
 from vispec.dllm.loop import count_tokens
@@ -52,7 +52,7 @@ from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
 from vispec.dllm.tokens import TokenIds, token_masks
 from vispec.models.llada2 import block_causal_mask
-from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback, committed_view
+from vispec.outputs import DecodeOutput, DecodeStats, StepCallback
 from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
 
 CACHES = ("none", "prefix")
@@ -246,12 +246,7 @@ class BlockCausalLoop:
         edited = getattr(out, "editing_transfer_index", None)
         if edited is not None:
             details["editing_transfer_index"] = edited.clone()
-        try:
-            edit = self.callback(DecodeProgress(step=self.global_step - 1, num_committed=decided.sum(dim=1),
-                                                tokens=committed_view(answer, decided), details=details))
-        except StopDecoding:
-            self.interrupted = True
-            return
+        edit, self.interrupted = report_progress(self.callback, self.global_step - 1, answer, decided, details)
         if edit is None:
             return
         canvas = torch.cat([answer[:, :1], answer], dim=1)  # apply_edit's layout: one prompt column, then the answer

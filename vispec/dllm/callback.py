@@ -1,9 +1,9 @@
-"""What a step callback of :func:`vispec.dllm.decode` may do besides watching: stop decoding
-(:class:`StopDecoding`) or return an edit of the canvas and the guidance scale (:func:`apply_edit`)."""
+"""What a step callback of :func:`vispec.dllm.decode` sees (:func:`report_progress`) and may do besides watching: stop
+decoding (:class:`StopDecoding`) or return an edit of the canvas and the guidance scale (:func:`apply_edit`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -11,12 +11,24 @@ from torch import Tensor
 from vispec.checks import check_number
 from vispec.dllm.caches import Guidance
 from vispec.dllm.options import GUIDANCE_HINT
-from vispec.outputs import UNDECIDED
+from vispec.outputs import UNDECIDED, DecodeProgress, committed_view
 
 
 class StopDecoding(Exception):
     """Raised by a step callback to end decoding early: :func:`vispec.dllm.decode` returns the canvas so far (the
     mask id where undecided), the statistics of the forwards run, and ``labels["interrupted"] = True``."""
+
+
+def report_progress(callback: Callable[[DecodeProgress], Any], step: int, answer: Tensor, decided: Tensor,
+                    details: dict) -> tuple[Any, bool]:
+    """Call a step callback with the answer canvas ``answer [B, L]`` (``decided``: its committed positions; the others
+    read as undecided) and the step's ``details``; ``(edit, stopped)``: what it returned (None, or an edit for
+    :func:`apply_edit`) and whether it raised :class:`StopDecoding`. The decoders' one way of reporting a step."""
+    try:
+        return callback(DecodeProgress(step=step, num_committed=decided.sum(dim=1), tokens=committed_view(answer, decided),
+                                       details=details)), False
+    except StopDecoding:
+        return None, True
 
 
 def apply_edit(edit: Any, x: Tensor, prompt_len: int, mask_id: int, vocab: int, guidance: Guidance) -> None:

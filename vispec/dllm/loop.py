@@ -30,7 +30,7 @@ from torch import Tensor
 
 from vispec.dllm.blocks import AdaptiveBounds, FixedBlocks, to_canvas, window_tokens
 from vispec.dllm.caches import Guidance, NoCache, cache_class
-from vispec.dllm.callback import StopDecoding, apply_edit
+from vispec.dllm.callback import apply_edit, report_progress
 from vispec.dllm.eotp import EndOfText
 from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.prophet import EarlyCommit
@@ -39,7 +39,7 @@ from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise, UnmaskSchedu
 from vispec.dllm.tokens import TokenIds, token_masks
 from vispec.dllm.view import AfterStep, StepView
 from vispec.kernels.unmask import RowNoise, unmask_candidates
-from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback, committed_view
+from vispec.outputs import DecodeOutput, DecodeStats, StepCallback
 from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
 
 
@@ -237,12 +237,7 @@ class BlockLoop:
                    "transfer_index": out.transfer_index.clone(), **self.bounds.details(view.rows)}
         for hook in self.hooks:
             details.update(hook.details(view.rows))
-        try:
-            edit = self.callback(DecodeProgress(step=self.global_step - 1, num_committed=decided.sum(dim=1),
-                                                tokens=committed_view(canvas, decided), details=details))
-        except StopDecoding:
-            self.interrupted = True
-            return
+        edit, self.interrupted = report_progress(self.callback, self.global_step - 1, canvas, decided, details)
         if edit is not None:
             apply_edit(edit, self.x, self.prompt_len, self.ids.mask, view.logits.shape[-1], self.cache.guidance)
 

@@ -54,10 +54,10 @@ from torch import Tensor
 from vispec.dllm.caches import Guidance
 from vispec.dllm.loop import count_tokens
 from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
-from vispec.dllm.callback import StopDecoding
+from vispec.dllm.callback import report_progress
 from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
 from vispec.dllm.tokens import TokenIds, token_masks
-from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, StepCallback, committed_view
+from vispec.outputs import DecodeOutput, DecodeStats, StepCallback
 from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
 
 if TYPE_CHECKING:
@@ -288,13 +288,10 @@ class SpeculativeLoop:
         block[lanes.row] = lanes.block
         details = {"block": int(block.min()), "rows": lanes.row.clone(), "transfer_index": decided & ~self.reported,
                    "reference_steps": self.steps.clone(), "advanced": advanced.clone()}
-        try:
-            edit = self.callback(DecodeProgress(step=self.calls - 1, num_committed=decided.sum(dim=1),
-                                                tokens=committed_view(self.tokens, decided), details=details))
-            self.reported = decided
-        except StopDecoding:
-            self.interrupted = True
+        edit, self.interrupted = report_progress(self.callback, self.calls - 1, self.tokens, decided, details)
+        if self.interrupted:
             return
+        self.reported = decided
         if edit:
             raise ValueError("a step callback cannot edit the canvas or the guidance under self-speculative decoding "
                              "(the output is the stepwise run's by construction); return None")
