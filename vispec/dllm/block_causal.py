@@ -47,12 +47,12 @@ from torch import Tensor
 from vispec.dllm.callback import apply_edit, report_progress
 from vispec.dllm.caches import Guidance
 from vispec.dllm.editing import TokenEditingScheduler
-from vispec.dllm.loop import count_tokens
+from vispec.dllm.loop import decode_output, eos_filled
 from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
 from vispec.dllm.tokens import TokenIds, token_masks
 from vispec.models.llada2 import block_causal_mask
-from vispec.outputs import DecodeOutput, DecodeStats, StepCallback
+from vispec.outputs import DecodeOutput, StepCallback
 from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
 
 CACHES = ("none", "prefix")
@@ -260,20 +260,9 @@ class BlockCausalLoop:
 
     # ------------------------------------------------------------------ result
     def output(self) -> DecodeOutput:
-        elapsed = time.perf_counter() - self.start_time
-        finished_at = torch.where(torch.isnan(self.finished_at), torch.full_like(self.finished_at, elapsed),
-                                  self.finished_at)
         tokens = self.x.gather(1, self.gen_index)
         if self.options.early_stop_eos:  # a finished row's masks after its first EOS are EOS
-            is_eos = tokens == self.ids.eos
-            after = (is_eos.long().cumsum(dim=1) > 0) & self.finished[:, None]
-            tokens = torch.where(after & (tokens == self.ids.mask), torch.full_like(tokens, self.ids.eos), tokens)
+            tokens = torch.where(self.finished[:, None], eos_filled(tokens, self.ids.eos, self.ids.mask), tokens)
         labels = {"scheduler": type(self.scheduler).__name__, "cache": self.options.cache, "attention": "block_causal"}
-        if self.interrupted:
-            labels["interrupted"] = True
         extra = {"edits": self.edits.cpu()} if self.editing else {}
-        stats = DecodeStats(nfe=self.nfe.cpu(), tokens=count_tokens(tokens, self.ids.eos, self.ids.eot).cpu(),
-                            latency_s=finished_at, extra=extra)
-        method = getattr(self.scheduler, "strategy", "") or type(self.scheduler).__name__
-        return DecodeOutput(tokens=tokens, stats=stats, method=method, labels=labels,
-                            prompt_tokens=self.input_ids.clone())
+        return decode_output(self, tokens, labels, extra, prompt_tokens=self.input_ids.clone())

@@ -176,16 +176,14 @@ def decode(
     ids = check_decode_inputs(model, input_ids, attention_mask, options, scheduler)
     shared = shared_generator(generator, model, input_ids, options, scheduler)
     scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
-    if shared is not None:  # the reference implementations' batch-wide draws (vispec.dllm.uniform)
-        loop = BlockLoop(model, input_ids, attention_mask, options, ids, scheduler, shared.row_seeds(), callback,
-                         shared=shared)
-        loop.run()
-        return loop.output()
-    seeds = per_sample_seeds(generator, input_ids.shape[0], input_ids.device)
     runner = SpeculativeLoop if options.speculative is not None else BlockLoop
     if is_block_causal(model):  # LLaDA2 layout: block-aligned canvas, exact prefix cache (vispec.dllm.block_causal)
         runner = BlockCausalLoop
-    loop = runner(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback)
+    if shared is None:
+        seeds, extra = per_sample_seeds(generator, input_ids.shape[0], input_ids.device), {}
+    else:  # the reference implementations' batch-wide draws (vispec.dllm.uniform); shared_generator refused the
+        seeds, extra = shared.row_seeds(), {"shared": shared}  # speculative and block-causal runners: a BlockLoop
+    loop = runner(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback, **extra)
     loop.run()
     return loop.output()
 

@@ -244,9 +244,6 @@ class BlockLoop:
     # ------------------------------------------------------------------ result
     def output(self) -> DecodeOutput:
         """The decode's :class:`vispec.outputs.DecodeOutput` (:func:`vispec.dllm.decode`)."""
-        elapsed = time.perf_counter() - self.start_time
-        finished_at = torch.where(torch.isnan(self.finished_at), torch.full_like(self.finished_at, elapsed),
-                                  self.finished_at)
         tokens = self.x[:, self.prompt_len:]
         if self.eot is not None:
             tokens = self.eot.finish(tokens)
@@ -254,21 +251,35 @@ class BlockLoop:
         labels = {"scheduler": type(self.scheduler).__name__, "cache": self.options.cache}
         for part in (*self.hooks, self.bounds):
             part.report(extra, labels)
-        if self.interrupted:
-            labels["interrupted"] = True
-        stats = DecodeStats(nfe=self.nfe.cpu(), tokens=count_tokens(tokens, self.ids.eos, self.ids.eot).cpu(),
-                            latency_s=finished_at, extra=extra)
-        method = getattr(self.scheduler, "strategy", "") or type(self.scheduler).__name__
-        return DecodeOutput(tokens=tokens, stats=stats, method=method, labels=labels,
-                            prompt_tokens=self.x[:, :self.prompt_len].clone())
+        return decode_output(self, tokens, labels, extra, prompt_tokens=self.x[:, :self.prompt_len].clone())
+
+
+def decode_output(loop: Any, tokens: Tensor, labels: dict, extra: dict,
+                  prompt_tokens: Optional[Tensor] = None) -> DecodeOutput:
+    """A text decoder's :class:`vispec.outputs.DecodeOutput` from its answer ``tokens [B, L]``, ``labels`` and ``extra``
+    statistics and the state every loop keeps (:class:`BlockLoop`, :class:`vispec.dllm.block_causal.BlockCausalLoop`,
+    :class:`vispec.dllm.speculative.SpeculativeLoop`): ``start_time``, ``finished_at [B]`` (NaN: still running, so
+    now), ``interrupted``, ``nfe [B]``, ``ids`` and ``scheduler``."""
+    elapsed = time.perf_counter() - loop.start_time
+    finished_at = torch.where(torch.isnan(loop.finished_at), torch.full_like(loop.finished_at, elapsed), loop.finished_at)
+    if loop.interrupted:
+        labels["interrupted"] = True
+    stats = DecodeStats(nfe=loop.nfe.cpu(), tokens=count_tokens(tokens, loop.ids.eos, loop.ids.eot).cpu(),
+                        latency_s=finished_at, extra=extra)
+    method = getattr(loop.scheduler, "strategy", "") or type(loop.scheduler).__name__
+    return DecodeOutput(tokens=tokens, stats=stats, method=method, labels=labels, prompt_tokens=prompt_tokens)
+
+
+def eos_filled(canvas: Tensor, eos_id: int, mask_id: int) -> Tensor:
+    """Early stop on a canvas ``[R, L]``: masked positions after each row's first EOS become EOS."""
+    is_eos = canvas == eos_id
+    after = is_eos.long().cumsum(dim=1) - is_eos.long() > 0  # strictly after the first EOS
+    return torch.where(after & (canvas == mask_id), torch.full_like(canvas, eos_id), canvas)
 
 
 def fill_after_eos(x: Tensor, rows: Tensor, prompt_len: int, eos_id: int, mask_id: int) -> None:
-    """Early stop: masked positions after each row's first committed EOS become EOS."""
-    canvas = x[rows, prompt_len:]
-    is_eos = canvas == eos_id
-    after = is_eos.long().cumsum(dim=1) - is_eos.long() > 0  # strictly after the first EOS
-    x[rows, prompt_len:] = torch.where(after & (canvas == mask_id), torch.full_like(canvas, eos_id), canvas)
+    """Early stop in place: masked positions after each of ``rows``' first committed EOS become EOS."""
+    x[rows, prompt_len:] = eos_filled(x[rows, prompt_len:], eos_id, mask_id)
 
 
 def count_tokens(sequences: Tensor, eos_id: Optional[int], eot_id: Optional[int]) -> Tensor:

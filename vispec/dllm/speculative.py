@@ -52,12 +52,12 @@ import torch
 from torch import Tensor
 
 from vispec.dllm.caches import Guidance
-from vispec.dllm.loop import count_tokens
+from vispec.dllm.loop import decode_output, eos_filled
 from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
 from vispec.dllm.callback import report_progress
 from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise
 from vispec.dllm.tokens import TokenIds, token_masks
-from vispec.outputs import DecodeOutput, DecodeStats, StepCallback
+from vispec.outputs import DecodeOutput, StepCallback
 from vispec.sampling import STATUS_NAN, STATUS_OK, raise_status
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class SpeculativeLoop:
                                   confidence_mask=self.masks[1])
         canvas = lanes.canvas.scatter(1, index, out.prev_sample)
         if self.options.early_stop_eos:
-            canvas = fill_after_eos(canvas, self.ids.eos, self.ids.mask)
+            canvas = eos_filled(canvas, self.ids.eos, self.ids.mask)
         new = Lanes(lanes.row, canvas, lanes.block, lanes.step + 1, lanes.masked0, lanes.draws + 1, lanes.done)
         left = (canvas.gather(1, index) == self.ids.mask).any(dim=1)
         finished_block = ~left
@@ -298,26 +298,8 @@ class SpeculativeLoop:
 
     # ------------------------------------------------------------------ result
     def output(self) -> DecodeOutput:
-        elapsed = time.perf_counter() - self.start_time
-        finished_at = torch.where(torch.isnan(self.finished_at), torch.full_like(self.finished_at, elapsed),
-                                  self.finished_at)
-        labels = {"scheduler": type(self.scheduler).__name__, "cache": "none",
-                  "speculative": {"draft_length": self.k}}
-        if self.interrupted:
-            labels["interrupted"] = True
-        stats = DecodeStats(nfe=self.nfe.cpu(), tokens=count_tokens(self.tokens, self.ids.eos, self.ids.eot).cpu(),
-                            latency_s=finished_at,
-                            extra={"steps": self.steps.cpu(), "canvases": self.canvases.cpu()})
-        method = getattr(self.scheduler, "strategy", "") or type(self.scheduler).__name__
-        return DecodeOutput(tokens=self.tokens, stats=stats, method=method, labels=labels)
-
-
-def fill_after_eos(canvas: Tensor, eos_id: int, mask_id: int) -> Tensor:
-    """Early stop on a canvas ``[R, L]``: masked positions after each row's first EOS become EOS
-    (:func:`vispec.dllm.loop.fill_after_eos`, on lanes)."""
-    is_eos = canvas == eos_id
-    after = is_eos.long().cumsum(dim=1) - is_eos.long() > 0
-    return torch.where(after & (canvas == mask_id), torch.full_like(canvas, eos_id), canvas)
+        labels = {"scheduler": type(self.scheduler).__name__, "cache": "none", "speculative": {"draft_length": self.k}}
+        return decode_output(self, self.tokens, labels, {"steps": self.steps.cpu(), "canvases": self.canvases.cpu()})
 
 
 @torch.no_grad()
