@@ -5,6 +5,10 @@ everything else to the reference. ``"triton"`` forces the kernel (CUDA tensors, 
 when ``TRITON_INTERPRET=1`` runs kernels in Triton's interpreter, as the tests do); ``"reference"``
 forces PyTorch. The environment variable ``VISPEC_KERNELS`` (``auto``, ``triton`` or
 ``reference``) changes the default for every call that leaves ``backend`` at ``"auto"``.
+
+Inside a ``torch.compile``'d graph (the compiled decode steps) ``"auto"`` picks the reference: Inductor compiles
+the PyTorch reference into its own fused Triton kernels, where a hand-written kernel would be an opaque call that
+splits the graph. Eager CUDA calls keep the hand-written kernels.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = "VISPEC_KERNELS"
 
 
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # looked up once: dynamo cannot trace find_spec
+
+
 def triton_available() -> bool:
-    """True when the ``triton`` package can be imported."""
-    return importlib.util.find_spec("triton") is not None
+    """True when the ``triton`` package can be imported (looked up once, at import)."""
+    return _TRITON_INSTALLED
 
 
 def interpreter_enabled() -> bool:
@@ -48,6 +55,8 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> Literal["triton", "
     if backend == "reference":
         return "reference"
     if backend == "auto":
+        if torch.compiler.is_compiling():  # Inductor fuses the reference itself (module docstring)
+            return "reference"
         return "triton" if on_cuda and triton_available() else "reference"
     if not triton_available():
         raise ValueError("backend='triton' needs the triton package (pip install 'vispec[triton]')")

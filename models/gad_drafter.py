@@ -11,7 +11,9 @@ whose output at mask ``i`` is a distribution ``q_i(.) = softmax(logits_i)`` over
 position ``n + i`` given the class and the committed prefix alone. The ``k`` rows come from one forward, so
 the drafts ``d_i ~ q_i`` are drawn independently of each other (no ``d_{<i}`` feedback): ``q_i`` models the
 marginal ``p(x_{n+i} | x_{<n})`` of the target, which is what the training objective targets
-(:mod:`vispec.eval.train.gad`).
+(:mod:`vispec.eval.train.gad`). ``decoding="gad:passes=m"`` calls it ``m`` times per block instead, each pass with
+the earlier passes' drafts as committed context (the block's first mask of a pass then models a conditional,
+:mod:`vispec.decoding.gad`).
 
 Design (sizes in :class:`GADDrafter`'s config):
 

@@ -8,7 +8,7 @@ from typing import Union
 
 # public name -> folder under vispec/models/pretrained
 EMBEDDED_MODELS = {"vispec/tiny-c2i": "tiny-c2i", "vispec/tiny-mdlm": "tiny-mdlm", "vispec/tiny-mdlm-long": "tiny-mdlm-long", "vispec/tiny-t2i": "tiny-t2i",
-                   "vispec/tiny-edit": "tiny-edit"}
+                   "vispec/tiny-edit": "tiny-edit", "vispec/tiny-llada2": "tiny-llada2"}
 
 
 def resolve_model_path(name_or_path: Union[str, os.PathLike]) -> str:

@@ -16,6 +16,50 @@ ALL_METHODS = ("ar", "sjd-random", "sjd-horizontal", "sjd-vertical", "mc-sjd-max
 TRAINED_MODELS = ("tiny-c2i",)  # embedded pipelines whose transformer the decoder bench can load
 
 
+def split_inflated_name(name: str) -> tuple[str, Optional[str]]:
+    """``"<trained model>@<GPT config>"`` (e.g. ``tiny-c2i@GPT-L``: tiny-c2i's logits at GPT-L cost,
+    :func:`vispec.models.inflate.inflate`) -> ``("tiny-c2i", "GPT-L")``; a name without ``@`` -> ``(name, None)``.
+    Only the spelling is checked here (no torch): :func:`check_inflated_model` checks the parts."""
+    if "@" not in name:
+        return name, None
+    base, _, target = name.rpartition("@")
+    if not base or not target:
+        raise ValueError(f"model {name!r}: an inflated model is named <trained model>@<GPT config>, e.g. tiny-c2i@GPT-L")
+    return base, target
+
+
+def check_inflated_model(name: str, trained: Optional[tuple[str, ...]] = TRAINED_MODELS):
+    """The :class:`~vispec.models.inflate.InflationPlan` of ``name`` (``<trained model>@<GPT config>``), checked
+    before anything is loaded: the GPT config is known, the trained model is one of ``trained`` (None: any pipeline,
+    embedded name or folder, whose transformer is a LlamaGen GPT or a Chameleon) and the GPT config is no smaller than
+    it in any size (its ``transformer/config.json`` is read, not the weights). ValueError naming what is wrong."""
+    import json
+    import os
+
+    from vispec.models.inflate import plan_inflation
+    from vispec.models.llamagen_gpt import GPT_CONFIGS
+    from vispec.pipelines.embedded import resolve_model_path
+
+    base, target = split_inflated_name(name)
+    if target is None:
+        raise ValueError(f"model {name!r} is not an inflated model name (<trained model>@<GPT config>)")
+    if target not in GPT_CONFIGS:
+        raise ValueError(f"model {name!r}: unknown GPT config {target!r} after '@'; expected one of {sorted(GPT_CONFIGS)}")
+    if trained is not None and base not in trained:
+        raise ValueError(f"model {name!r}: only a trained model can be inflated; expected one of {list(trained)} "
+                         f"before '@' (e.g. {trained[0]}@{target})")
+    folder = resolve_model_path(base)
+    path = os.path.join(folder, "transformer", "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"model {name!r}: {base} has no transformer/config.json to inflate")
+    with open(path) as f:
+        config = json.load(f)
+    try:
+        return plan_inflation(config, target)
+    except ValueError as err:
+        raise ValueError(f"model {name!r}: {err}") from None
+
+
 def _check_device(name: str) -> None:
     from vispec.eval.bench.report import check_device
 
@@ -44,6 +88,8 @@ class DecoderBenchConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
+    cuda_graphs: bool = False  # compiled steps with torch.compile(mode="reduce-overhead") (needs compile)
+    kernels: bool = False  # also `vispec bench kernels` at the model's vocabulary, in the same result
     extra: dict = field(default_factory=dict)
 
     @property
@@ -56,8 +102,11 @@ class DecoderBenchConfig:
         from vispec.eval.bench.decoders import decoding_config
         from vispec.models.llamagen_gpt import GPT_CONFIGS
 
-        if self.model not in GPT_CONFIGS and self.model not in TRAINED_MODELS:
-            raise ValueError(f"unknown model {self.model!r}; expected one of {sorted(GPT_CONFIGS) + list(TRAINED_MODELS)}")
+        if split_inflated_name(self.model)[1] is not None:
+            check_inflated_model(self.model)
+        elif self.model not in GPT_CONFIGS and self.model not in TRAINED_MODELS:
+            raise ValueError(f"unknown model {self.model!r}; expected one of {sorted(GPT_CONFIGS) + list(TRAINED_MODELS)} "
+                             f"or <trained model>@<GPT config> (e.g. {TRAINED_MODELS[0]}@GPT-L)")
         for method in self.methods:
             config = decoding_config(method, self.window)
             # decodes a bare GPT: no drafter model, no VQ codebook (a refusal now, not after the other methods ran)
@@ -83,6 +132,11 @@ class DecoderBenchConfig:
             raise ValueError(f"init_std must be > 0, got {self.init_std}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.cuda_graphs and not self.compile:
+            raise ValueError("cuda_graphs (--cuda-graphs) runs the compiled decode steps as CUDA graphs: add --compile")
+        if self.image_tokens < 2:
+            raise ValueError(f"image_tokens must be >= 2 (the roofline's cost curve times passes after the first token), "
+                             f"got {self.image_tokens}")
         _check_device(self.device)
 
 
@@ -134,6 +188,8 @@ class ImageBenchConfig:
         if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
             raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
         expand_methods(tuple(self.methods), tuple(self.lantern_k), tuple(self.lantern_delta))
+        if split_inflated_name(self.model)[1] is not None:  # any LlamaGen or Chameleon pipeline can be inflated
+            check_inflated_model(self.model, trained=None)
         _check_device(self.device)
 
 
@@ -151,6 +207,7 @@ class KernelBenchConfig:
     peak_gbps: Optional[float] = None
     ops: tuple[str, ...] = ("verify", "unmask")
     compile_check: bool = True
+    step_shares: bool = True  # the decoding-step shares (tiny-c2i and a LlamaGen-B-sized forward against verification)
     seed: int = 0
     extra: dict = field(default_factory=dict)
 

@@ -25,11 +25,30 @@ the timed rounds. A step is one decode pass after the prefill: ``sum(stats.windo
 
 Models: a named GPT config (``GPT-mini``, ``GPT-B``, ``GPT-L``, ...) randomly initialised, or
 ``tiny-c2i``, the embedded trained class-conditional model (its vocabulary, classes and at most its
-256 tokens; ``vocab_size``, ``num_classes`` and ``init_std`` are then ignored).
+256 tokens; ``vocab_size``, ``num_classes`` and ``init_std`` are then ignored), or ``tiny-c2i@GPT-L``:
+tiny-c2i inflated to GPT-L's size (:func:`vispec.models.inflate.inflate`; extra weights from ``seed``), the
+trained model's logits (hence its tokens and acceptance) at GPT-L's cost; the JSON's ``config.model_note`` and
+the line above the table say so.
 
 A randomly initialised model has nearly uniform next-token distributions at LlamaGen's init scale
 (std 0.02), where no drafting scheme can be accepted often; ``init_std`` scales the random weights
 up to make distributions peaked, which is still no substitute for a trained model.
+
+Roofline (:mod:`vispec.eval.bench.roofline`): before each batch size's warm-up a calibration decode per compile
+setting times whole decode steps of every window of the set into the bench's :class:`WindowStats` (the auto
+window's chooser starts from it), and a second one with the CPU clock. Every row then gets ``tokens_per_pass``
+(committed tokens per verification pass, ``(N - 1) / (NFE - 1)``), ``relative_cost`` (its passes' mean
+``c(B, W) / c(B, 1)`` at ``image_tokens // 2`` cached tokens), ``roofline_bound`` (AR passes over the passes'
+summed relative cost: the speed-up the hardware allows those passes) and ``roofline_fraction`` (measured
+speed-up over AR / bound), each also on the CPU clock (``*_cpu``), as the timed rounds are (``round_cpu_s``,
+``speedup_vs_ar_cpu``, ...); ``result["roofline"]`` holds the curves. The one-batch-size run reports the same
+(eager, its speed-up from latency; the CPU one from each method's total process time).
+
+GPU (``--device cuda --dtype bfloat16 --compile``): verification runs the Triton kernels (``backend="auto"``
+picks them for CUDA tensors); ``--cuda-graphs`` compiles the steps with ``mode="reduce-overhead"``
+(:func:`vispec.decoding.compiled.cuda_graphs`; ``result["cuda_graphs"]`` counts the graphs inductor ran without
+a CUDA graph); ``--kernels`` adds ``vispec bench kernels`` at the model's vocabulary and the passes' row counts
+(GB/s and share of peak HBM bandwidth) as ``result["kernels"]``, in the same JSON and printed table.
 
 Tokens committed per pass (:mod:`vispec.eval.bench.commits`): every method's row (and every sweep row, over its
 timed rounds) keeps ``commits_per_pass``, the passes per number of tokens committed (``stats.commits`` summed over
@@ -47,12 +66,16 @@ from typing import Optional
 
 import torch
 
-from vispec.decoding.compiled import outside_torch_function_mode
+from vispec.decoding.compiled import cuda_graphs, cudagraph_skips, outside_torch_function_mode
 from vispec.decoding import DecodingConfig, WindowStats, decode
+from vispec.decoding.windows import window_set
+from vispec.eval.bench import roofline
 from vispec.eval.bench.configs import ALL_METHODS, TRAINED_MODELS, DecoderBenchConfig  # noqa: F401 - re-exported
+from vispec.eval.bench.configs import split_inflated_name
 from vispec.eval.bench.commits import KEY as COMMITS_KEY, format_commits_table, histogram, merge, share
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import environment
+from vispec.eval.bench.roofline import format_roofline_table
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.profiling import HostSyncCounter
 from vispec.sampling import SamplingConfig
@@ -80,15 +103,32 @@ def build_random_model(cfg: DecoderBenchConfig) -> LlamaGenGPT:
 
 
 def build_model(cfg: DecoderBenchConfig) -> LlamaGenGPT:
-    """The named random-init GPT, or an embedded trained model's transformer (``tiny-c2i``)."""
-    if cfg.model not in TRAINED_MODELS:
+    """The named random-init GPT, an embedded trained model's transformer (``tiny-c2i``), or that transformer
+    inflated to a GPT config's size (``tiny-c2i@GPT-L``: its logits at GPT-L cost, :func:`vispec.models.inflate.inflate`;
+    the extra weights from ``cfg.seed``, built in float32 before the cast to ``cfg.dtype``)."""
+    base, target = split_inflated_name(cfg.model)
+    if base not in TRAINED_MODELS:
         return build_random_model(cfg)
     from vispec.pipelines import LlamaGenPipeline
 
-    model = LlamaGenPipeline.from_pretrained(f"vispec/{cfg.model}").transformer
+    model = LlamaGenPipeline.from_pretrained(f"vispec/{base}").transformer
     if cfg.image_tokens > model.num_image_tokens:
         raise ValueError(f"image_tokens must be <= {model.num_image_tokens} for {cfg.model}, got {cfg.image_tokens}")
+    if target is not None:
+        from vispec.models.inflate import inflate
+
+        model = inflate(model, target, seed=cfg.seed)
     return torch.nn.Module.to(model, device=cfg.device, dtype=getattr(torch, cfg.dtype)).eval()
+
+
+def model_note(cfg: DecoderBenchConfig, model: LlamaGenGPT) -> Optional[str]:
+    """What the table and JSON say about an inflated model (``tiny-c2i's logits at GPT-L cost (...)``), else None."""
+    plan = getattr(model, "inflation", None)
+    if plan is None:
+        return None
+    from vispec.models.inflate import inflation_note
+
+    return inflation_note(split_inflated_name(cfg.model)[0], plan)
 
 
 def _num_classes(model: LlamaGenGPT) -> int:
@@ -103,8 +143,9 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
     nfe, accepted, latency = [], [], []
     single: Optional[list] = []  # only for decoders without a commits histogram
     commits: Optional[list[int]] = []  # passes per number of tokens committed (None: a decode did not count them)
+    windows: Counter = Counter()
     with PeakMemory(device) as memory:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for lo in range(0, cfg.num_images, cfg.batch_size):
             hi = min(lo + cfg.batch_size, cfg.num_images)
             out = decode(
@@ -114,12 +155,13 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
             nfe += out.stats.nfe.tolist()
             accepted += out.stats.accepted_per_forward.tolist()
             latency += out.stats.latency_s.tolist()
+            windows.update(out.stats.windows)
             commits = None if commits is None or out.stats.commits is None else merge([commits, histogram(out.stats.commits)])
             counted = out.stats.extra.get("single_passes", out.stats.nfe - 1 if out.method == "ar" else None)
             single = None if counted is None or single is None else single + counted.tolist()  # AR: every pass
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        total = time.perf_counter() - start
+        total, total_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     if commits is not None:  # passes that committed one token, from the histogram (every decoder, AR included)
         single_share = share(commits, 1)
@@ -132,6 +174,8 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
         "single_token_passes": single_share,
         "latency_s": mean(latency),
         "images_per_s": cfg.num_images / total,
+        "wall_s": total, "cpu_s": total_cpu,
+        "windows_total": {int(w): n for w, n in sorted(windows.items(), reverse=True)},
         "peak_mem_mb": memory.peak_mb,
     }
     if commits is not None:
@@ -145,10 +189,52 @@ def _sampling(cfg: DecoderBenchConfig) -> SamplingConfig:
 
 def _base_config(cfg: DecoderBenchConfig, model: LlamaGenGPT, methods: list[str]) -> dict:
     config = {k: v for k, v in vars(cfg).items() if k != "extra"}
-    if cfg.model in TRAINED_MODELS:  # the trained model's own sizes, not the random-init flags
+    if split_inflated_name(cfg.model)[0] in TRAINED_MODELS:  # the trained model's own sizes, not the random-init flags
         config.update(vocab_size=int(model.config.vocab_size), num_classes=_num_classes(model), init_std=None)
+    if model_note(cfg, model):
+        config.update(model_note=model_note(cfg, model), inflation=model.inflation.to_dict())
     config.update(methods=list(methods), parameters=sum(p.numel() for p in model.parameters()), **environment(cfg.device))
     return config
+
+
+def calibration_windows(cfg: DecoderBenchConfig, methods: list[str]) -> list[int]:
+    """The windows the cost curve covers: the set up to the widest fixed window of ``methods`` (at least ``window``)."""
+    widest = [decoding_config(m, cfg.window).largest_window for m in methods
+              if decoding_config(m, cfg.window).window != "auto" and decoding_config(m, cfg.window).strategy != "ar"]
+    return window_set(max([cfg.window] + widest))
+
+
+def _calibrate(model, cfg: DecoderBenchConfig, methods: list[str], batch: int, compiled: bool, sampling,
+               window_stats: WindowStats, progress) -> tuple:
+    """The cost curve of ``batch`` slots and one compile setting, into ``window_stats`` (wall clock, the chooser's)
+    and a CPU-clock ``WindowStats`` (:func:`vispec.eval.bench.roofline.calibrate`)."""
+    windows = calibration_windows(cfg, methods)
+    progress(f"B={batch}: cost curve{' (compiled)' if compiled else ''}, windows {windows} ...")
+    labels = (torch.arange(batch) % _num_classes(model)).to(cfg.device)
+    with cuda_graphs(compiled and cfg.cuda_graphs):
+        return roofline.calibrate(model, LlamaGenCondition(class_labels=labels), cfg.image_tokens, window_stats, windows,
+                                  roofline.calibration_spec(methods), compile=compiled, sampling=sampling, seed=cfg.seed)
+
+
+def _roofline_config(cfg: DecoderBenchConfig, methods: list[str], curves: list[dict]) -> dict:
+    return {"at": cfg.image_tokens // 2, "calibration_spec": roofline.calibration_spec(methods),
+            "windows": calibration_windows(cfg, methods), "decodes_per_clock": roofline.CALIBRATION_DECODES,
+            "curves": curves}
+
+
+def _kernel_report(cfg: DecoderBenchConfig, model: LlamaGenGPT, batch_sizes: tuple[int, ...], progress) -> dict:
+    """``--kernels``: ``vispec bench kernels`` at this model's vocabulary and, on CUDA, at LlamaGen's 16384 (a small
+    vocabulary's logits fit in a GPU's L2 cache, which says nothing about HBM bandwidth), on the verification passes' row counts
+    (batch x window, and 2048 rows for the bandwidth ceiling), on this device and dtype."""
+    from vispec.eval.bench.kernels import KernelBenchConfig, run_kernel_bench
+
+    rows = tuple(sorted({b * cfg.window for b in batch_sizes} | {2048}))
+    vocab = tuple(sorted({int(model.config.vocab_size)} | ({16384} if torch.device(cfg.device).type == "cuda" else set())))
+    progress(f"kernels: verify and unmask, rows {list(rows)}, vocab {list(vocab)} ...")
+    kcfg = KernelBenchConfig(rows=rows, vocab=vocab, window=cfg.window,
+                             guidance_scale=cfg.guidance_scale if cfg.guidance_scale > 1 else 4.0, dtype=cfg.dtype,
+                             device=cfg.device, max_seconds=1.0, compile_check=False, step_shares=False, seed=cfg.seed)
+    return run_kernel_bench(kcfg, progress=progress)
 
 
 def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> dict:
@@ -168,6 +254,7 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> 
     # warm-up (allocator, kernels), not timed
     decode(model, LlamaGenCondition(class_labels=torch.zeros(1, dtype=torch.long, device=cfg.device)),
            num_tokens=min(cfg.image_tokens, 2 * cfg.window), sampling=sampling, decoding=DecodingConfig.parse("sjd", window=cfg.window))
+    key, cpu_stats = _calibrate(model, cfg, methods, cfg.batch_size, False, sampling, window_stats, progress)
     results = {}
     for method in methods:
         progress(f"running {method} ...")
@@ -175,10 +262,19 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> 
         if partial:
             partial({"config": _base_config(cfg, model, methods), "methods": dict(results)})
     ar = results["ar"]
+    curve = roofline.curve_entry(window_stats, cpu_stats, key, cfg.image_tokens // 2, cfg.batch_size, False)
+    ar_passes = sum(ar["windows_total"].values())
     for res in results.values():
         res["step_compression"] = ar["nfe"] / res["nfe"]
         res["speedup"] = ar["latency_s"] / res["latency_s"]
-    return {"config": _base_config(cfg, model, methods), "methods": {m: results[m] for m in methods if m in cfg.methods or m == "ar"}}
+        res["speedup_cpu"] = ar["cpu_s"] / res["cpu_s"]
+        res.update(roofline.roofline_fields(res["windows_total"], ar_passes, curve["relative_cost"], curve["relative_cost_cpu"],
+                                            res["speedup"], res["speedup_cpu"], roofline.tokens_per_pass(cfg.image_tokens, res["nfe"])))
+    result = {"config": _base_config(cfg, model, methods), "methods": {m: results[m] for m in methods if m in cfg.methods or m == "ar"},
+              "roofline": _roofline_config(cfg, methods, [curve])}
+    if cfg.kernels:
+        result["kernels"] = _kernel_report(cfg, model, (cfg.batch_size,), progress)
+    return result
 
 
 # ---- batch sweep ---------------------------------------------------------------------------------
@@ -203,6 +299,7 @@ class _Contender:
         self.device = torch.device(cfg.device)
         self.labels = (torch.arange(images) % _num_classes(model)).to(self.device)
         self.round_s: list[float] = []
+        self.round_cpu_s: list[float] = []  # time.process_time of the same rounds
         self.latency: list[float] = []
         self.nfe: list[float] = []
         self.accepted: list[float] = []
@@ -215,25 +312,27 @@ class _Contender:
     def decode_batch(self, lo: int):
         hi = lo + self.batch
         gens = [torch.Generator().manual_seed(self.cfg.seed * 100003 + i) for i in range(lo, hi)]
-        return decode(self.model, LlamaGenCondition(class_labels=self.labels[lo:hi]), num_tokens=self.cfg.image_tokens,
-                      sampling=self.sampling, decoding=self.decoding, generator=gens, compile=self.compiled,
-                      window_stats=self.window_stats)
+        with cuda_graphs(self.compiled and self.cfg.cuda_graphs):
+            return decode(self.model, LlamaGenCondition(class_labels=self.labels[lo:hi]), num_tokens=self.cfg.image_tokens,
+                          sampling=self.sampling, decoding=self.decoding, generator=gens, compile=self.compiled,
+                          window_stats=self.window_stats)
 
-    def run(self) -> tuple[float, list]:
-        """Every image once, in batches of ``batch``: (seconds, outputs)."""
+    def run(self) -> tuple[float, list, float]:
+        """Every image once, in batches of ``batch``: (wall seconds, outputs, CPU seconds of the process)."""
         outs = []
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for lo in range(0, self.images, self.batch):
             outs.append(self.decode_batch(lo))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return time.perf_counter() - start, outs
+        return time.perf_counter() - start, outs, time.process_time() - start_cpu
 
     def timed_round(self) -> None:
         graphs = compiled_graph_count()
-        seconds, outs = self.run()
+        seconds, outs, cpu_seconds = self.run()
         self.compiles_in_timed += compiled_graph_count() - graphs
         self.round_s.append(seconds)
+        self.round_cpu_s.append(cpu_seconds)
         for out in outs:
             self.nfe += out.stats.nfe.double().tolist()
             self.latency += out.stats.latency_s.double().tolist()
@@ -272,10 +371,25 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
     batch_sizes = tuple(dict.fromkeys(cfg.batch_sizes or (cfg.batch_size,)))
     config = _base_config(cfg, model, methods)
     config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings])
-    rows = []
+    rows: list[dict] = []
+    curves: list[dict] = []
+    skips_before = cudagraph_skips()
+    # first (seconds): a run cut short by a time limit keeps it in its partial JSON
+    kernels = _kernel_report(cfg, model, batch_sizes, progress) if cfg.kernels else None
+
+    def snapshot() -> dict:
+        out = {"config": config, "rows": list(rows), "roofline": _roofline_config(cfg, methods, list(curves))}
+        if cfg.cuda_graphs:
+            out["cuda_graphs"] = {"mode": "reduce-overhead", "cudagraph_skips": cudagraph_skips() - skips_before}
+        if kernels is not None:
+            out["kernels"] = kernels
+        return out
+
     for batch in batch_sizes:
         images = batch * math.ceil(max(batch, cfg.num_images) / batch)
         contenders = [_Contender(model, cfg, m, c, batch, images, sampling, window_stats) for c in settings for m in methods]
+        # the cost curve first: the auto window's chooser starts from it, the roofline report reads it
+        calibration = {c: _calibrate(model, cfg, methods, batch, c, sampling, window_stats, progress) for c in settings}
         warmup = {}
         for con in contenders:  # warm-up and compilation, untimed: again while a run still compiles something
             progress(f"B={batch}: warm-up {con.method}{' (compiled)' if con.compiled else ''} ...")
@@ -294,28 +408,44 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
             progress(f"B={batch}: syncs and ops of {con.method}{' (compiled)' if con.compiled else ''} ...")
             counts[con] = con.counts()
         ar = {c.compiled: c for c in contenders if c.method == "ar"}
+        curve = {}
+        for c, (key, cpu_stats) in calibration.items():
+            curve[c] = roofline.curve_entry(window_stats, cpu_stats, key, cfg.image_tokens // 2, batch, c)
+            # AR's own step (its rounds over its passes, the prefill included): c(1) is the speculative decoder's
+            # one-row step, which may cost more than AR's (then the bounds are optimistic by that ratio)
+            per_round = sum(ar[c].windows.values()) / max(len(ar[c].round_s), 1)
+            curve[c].update(ar_step_s=_median(ar[c].round_s) / per_round, ar_step_cpu_s=_median(ar[c].round_cpu_s) / per_round)
+            curves.append(curve[c])
         for con in contenders:
             nfe = statistics.fmean(con.nfe)
             same_ar, eager_ar = ar[con.compiled], ar[False]
             syncs, ops, sync_names = counts[con]
+            speedup = _median([a / b for a, b in zip(same_ar.round_s, con.round_s)])
+            speedup_cpu = _median([a / b for a, b in zip(same_ar.round_cpu_s, con.round_cpu_s)])
             rows.append({
                 "batch_size": batch, "method": con.method, "decoding": con.decoding.method, "compile": con.compiled,
                 "images": images, "rounds": len(con.round_s),
                 "images_per_s": images / _median(con.round_s), "s_per_image": _median(con.round_s) / images,
-                "speedup_vs_ar": _median([a / b for a, b in zip(same_ar.round_s, con.round_s)]),
+                "s_per_image_cpu": _median(con.round_cpu_s) / images,
+                "speedup_vs_ar": speedup, "speedup_vs_ar_cpu": speedup_cpu,
                 "speedup_vs_eager_ar": _median([a / b for a, b in zip(eager_ar.round_s, con.round_s)]),
+                "speedup_vs_eager_ar_cpu": _median([a / b for a, b in zip(eager_ar.round_cpu_s, con.round_cpu_s)]),
                 "step_compression": statistics.fmean(same_ar.nfe) / nfe,
                 "nfe": nfe, "steps_per_decode": statistics.fmean(con.steps),
                 "accepted_per_forward": statistics.fmean(con.accepted) if con.accepted else None,
                 "latency_s": statistics.fmean(con.latency),
                 "syncs_per_step": syncs, "syncs_by_name": sync_names, "ops_per_step": ops,
                 "windows": con.last_windows, "windows_total": dict(sorted(con.windows.items(), reverse=True)),
-                "round_s": con.round_s, "warmup_s": warmup[con], "compiles_in_timed": con.compiles_in_timed,
+                "round_s": con.round_s, "round_cpu_s": con.round_cpu_s, "warmup_s": warmup[con],
+                "compiles_in_timed": con.compiles_in_timed,
+                **roofline.roofline_fields(con.windows, sum(same_ar.windows.values()), curve[con.compiled]["relative_cost"],
+                                           curve[con.compiled]["relative_cost_cpu"], speedup, speedup_cpu,
+                                           roofline.tokens_per_pass(cfg.image_tokens, nfe)),
                 **({COMMITS_KEY: con.commits} if con.commits is not None else {}),
             })
         if partial:
-            partial({"config": config, "rows": list(rows)})
-    return {"config": config, "rows": rows}
+            partial(snapshot())
+    return snapshot()
 
 
 # ---- tables --------------------------------------------------------------------------------------
@@ -358,7 +488,35 @@ def format_table(result: dict) -> str:
     (:func:`vispec.eval.bench.commits.format_commits_table`)."""
     commits = format_commits_table(result)
     main = format_sweep_table(result) if "rows" in result else _format_methods_table(result)
-    return main + ("\n\n" + commits if commits else "")
+    note = result.get("config", {}).get("model_note")  # an inflated model: whose logits, at which cost
+    parts = [main]
+    if "roofline" in result:
+        parts.append(format_roofline(result))
+    if commits:
+        parts.append(commits)
+    if "kernels" in result:
+        from vispec.eval.bench.kernels import format_kernel_table
+
+        parts.append("kernels (vispec bench kernels at this model's vocabulary; on CUDA also 16384)\n" + format_kernel_table(result["kernels"]))
+    return (f"model: {note}\n" if note else "") + "\n\n".join(parts)
+
+
+def format_roofline(result: dict) -> str:
+    """The roofline table of either mode (:func:`vispec.eval.bench.roofline.format_roofline_table`), and with
+    ``--cuda-graphs`` the graphs inductor ran without a CUDA graph."""
+    roof = result["roofline"]
+    if "rows" in result:
+        rows = result["rows"]
+    else:
+        batch = result["config"]["batch_size"]
+        rows = [{**r, "method": m, "batch_size": batch, "compile": False, "speedup_vs_ar": r["speedup"],
+                 "speedup_vs_ar_cpu": r["speedup_cpu"]} for m, r in result["methods"].items()]
+    text = format_roofline_table(rows, roof["curves"], roof["at"])
+    if "cuda_graphs" in result:
+        skips = result["cuda_graphs"]["cudagraph_skips"]
+        text += (f"\nCUDA graphs (torch.compile mode {result['cuda_graphs']['mode']}): inductor ran compiled graphs without "
+                 f"a CUDA graph {skips} time(s)" + (" (see vispec.decoding.compiled)" if skips else " (every compiled step is a CUDA graph)"))
+    return text
 
 
 def _format_methods_table(result: dict) -> str:

@@ -1,5 +1,8 @@
 """``vispec bench image``: speed and quality of AR, SJD and MC-SJD on an image pipeline: a class-to-image
-LlamaGen pipeline (tiny-c2i, the default) or a text-to-image ``UnifiedImagePipeline`` (tiny-t2i).
+LlamaGen pipeline (tiny-c2i, the default) or a text-to-image ``UnifiedImagePipeline`` (tiny-t2i). A model named
+``<model>@<GPT config>`` (``tiny-c2i@GPT-L``; a LlamaGen or Chameleon transformer, e.g. ``tiny-t2i@GPT-B``) runs with
+its transformer inflated to that size (:func:`vispec.models.inflate.inflate`: the same logits at the bigger model's
+cost; drafters unchanged); the JSON's ``config.model_note`` and the line above the table say so.
 
 What differs between the two lives in a task object (:mod:`vispec.eval.bench.image_tasks`: conditions,
 generation, quality metrics, the real-image reference); this module runs the one algorithm on either.
@@ -47,6 +50,15 @@ measured once, at ``batch_size``, eager: every image has its own keyed noise, so
 makes do not depend on the batch they run in (tested; the VQ decoder's batched convolutions may move a
 pixel by 1/255), and compiling changes no token beyond float near-ties.
 
+Throughput roofline (class-to-image; :mod:`vispec.eval.bench.roofline`): before each batch size's warm-up a
+calibration decode per compile setting times whole decode steps of every window into the pipeline's own
+:meth:`window_stats` (its auto-window chooser starts from them), and one more with the CPU clock; every round
+is timed on both clocks too. Each throughput row gets ``tokens_per_pass``, ``relative_cost``,
+``roofline_bound`` (AR batch passes over the method's batch passes weighted by ``c(B, W) / c(B, 1)``) and
+``roofline_fraction`` (measured speed-up / bound), and ``*_cpu`` twins; ``result["roofline"]`` holds the curves.
+The pipeline reports forwards per image, not windows per pass, so a fixed window's passes all count at its
+window (the bound errs low) and the auto window gets no bound (``vispec bench decoders`` weights its passes).
+
 Progress: a tqdm bar over every image the run decodes (disabled when stderr is not a terminal or with
 ``progress_bar=False``); ``partial(result)`` receives the result so far after every measured row.
 
@@ -80,6 +92,7 @@ from vispec.eval.bench.commits import KEY as COMMITS_KEY, commits_plot, format_c
 from vispec.eval.bench.commits import share as commits_share
 from vispec.eval.bench.memory import PeakMemory
 from vispec.eval.bench.report import environment
+from vispec.eval.bench import roofline
 from vispec.eval.bench.distributed import Workers, one_process_seconds, open_store, run_units
 
 SEED_STRIDE = 1_000_003
@@ -330,6 +343,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     results: dict[str, dict] = {}
     real_stats: dict = {}
     throughput: list[dict] = []
+    curves: list[dict] = []  # the roofline's cost curves, one per batch size and compile setting
 
     def snapshot() -> dict:
         """The result so far, in the final layout (``partial``)."""
@@ -399,7 +413,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
                 partial(snapshot())
 
         for batch in batch_sizes:
-            throughput += _throughput_rows(task, cfg, methods, settings, skipped, batch, sweep_images[batch], say, bar)
+            throughput += _throughput_rows(task, cfg, methods, settings, skipped, batch, sweep_images[batch], say, bar, curves)
             if partial:
                 partial(snapshot())
 
@@ -421,13 +435,18 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     result = {"config": run_config, "methods": results, "noise": noise, "real": real_stats}
     if cfg.sweep:
         result["throughput"] = throughput
+        if curves:
+            result["roofline"] = {"at": task.pipe.transformer.num_image_tokens // 2, "curves": curves,
+                                  "calibration_spec": roofline.calibration_spec(methods),
+                                  "decodes_per_clock": roofline.CALIBRATION_DECODES}
     return result
 
 
 def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: tuple[bool, ...], skipped: list[str],
-                     batch: int, images: int, say: Callable[[str], None], bar) -> list[dict]:
+                     batch: int, images: int, say: Callable[[str], None], bar, curves: Optional[list] = None) -> list[dict]:
     """One batch size of the throughput sweep (module docstring): warm-up, interleaved timed rounds, one row
-    per method and compile setting (``task``: :class:`vispec.eval.bench.image_tasks.ImageTask`)."""
+    per method and compile setting (``task``: :class:`vispec.eval.bench.image_tasks.ImageTask`), with the roofline
+    columns where the task's model has a cost curve (appended to ``curves``)."""
     import statistics
 
     from vispec.eval.bench.decoders import WARMUP_RUNS, compiled_graph_count
@@ -436,9 +455,19 @@ def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: 
     seeds = [cfg.seed * SEED_STRIDE + i for i in range(images)]
     contenders = [(m, c) for c in settings for m in methods if not (c and m in skipped)]
     name = lambda m, c: f"{m}{' (compiled)' if c else ''}"  # noqa: E731
+    # the cost curve first (class-to-image): the auto window's chooser starts from it, the roofline report reads it
+    calibration = {c: cal for c in settings if c in {k for _, k in contenders}
+                   if (cal := _calibrate(task, cfg, methods, batch, c, say)) is not None}
+    passes: dict = {con: [] for con in contenders}  # per timed round: the batches' passes (max NFE - 1 of each batch)
 
-    def run(method: str, compiled: bool) -> float:
-        return task.generate(method, conditions, seeds, batch, compile=compiled, tick=bar.update)[2]
+    def run(method: str, compiled: bool, timed: bool = False) -> float:
+        _, stats, wall = task.generate(method, conditions, seeds, batch, compile=compiled, tick=bar.update)
+        if timed:
+            passes[(method, compiled)] += [max(s["nfe"] for s in stats[lo: lo + batch]) - 1 for lo in range(0, len(stats), batch)]
+            nfes[(method, compiled)] += [s["nfe"] for s in stats]
+        return wall
+
+    nfes: dict = {con: [] for con in contenders}
 
     warmup: dict = {}
     for con in contenders:  # warm-up and compilation, untimed: again while a run still compiled a graph
@@ -454,27 +483,85 @@ def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: 
                 break
     say(f"B={batch}: {cfg.rounds} timed round(s) of {len(contenders)} contenders, {images} image(s) each ...")
     round_s: dict = {con: [] for con in contenders}
+    round_cpu_s: dict = {con: [] for con in contenders}  # time.process_time of the same rounds
     compiles = dict.fromkeys(contenders, 0)
     for _ in range(cfg.rounds):  # interleaved: A B C ... A B C ...
         for con in contenders:
             graphs = compiled_graph_count()
-            round_s[con].append(run(*con))
+            start_cpu = time.process_time()
+            round_s[con].append(run(*con, timed=True))
+            round_cpu_s[con].append(time.process_time() - start_cpu)
             compiles[con] += compiled_graph_count() - graphs
+    curve_of = {c: roofline.curve_entry(task.pipe.window_stats(), cpu, key, task.pipe.transformer.num_image_tokens // 2,
+                                        batch, c) for c, (key, cpu) in calibration.items()}
+    if curves is not None:
+        curves.extend(curve_of.values())
     rows = []
     for method, compiled in contenders:
-        times = round_s[(method, compiled)]
+        times, cpu_times = round_s[(method, compiled)], round_cpu_s[(method, compiled)]
         same_ar, eager_ar = round_s[("ar", compiled)], round_s[("ar", False)]
         median = statistics.median(times)
+        speedup = statistics.median(a / b for a, b in zip(same_ar, times))
+        speedup_cpu = statistics.median(a / b for a, b in zip(round_cpu_s[("ar", compiled)], cpu_times))
         rows.append({
             "batch_size": batch, "method": method, "compile": compiled, "images": images, "rounds": len(times),
             "images_per_s": images / median, "s_per_image": median / images,
-            "speedup_vs_ar": statistics.median(a / b for a, b in zip(same_ar, times)),
+            "s_per_image_cpu": statistics.median(cpu_times) / images,
+            "speedup_vs_ar": speedup, "speedup_vs_ar_cpu": speedup_cpu,
             "speedup_vs_eager_ar": statistics.median(a / b for a, b in zip(eager_ar, times)),
-            "round_s": times, "warmup_s": warmup[(method, compiled)], "compiles_in_timed": compiles[(method, compiled)],
+            "speedup_vs_eager_ar_cpu": statistics.median(a / b for a, b in zip(round_cpu_s[("ar", False)], cpu_times)),
+            "round_s": times, "round_cpu_s": cpu_times, "warmup_s": warmup[(method, compiled)],
+            "compiles_in_timed": compiles[(method, compiled)],
         })
+        if compiled in curve_of:
+            rows[-1].update(_roofline_fields(task, method, curve_of[compiled], passes[(method, compiled)],
+                                             passes[("ar", compiled)], nfes[(method, compiled)], speedup, speedup_cpu))
         say(f"B={batch} {name(method, compiled)}: {rows[-1]['images_per_s']:.2f} img/s, "
             f"{rows[-1]['speedup_vs_ar']:.2f}x AR{' (compiled)' if compiled else ''}")
     return rows
+
+
+def _calibrate(task, cfg: ImageBenchConfig, methods: list[str], batch: int, compiled: bool, say: Callable[[str], None]):
+    """The cost curve of a class-to-image pipeline's transformer at ``batch`` slots (:mod:`vispec.eval.bench.roofline`),
+    into the pipeline's own window statistics (its chooser's); ``None`` for models without a LlamaGen decode (their
+    rows get no roofline columns)."""
+    from vispec.decoding.windows import window_set
+    from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
+
+    pipe = task.pipe
+    if not isinstance(pipe.transformer, LlamaGenGPT):
+        return None
+    configs = [DecodingConfig.parse(m, base=pipe.decoding_config) for m in methods]
+    fixed = [c.largest_window for c in configs if c.strategy != "ar" and c.window != "auto"]
+    windows = window_set(max([int(pipe.decoding_config.largest_window)] + fixed))
+    say(f"B={batch}: cost curve{' (compiled)' if compiled else ''}, windows {windows} ...")
+    model = pipe.transformer
+    labels = (torch.arange(batch) % int(model.config.num_classes)).to(pipe.device)
+    sampling = pipe.decoding_config.sampling(guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k,
+                                             top_p=cfg.top_p)
+    return roofline.calibrate(model, LlamaGenCondition(class_labels=labels), model.num_image_tokens, pipe.window_stats(),
+                              windows, roofline.calibration_spec(methods), compile=compiled, sampling=sampling, seed=cfg.seed)
+
+
+def _roofline_fields(task, method: str, curve: dict, passes: list[int], ar_passes: list[int], nfes: list[float],
+                     speedup: float, speedup_cpu: float) -> dict:
+    """A throughput row's roofline keys (:func:`vispec.eval.bench.roofline.roofline_fields`). The pipeline reports each
+    image's forwards, not each pass's window, so a fixed window's passes are all taken at its window (the narrower
+    last passes at the full width: the bound errs low) and the auto window's bound is not computed (NaN; ``vispec
+    bench decoders`` has it)."""
+    config = DecodingConfig.parse(method, base=task.pipe.decoding_config)
+    num_tokens = task.pipe.transformer.num_image_tokens
+    mean_nfe = sum(nfes) / len(nfes)
+    if config.strategy == "ar":
+        windows = {1: sum(passes)}
+    elif config.strategy in ("sjd", "mc-sjd") and config.window != "auto":
+        windows = {int(config.window): sum(passes)}
+    else:  # auto, or a decoder whose passes are not windows of one model (sd, gad, sjd-pac trees)
+        return {"tokens_per_pass": roofline.tokens_per_pass(num_tokens, mean_nfe), "relative_cost": float("nan"),
+                "roofline_bound": float("nan"), "roofline_fraction": float("nan"), "roofline_bound_cpu": float("nan"),
+                "roofline_fraction_cpu": float("nan")}
+    return roofline.roofline_fields(windows, sum(ar_passes), curve["relative_cost"], curve["relative_cost_cpu"], speedup,
+                                    speedup_cpu, roofline.tokens_per_pass(num_tokens, mean_nfe))
 
 
 def sampling_noise(ar_rows: list[dict], metrics: Sequence[str] = ("fid", "accuracy")) -> dict:
@@ -508,6 +595,8 @@ def format_image_table(result: dict) -> str:
     header = (f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'1-tok':>6} {'lat s':>7} {'speedup':>8} {'sp/step':>7} {'img/s@B':>8} {'x@B':>6} "
               f"{'acc':>6}{clip_head} {'FID':>8} {'FID z':>6} {'TV mean':>8} {'TV max':>7} {'MB':>6}")
     lines = [header, "-" * len(header)]
+    if result["config"].get("model_note"):  # an inflated model: whose logits, at which cost
+        lines.insert(0, f"model: {result['config']['model_note']}")
     for name, r in result["methods"].items():
         score = f" {r['clip_score']:>6.2f}" if clip else ""
         if name.startswith("ar-reseed"):
@@ -583,6 +672,9 @@ def format_throughput_table(result: dict) -> str:
         lines.append(line)
     if config.get("compile_skipped"):
         lines.append(f"no compiled rows for {', '.join(config['compile_skipped'])} ({_task_class(result).compile_reason})")
+    if result.get("roofline"):
+        lines += ["", roofline.format_roofline_table(rows, result["roofline"]["curves"], result["roofline"]["at"],
+                                                     title="throughput roofline")]
     return "\n".join(lines)
 
 

@@ -82,6 +82,8 @@ class ImageTask(ABC):
     def __init__(self, cfg: ImageBenchConfig, folder: str, pipe: Any):
         self.cfg, self.folder, self.pipe = cfg, folder, pipe
         self.reference: Optional[Tensor] = None  # FID features of the real images (set by real_stats)
+        self.model_note: Optional[str] = None  # an inflated transformer: whose logits at which cost (set by inflate)
+        self.inflation: Optional[dict] = None  # and its sizes (InflationPlan.to_dict)
 
     @classmethod
     @abstractmethod
@@ -145,9 +147,22 @@ class ImageTask(ABC):
     def describe_real(real: dict) -> str:
         """One line on the real images (:meth:`real_stats`), for the progress and the table."""
 
+    def inflate(self, name: str, target: str) -> None:
+        """Replace the pipeline's transformer (a LlamaGen GPT or a Chameleon) by its inflation to GPT config ``target``
+        (``<name>@<target>``: the same logits at the target's cost, :func:`vispec.models.inflate.inflate`, extra weights
+        from ``cfg.seed``). Drafters (``drafter``, ``gad_drafter``) stay as they are: they read tokens, not the
+        transformer's hidden states; GSD's token-embedding distances do not change under zero padding."""
+        from vispec.models.inflate import inflate, inflation_note
+
+        transformer = inflate(self.pipe.transformer, target, seed=self.cfg.seed)
+        self.pipe.register_modules(transformer=transformer)
+        self.model_note = inflation_note(name, transformer.inflation)
+        self.inflation = transformer.inflation.to_dict()
+
     def run_config(self) -> dict:
-        """What the result's ``config`` records about the task."""
-        return {"task": self.kind, "fid_features": self.fid_features}
+        """What the result's ``config`` records about the task (and ``model_note`` for an inflated model)."""
+        return {"task": self.kind, "fid_features": self.fid_features,
+                **({"model_note": self.model_note, "inflation": self.inflation} if self.model_note else {})}
 
     def _reference(self) -> Tensor:
         if self.reference is None:
@@ -627,10 +642,18 @@ def task_class(folder: str) -> type[ImageTask]:
 
 
 def load_task(cfg: ImageBenchConfig) -> ImageTask:
-    """Resolve ``cfg.model``, pick its task, check the folder and the options (before loading anything), load it."""
+    """Resolve ``cfg.model``, pick its task, check the folder and the options (before loading anything), load it.
+    ``<model>@<GPT config>``: its transformer (LlamaGen or Chameleon) inflated to that size (:meth:`ImageTask.inflate`)."""
+    from vispec.eval.bench.configs import check_inflated_model, split_inflated_name
     from vispec.pipelines.embedded import resolve_model_path
 
-    folder = resolve_model_path(cfg.model)
+    name, target = split_inflated_name(cfg.model)
+    if target is not None:
+        check_inflated_model(cfg.model, trained=None)
+    folder = resolve_model_path(name)
     cls = task_class(folder)
     cls.check(cfg, folder)
-    return cls.load(cfg, folder)
+    task = cls.load(cfg, folder)
+    if target is not None:
+        task.inflate(name, target)
+    return task

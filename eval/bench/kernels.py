@@ -16,7 +16,8 @@ decoding-step shares put the verification in context: a tiny-c2i window forward 
 LlamaGen-B-sized (111M parameters, randomly initialised) window forward, each against the
 verification of its own logits.
 
-Without CUDA only the reference is timed; the JSON says so (``"kernels_timed": false``) and the
+``step_shares=False`` leaves the shares out (``vispec bench decoders --kernels`` runs this bench at its own
+model's vocabulary without them). Without CUDA only the reference is timed; the JSON says so (``"kernels_timed": false``) and the
 kernels' compile results for sm_80/sm_90 are reported instead (:mod:`vispec.kernels.compile_check`).
 """
 
@@ -227,6 +228,26 @@ def _compile_results(progress_bar: Optional[bool] = None) -> dict:
     return {"returncode": run.returncode, "summary": summary, "failures": [l for l in lines if l.startswith("FAILED")]}
 
 
+def _step_shares(cfg: KernelBenchConfig, device: torch.device, backend: str, shares: dict, progress: Callable[[str], None],
+                 report: Callable[[], None]) -> None:
+    """The decoding-step shares (module docstring) into ``shares``: a tiny-c2i and a LlamaGen-B-sized window forward,
+    each against the verification of its own logits."""
+    step_batch = cfg.step_batch or (32 if device.type == "cuda" else 4)
+    sampling = SamplingConfig(guidance_scale=cfg.guidance_scale)
+    from vispec.pipelines.embedded import resolve_model_path
+    from vispec.models.llamagen_gpt import LlamaGenGPT
+
+    tiny = LlamaGenGPT.from_pretrained(os.path.join(resolve_model_path("tiny-c2i"), "transformer")).to(device).eval()
+    shares["tiny-c2i"] = _forward_share(tiny, step_batch, cfg.window, 128, _window_verify(sampling, backend, cfg.window), device, cfg)
+    progress(f"tiny-c2i step: forward {shares['tiny-c2i']['forward_ms']:.2f} ms, verify {shares['tiny-c2i']['verify_ms']:.2f} ms")
+    report()
+    torch.manual_seed(cfg.seed)
+    base = LlamaGenGPT(vocab_size=16384, dim=768, n_layer=12, n_head=12, num_classes=1000, block_size=256,
+                       class_dropout_prob=0.1).to(device).eval()
+    shares["llamagen-b"] = _forward_share(base, step_batch, cfg.window, 128, _window_verify(sampling, backend, cfg.window), device, cfg)
+    progress(f"LlamaGen-B step: forward {shares['llamagen-b']['forward_ms']:.2f} ms, verify {shares['llamagen-b']['verify_ms']:.2f} ms")
+
+
 def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = print,
                      partial: Optional[Callable[[dict], None]] = None, progress_bar: Optional[bool] = None) -> dict:
     """Run the benchmark (module docstring); returns a JSON-ready dict. ``partial(result)`` receives the
@@ -271,23 +292,9 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
                     partial(snapshot())
             del problem
 
-    step_batch = cfg.step_batch or (32 if device.type == "cuda" else 4)
     backend = "triton" if on_gpu else "reference"
-    sampling = SamplingConfig(guidance_scale=cfg.guidance_scale)
-    from vispec.pipelines.embedded import resolve_model_path
-    from vispec.models.llamagen_gpt import LlamaGenGPT
-
-    tiny = LlamaGenGPT.from_pretrained(os.path.join(resolve_model_path("tiny-c2i"), "transformer")).to(device).eval()
-    shares["tiny-c2i"] = _forward_share(tiny, step_batch, cfg.window, 128, _window_verify(sampling, backend, cfg.window), device, cfg)
-    progress(f"tiny-c2i step: forward {shares['tiny-c2i']['forward_ms']:.2f} ms, verify {shares['tiny-c2i']['verify_ms']:.2f} ms")
-    if partial:
-        partial(snapshot())
-    torch.manual_seed(cfg.seed)
-    base = LlamaGenGPT(vocab_size=16384, dim=768, n_layer=12, n_head=12, num_classes=1000, block_size=256,
-                       class_dropout_prob=0.1).to(device).eval()
-    shares["llamagen-b"] = _forward_share(base, step_batch, cfg.window, 128, _window_verify(sampling, backend, cfg.window), device, cfg)
-    progress(f"LlamaGen-B step: forward {shares['llamagen-b']['forward_ms']:.2f} ms, verify {shares['llamagen-b']['verify_ms']:.2f} ms")
-    del base, tiny
+    if cfg.step_shares:
+        _step_shares(cfg, device, backend, shares, progress, lambda: partial(snapshot()) if partial else None)
 
     result = {
         "config": {**asdict(cfg), "device": str(device)},
@@ -298,8 +305,8 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
         "step_shares": shares,
     }
     if not on_gpu:
-        result["note"] = ("no CUDA device: only the PyTorch reference was timed; the Triton kernels were not timed "
-                          "(their sm_80/sm_90 compile results are under 'compile')")
+        result["note"] = ("no CUDA device: only the PyTorch reference was timed; the Triton kernels were not timed"
+                          + (" (their sm_80/sm_90 compile results are under 'compile')" if cfg.compile_check else ""))
         if cfg.compile_check and triton_available():
             progress("compiling every kernel configuration for sm_80 and sm_90 ...")
             result["compile"] = _compile_results(progress_bar)
@@ -321,9 +328,10 @@ def format_kernel_table(result: dict) -> str:
             frac = f"{100 * tri['peak_fraction']:.1f}" if tri["peak_fraction"] is not None else "-"
             line += f" {tri['ms']:>10.3f} {tri['gbps']:>8.1f} {frac:>7} {cell['speedup']:>8.2f}"
         lines.append(line)
-    lines.append("")
-    lines.append(f"decoding-step shares (verification on the {result['step_backend']} backend)")
-    lines.append(f"{'model':<11} {'params':>8} {'rows':>5} {'vocab':>6} {'forward ms':>11} {'verify ms':>10} {'verify/fwd':>11}")
+    if result["step_shares"]:
+        lines.append("")
+        lines.append(f"decoding-step shares (verification on the {result['step_backend']} backend)")
+        lines.append(f"{'model':<11} {'params':>8} {'rows':>5} {'vocab':>6} {'forward ms':>11} {'verify ms':>10} {'verify/fwd':>11}")
     for name, share in result["step_shares"].items():
         lines.append(f"{name:<11} {share['parameters'] / 1e6:>7.1f}M {share['rows']:>5} {share['vocab']:>6} "
                      f"{share['forward_ms']:>11.2f} {share['verify_ms']:>10.2f} {share['verify_over_forward']:>11.3f}")

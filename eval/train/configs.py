@@ -13,6 +13,7 @@ The footprints are estimates: the tests hold them near the built models' paramet
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from vispec.checks import check_int, check_number
@@ -383,6 +384,26 @@ class CLIPTrainConfig:
                           "patch_size", "text_length", "batch_size", "hard_negatives", "eval_candidates"))
 
 
+def check_masking_and_tasks(config: "MDLMTrainConfig | LLaDA2TrainConfig", name: Namer) -> None:
+    """The text trainers' shared settings: ``mask_eps`` in (0, 1), distinct known ``tasks`` and one non-negative
+    ``task_weights`` entry per task, not all 0 (each error names the flag through ``name``)."""
+    from vispec.eval.bench.text_tasks import TASKS  # torch-free
+
+    check_number(name("mask_eps"), config.mask_eps, minimum=0, maximum=1, exclusive_minimum=True)
+    if config.mask_eps == 1:
+        raise ValueError(f"{name('mask_eps')} must be in (0, 1) (1 would mask every token always), got {config.mask_eps}")
+    if not config.tasks or any(t not in TASKS for t in config.tasks) or len(set(config.tasks)) != len(config.tasks):
+        raise ValueError(f"{name('tasks')} must name distinct tasks among {', '.join(TASKS)}, got "
+                         f"{','.join(config.tasks) or 'none'}")
+    if len(config.task_weights) != len(config.tasks):
+        raise ValueError(f"{name('task_weights')} must give one weight per task of {name('tasks')} "
+                         f"({len(config.tasks)}: {','.join(config.tasks)}), got {len(config.task_weights)}")
+    for weight in config.task_weights:
+        check_number(name("task_weights"), weight, minimum=0, hint=" (each)")
+    if not sum(config.task_weights) > 0:
+        raise ValueError(f"{name('task_weights')} must not all be 0, got {config.task_weights}")
+
+
 @dataclass
 class MDLMTrainConfig:
     """Defaults sized for under an hour on the 2-core CPU: 3.5M parameters, 0.33 s per step of 32 sequences of
@@ -432,8 +453,6 @@ class MDLMTrainConfig:
         (:meth:`footprint`); ``threads`` at most :data:`~vispec.eval.train.checks.MAX_THREADS`. Last, ``init_from``
         must name a local trained or pipeline folder or an embedded model (nothing is downloaded; a name or a
         pipeline folder imports the pipelines)."""
-        from vispec.eval.bench.text_tasks import TASKS
-
         check_common(self, name)
         check_fields(self, name, counts=("answer_length", "warmup", "d_model", "n_layers", "n_heads", "mlp_hidden_size",
                                          "eval_n", "tokenizer_corpus", "eval_batch_size"),
@@ -441,19 +460,7 @@ class MDLMTrainConfig:
                                    "long_every", "long_batch_size", "eval_answer_length", "eval_block_length"),
                      positive=("rope_theta",), non_negative_numbers=("max_minutes",))
         check_threads(self, name)
-        check_number(name("mask_eps"), self.mask_eps, minimum=0, maximum=1, exclusive_minimum=True)
-        if self.mask_eps == 1:
-            raise ValueError(f"{name('mask_eps')} must be in (0, 1) (1 would mask every token always), got {self.mask_eps}")
-        if not self.tasks or any(t not in TASKS for t in self.tasks) or len(set(self.tasks)) != len(self.tasks):
-            raise ValueError(f"{name('tasks')} must name distinct tasks among {', '.join(TASKS)}, got "
-                             f"{','.join(self.tasks) or 'none'}")
-        if len(self.task_weights) != len(self.tasks):
-            raise ValueError(f"{name('task_weights')} must give one weight per task of {name('tasks')} "
-                             f"({len(self.tasks)}: {','.join(self.tasks)}), got {len(self.task_weights)}")
-        for weight in self.task_weights:
-            check_number(name("task_weights"), weight, minimum=0, hint=" (each)")
-        if not sum(self.task_weights) > 0:
-            raise ValueError(f"{name('task_weights')} must not all be 0, got {self.task_weights}")
+        check_masking_and_tasks(self, name)
         check_heads(self, "d_model", "n_heads", name)
         if self.n_kv_heads and self.n_heads % self.n_kv_heads:
             raise ValueError(f"{name('n_heads')} ({self.n_heads}) must be a multiple of {name('n_kv_heads')} "
@@ -497,6 +504,116 @@ class MDLMTrainConfig:
                          ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "answer_length",
                           "batch_size", "long_answer_length", "long_batch_size", "eval_answer_length",
                           "eval_batch_size", "tokenizer_corpus", "eval_n", "final_eval_n"))
+
+
+@dataclass
+class LLaDA2TrainConfig:
+    """tiny-llada2 (:mod:`vispec.eval.train.llada2`): tiny-mdlm upcycled to the LLaDA2 layout (MoE from layer
+    ``first_k_dense_replace`` on) and fine-tuned with the block-diffusion objective on its task mix. Defaults sized
+    for under an hour on the shared 2-core CPU with one thread: 4.35M parameters, 0.7-0.9 s per step of 16 rows on a
+    busy machine, 2500 steps ~30-36 min, plus a few minutes of evaluation."""
+
+    out: str = "out/tiny-llada2"
+    init_from: str = "tiny-mdlm"  # a dense LLaDA (upcycled) or a LLaDA2 folder (continued): name or folder
+    tasks: tuple[str, ...] = ("arithmetic", "sort", "reverse")
+    task_weights: tuple[float, ...] = (0.8, 0.1, 0.1)
+    task_options: dict = field(default_factory=dict)  # per task name, e.g. {"arithmetic": {"operand_max": 5}}
+    answer_length: int = 32  # the generation canvas: answer, <|eot_id|>, EOS padding
+    block_length: int = 32  # LLaDA2's block (the model's config.block_length)
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128  # one routed expert's width; the shared expert holds the rest of the dense MLP
+    first_k_dense_replace: int = 1
+    routed_scaling_factor: float = 2.5
+    steps: int = 2500
+    batch_size: int = 16
+    lr: float = 5e-4
+    weight_decay: float = 0.1
+    warmup: int = 100
+    mask_eps: float = 1e-3
+    stratified_t: bool = True
+    # T2T: corruption rate of the unmasked positions of the noised block, all of which are then trained to their clean
+    # tokens (what token editing reads); 0: M2T only
+    edit_noise: float = 0.05
+    balance_rate: float = 1e-3  # expert_bias step of the loss-free router balancing (0: off)
+    seed: int = 0
+    log_every: int = 25
+    checkpoint_every: int = 500  # save out/transformer every this many steps (0: only at the end)
+    eval_every: int = 1000  # accuracy on eval_n test items of tasks[0] every this many steps (0: never)
+    eval_n: int = 64
+    eval_threshold: float = 0.9  # the threshold rule of the progress and final evaluations
+    initial_eval_n: int = 128  # per task, before training (the upcycled model; 0: skip)
+    final_eval_n: int = 128  # per task, after training (0: skip)
+    eval_batch_size: int = 64
+    max_minutes: float = 0.0  # > 0: stop early once this much training time has passed
+    threads: int = 1  # > 0: torch.set_num_threads(threads); 0 leaves it as is
+    device: str = "cpu"  # where the model trains ("cuda" on a GPU machine: the same recipe, faster)
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before any work (:mod:`vispec.eval.train.checks`); ``init_from`` last (a name imports the
+        pipelines; nothing is downloaded)."""
+        check_common(self, name)
+        check_fields(self, name, counts=("answer_length", "block_length", "num_experts", "moe_intermediate_size",
+                                         "eval_n", "eval_batch_size"),
+                     non_negative=("first_k_dense_replace", "warmup", "checkpoint_every", "eval_every",
+                                   "initial_eval_n", "final_eval_n"),
+                     positive=("routed_scaling_factor",), non_negative_numbers=("max_minutes", "balance_rate"),
+                     fractions=("edit_noise",))
+        check_threads(self, name)
+        if not isinstance(self.device, str) or re.fullmatch(r"cpu|cuda(:\d+)?", self.device) is None:
+            raise ValueError(f"{name('device')} must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        check_int(name("num_experts_per_tok"), self.num_experts_per_tok, minimum=2, maximum=self.num_experts,
+                  hint=f" (at most {name('num_experts')}; LLaDA2's router normalises k > 1 weights only)")
+        check_masking_and_tasks(self, name)
+        check_number(name("eval_threshold"), self.eval_threshold, minimum=0, maximum=1, exclusive_minimum=True)
+        if not self.init_from:
+            raise ValueError(f"{name('init_from')} must name a dense LLaDA to upcycle (e.g. tiny-mdlm) or a LLaDA2 "
+                             "folder to continue")
+        try:
+            model_path, _ = resolve_init_folders(self.init_from)
+        except ValueError as err:
+            raise ValueError(f"{name('init_from')}: {str(err).removeprefix('init_from: ')}") from None
+        self._check_upcycling(model_path, name)
+
+    def _check_upcycling(self, model_path: str, name: Namer) -> None:
+        """A dense LLaDA to upcycle (its ``config.json``, read without torch) must have the layers and MLP width the
+        MoE settings split: ``first_k_dense_replace <= n_layers``, ``moe_intermediate_size`` dividing the MLP width at
+        least twice."""
+        import json
+
+        try:
+            with open(os.path.join(model_path, "config.json")) as f:
+                dense = json.load(f)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{name('init_from')}: cannot read {model_path}/config.json ({err})") from None
+        if dense.get("_class_name") != "LLaDAModelLM":
+            return  # a LLaDA2 folder (continued) keeps its own layout; anything else is refused by the trainer
+        layers, width = dense.get("n_layers", 0), dense.get("mlp_hidden_size", 0)
+        if self.first_k_dense_replace > layers:
+            raise ValueError(f"{name('first_k_dense_replace')} must be at most the dense model's {layers} layers, got "
+                             f"{self.first_k_dense_replace}")
+        if width % self.moe_intermediate_size or width // self.moe_intermediate_size < 2:
+            raise ValueError(f"{name('moe_intermediate_size')} must divide the dense model's MLP width ({width}) at "
+                             f"least twice (a shared part and one routed expert), got {self.moe_intermediate_size}")
+
+
+@dataclass
+class LLaDA2AssembleConfig:
+    trained: str = "out/tiny-llada2"  # the folder `vispec train llada2 --out` wrote
+    out: str = "models/pretrained/tiny-llada2"
+    gen_length: int = 0  # 0: the training answer length
+    script: str = "samples/train_tiny_llada2.sh"  # the reproduction script named on the model card
+    bench: str = ""  # a samples/bench_text_llada2.py result (JSON) summarised on the card, when given
+
+    def validate(self, name: Namer = field_name) -> None:
+        """Every field, before anything is read (:mod:`vispec.eval.train.checks`)."""
+        if not isinstance(self.out, str) or not self.out:
+            raise ValueError(f"{name('out')} must be a folder path, got {self.out!r}")
+        check_fields(self, name, non_negative=("gen_length",))
+        check_folder(self, "trained", name, holds="train_config.json", what="the folder `vispec train llada2` wrote")
+        if self.bench and not os.path.isfile(self.bench):
+            raise ValueError(f"{name('bench')} must be a JSON file written by samples/bench_text_llada2.py or empty, "
+                             f"got {self.bench!r}")
 
 
 def resolve_init_folders(init_from: str) -> tuple[str, str]:
@@ -719,4 +836,5 @@ class EditAssembleConfig:
 
 CONFIGS = (VQTrainConfig, EvaluatorTrainConfig, GPTTrainConfig, AssembleConfig, DrafterTrainConfig,
            DrafterAssembleConfig, T2ITrainConfig, CLIPTrainConfig, T2IAssembleConfig, MDLMTrainConfig,
-           MDLMAssembleConfig, FilterTrainConfig, EditTrainConfig, EditAssembleConfig)
+           MDLMAssembleConfig, FilterTrainConfig, EditTrainConfig, EditAssembleConfig, LLaDA2TrainConfig,
+           LLaDA2AssembleConfig)

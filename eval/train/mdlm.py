@@ -139,6 +139,19 @@ def decode_low_confidence(
 
 
 @torch.no_grad()
+def score_answers(task: TextTask, tokenizer: PreTrainedTokenizerFast, items: list[TextItem], answers: torch.Tensor,
+                  totals: dict, shown: list, examples: int) -> None:
+    """Add the task's metrics of each decoded answer row (``answers``, token ids) to ``totals`` and keep the first
+    ``examples`` prompts, completions and targets in ``shown`` (the evaluators of this module and of
+    :mod:`vispec.eval.train.llada2`)."""
+    for item, row in zip(items, answers):
+        completion = decode_answer(tokenizer, row.tolist())
+        for metric, value in task.score(completion, item).items():
+            totals[metric] += value
+        if len(shown) < examples:
+            shown.append({"prompt": item.prompt, "completion": completion, "target": item.answer})
+
+
 def evaluate_greedy(
     model: LLaDAModelLM,
     tokenizer: PreTrainedTokenizerFast,
@@ -167,12 +180,7 @@ def evaluate_greedy(
         ids, mask = encode_items(tokenizer, chunk, answer_length, with_answers=False)
         answers = decode_low_confidence(model, ids, mask, answer_length, block_length,
                                         stop_ids=(tokenizer.eos_token_id, eot_token_id(tokenizer))).cpu()
-        for item, row in zip(chunk, answers):
-            completion = decode_answer(tokenizer, row.tolist())
-            for metric, value in task.score(completion, item).items():
-                totals[metric] += value
-            if len(shown) < examples:
-                shown.append({"prompt": item.prompt, "completion": completion, "target": item.answer})
+        score_answers(task, tokenizer, chunk, answers, totals, shown, examples)
     model.train(was_training)
     return {"task": task.name, "n": n, **{k: v / n for k, v in totals.items()}, "examples": shown}
 
@@ -211,6 +219,17 @@ def check_vocabulary(tokenizer: PreTrainedTokenizerFast, tasks: list[TextTask], 
         raise ValueError(f"init_from: the tokenizer lacks task words {sorted(unknown)[:20]}")
 
 
+def start_text_training(model: torch.nn.Module, cfg, tasks: list[TextTask]) -> tuple:
+    """What the text trainers (this one, :mod:`vispec.eval.train.llada2`) set up before their first step: ``model``
+    in training mode, AdamW with warm-up and cosine decay to 10%, one training stream per task, the task picker and
+    the masking generator, all seeded from ``cfg.seed``. Returns ``(optimizer, scheduler, streams, picker, gen)``."""
+    model.train()
+    opt = adamw(model, cfg.lr, cfg.weight_decay)
+    sched = warmup_cosine(opt, cfg.steps, warmup=cfg.warmup, floor=0.1)
+    streams = [train_stream(task, cfg.seed) for task in tasks]
+    return opt, sched, streams, random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed + 1)
+
+
 def train_mdlm(cfg: MDLMTrainConfig) -> dict:
     """Train (seeded), log to ``out/train_log.jsonl``, save ``out/transformer`` (diffusers folder),
     ``out/tokenizer`` and ``out/train_config.json``; returns the metrics."""
@@ -235,12 +254,7 @@ def train_mdlm(cfg: MDLMTrainConfig) -> dict:
         tokenizer = train_task_tokenizer(tasks, cfg.tokenizer_corpus, cfg.seed)
         model = build_model(cfg, tokenizer)
     tokenizer.save_pretrained(os.path.join(cfg.out, "tokenizer"))
-    model.train()
-    opt = adamw(model, cfg.lr, cfg.weight_decay)
-    sched = warmup_cosine(opt, cfg.steps, warmup=cfg.warmup, floor=0.1)
-    streams = [train_stream(task, cfg.seed) for task in tasks]
-    picker = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    opt, sched, streams, picker, gen = start_text_training(model, cfg, tasks)
     start, train_s, step = time.time(), 0.0, -1
     evals: list[dict] = []
     with open(os.path.join(cfg.out, "train_log.jsonl"), "w") as log:

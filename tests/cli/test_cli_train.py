@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import json
 import math
+import re
 import socket
 import typing
 
@@ -61,7 +62,7 @@ def base_args(trainer: str, root) -> list[str]:
              "assemble-drafter": {"--drafter": "drafter", "--pipeline": "pipeline"},
              "assemble-gad-drafter": {"--drafter": "drafter", "--pipeline": "pipeline"},
              "assemble-t2i": {"--vq": "vq", "--t2i": "t2i", "--clip": "clip"}, "assemble-mdlm": {"--trained": "mdlm"},
-             "assemble-edit": {"--edit": "t2i"}}
+             "assemble-edit": {"--edit": "t2i"}, "assemble-llada2": {"--trained": "mdlm"}}
     argv = [item for flag, folder in paths.get(trainer, {}).items() for item in (flag, str(root / folder))]
     if "out" in flag_fields(trainer):
         argv += ["--out", str(root / "out" / trainer)]
@@ -179,10 +180,12 @@ def test_python_api_names_the_fields(tmp_path):
 ZERO_OK = {"restart_every", "top_k", "n_kv_heads", "eval_every", "final_eval_n", "long_answer_length", "long_every",
            "long_batch_size", "eval_answer_length", "eval_block_length", "max_sequence_length", "seed"}
 ZERO_OK_IN = {("gad-drafter", "context"), ("clip", "warmup"), ("clip", "threads"), ("mdlm", "threads"), ("filter", "gen_length"),
-              ("filter", "block_length"), ("assemble-mdlm", "gen_length")}
-FRACTIONS = {"class_dropout_prob", "dropout", "caption_dropout"}  # [0, 1)
-POSITIVE = {"lr", "rope_theta"}
-UNIT_INTERVAL = {"top_p", "threshold", "mask_eps"}  # (0, 1], mask_eps (0, 1)
+              ("filter", "block_length"), ("assemble-mdlm", "gen_length"), ("llada2", "first_k_dense_replace"),
+              ("llada2", "warmup"), ("llada2", "checkpoint_every"), ("llada2", "initial_eval_n"), ("llada2", "threads"),
+              ("assemble-llada2", "gen_length")}
+FRACTIONS = {"class_dropout_prob", "dropout", "caption_dropout", "edit_noise"}  # [0, 1)
+POSITIVE = {"lr", "rope_theta", "routed_scaling_factor"}
+UNIT_INTERVAL = {"top_p", "threshold", "mask_eps", "eval_threshold"}  # (0, 1], mask_eps (0, 1)
 ANY_FINITE = {"guidance_scale"}
 CHOICES = {"data": {"photos", "scenes"}, "init": {"random", "horizontal", "vertical"}}
 PATHS = {"vq", "gpt", "evaluator", "drafter", "pipeline", "t2i", "clip", "trained", "edit"}
@@ -231,8 +234,11 @@ def sane(trainer: str, field: str, value) -> bool:
     if isinstance(value, str):
         if field in CHOICES:
             return value in CHOICES[field]
+        if field == "device":
+            return re.fullmatch(r"cpu|cuda(:\d+)?", value) is not None
         return bool(value) or field == "script" or (trainer == "assemble-t2i" and field == "clip") \
-            or (trainer == "assemble-edit" and field == "evaluation")  # optional: empty means none
+            or (trainer == "assemble-edit" and field == "evaluation") \
+            or (trainer == "assemble-llada2" and field == "bench")  # optional: empty means none
     return False
 
 

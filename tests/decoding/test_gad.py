@@ -124,6 +124,62 @@ def test_gad_spec_parses_and_names():
     assert DecodingConfig.parse(DecodingConfig.parse("gad:window=4").name) == DecodingConfig.parse("gad:window=4")
 
 
+def test_gad_passes_parse_name_and_refuse_bad_values():
+    config = DecodingConfig.parse("gad:passes=4,groups=doubling")
+    assert (config.passes, config.groups) == (4, "doubling") and config.method == "gad:passes=4,groups=doubling"
+    assert DecodingConfig.parse(config.name) == config and DecodingConfig.parse("gad:passes=1") == DecodingConfig.parse("gad")
+    assert DecodingConfig.parse("sd", base=config).passes == 1  # another strategy parsed over it drops gad's passes
+    for spec, name in [("gad:passes=0", "passes"), ("gad:passes=9", "passes=9 exceeds gad's 8 drafts"),
+                       ("gad:window=3,passes=3", "passes=3 exceeds"), ("gad:passes=two", "passes must be an integer"),
+                       ("gad:passes=2,groups=halving", "groups must be one of"), ("sd:passes=2", "apply to gad"),
+                       ("mc-sjd:groups=doubling", "apply to gad")]:
+        with pytest.raises(ValueError, match=name):
+            DecodingConfig.parse(spec)
+
+
+@pytest.mark.parametrize("gamma,passes,groups,bounds", [
+    (8, 1, "even", [0, 8]), (8, 2, "even", [0, 4, 8]), (8, 3, "even", [0, 3, 6, 8]), (8, 8, "even", list(range(9))),
+    (8, 4, "doubling", [0, 1, 2, 4, 8]), (8, 3, "doubling", [0, 2, 4, 8]), (5, 3, "doubling", [0, 2, 3, 5]), (8, 5, "doubling", [0, 1, 2, 3, 4, 8]),
+    (16, 4, "doubling", [0, 2, 4, 8, 16]), (4, 4, "doubling", [0, 1, 2, 3, 4]),
+])
+def test_draft_groups(gamma, passes, groups, bounds):
+    from vispec.decoding.gad import draft_groups
+
+    assert draft_groups(gamma, passes, groups) == bounds
+
+
+def test_gad_passes_draft_left_to_right_on_earlier_drafts(model, drafter, monkeypatch):
+    """Each pass drafts its group with the earlier passes' drafts as committed context: its prefix ends where the
+    group starts (clipped to the sample's block), its masks cover the rest of the block, and the drafts it reads
+    are the ones the decoder verifies. ``passes=1`` is the single-forward decode token for token."""
+    calls = []
+    propose = type(drafter).propose
+
+    def recording(self, tokens, num_prefix, num_masked, *args, **kwargs):
+        calls.append((tokens.clone(), num_prefix.clone(), num_masked.clone()))
+        return propose(self, tokens, num_prefix, num_masked, *args, **kwargs)
+
+    kwargs = dict(num_tokens=TOKENS, sampling=SAMPLING, drafter=drafter)
+    one = decode(model, condition([0, 2]), decoding="gad:window=6", generator=gens(2), **kwargs)
+    assert torch.equal(decode(model, condition([0, 2]), decoding="gad:window=6,passes=1", generator=gens(2),
+                              **kwargs).tokens, one.tokens)
+    monkeypatch.setattr(type(drafter), "propose", recording)
+    out = decode(model, condition([0, 2]), decoding="gad:window=6,passes=3,groups=doubling", generator=gens(2), **kwargs)
+    rounds = 0
+    while 3 * rounds + 3 <= len(calls) and int(calls[3 * rounds][2].max()) > 3:  # rounds with all three passes
+        first, second, third = calls[3 * rounds: 3 * rounds + 3]  # bounds 0, 2, 3, 5 (doubling, 5 drafts)
+        n, block = first[1], first[2]
+        rounds += 1
+        assert torch.equal(second[1], n + block.clamp(max=2)) and torch.equal(third[1], n + block.clamp(max=3))
+        assert torch.equal(second[1] + second[2], n + block) and torch.equal(third[1] + third[2], n + block)
+        for b in range(2):  # the later passes read the first pass's drafts at n, n + 1 (they are in their context)
+            if int(block[b]) >= 3:
+                assert torch.equal(second[0][b, n[b]:n[b] + 2], third[0][b, n[b]:n[b] + 2])
+    assert rounds >= 5
+    drafter_nfe = out.stats.extra["drafter_nfe"]
+    assert bool((drafter_nfe > out.stats.nfe).all()) and bool((drafter_nfe <= 3 * (out.stats.nfe - 1)).all())
+
+
 def test_gad_block_proposal_counts_forwards(model, drafter):
     out = decode(model, condition([0, 1, 2]), num_tokens=TOKENS, sampling=SAMPLING, decoding="gad:window=6",
                  drafter=drafter, generator=gens(3))
@@ -135,22 +191,24 @@ def test_gad_block_proposal_counts_forwards(model, drafter):
     assert int(out.stats.commits[:, 6:].sum()) == 0  # at most window tokens per pass
 
 
-def test_gad_greedy_matches_ar(model, drafter):
+@pytest.mark.parametrize("spec", ["gad:window=5", "gad:window=5,passes=2"])
+def test_gad_greedy_matches_ar(model, drafter, spec):
     greedy = SamplingConfig(temperature=0.0, guidance_scale=3.0)
     reference = decode(model, condition(list(range(CLASSES))), num_tokens=TOKENS, sampling=greedy, decoding="ar")
-    out = decode(model, condition(list(range(CLASSES))), num_tokens=TOKENS, sampling=greedy, decoding="gad:window=5",
+    out = decode(model, condition(list(range(CLASSES))), num_tokens=TOKENS, sampling=greedy, decoding=spec,
                  drafter=drafter)
     assert torch.equal(out.tokens, reference.tokens)
 
 
-@pytest.mark.parametrize("max_batch_size", [None, pytest.param(2, marks=pytest.mark.slow)])
-def test_gad_outputs_do_not_depend_on_the_batch(model, drafter, max_batch_size):
+@pytest.mark.parametrize("spec,max_batch_size", [("gad", None), ("gad:passes=3,groups=doubling", None),
+                                                  pytest.param("gad", 2, marks=pytest.mark.slow)])
+def test_gad_outputs_do_not_depend_on_the_batch(model, drafter, spec, max_batch_size):
     """Per-sample generators: a sample's tokens are the same alone, in a batch, and streamed through fewer slots."""
     labels = [3, 0, 4, 1]
-    batch = decode(model, condition(labels), num_tokens=TOKENS, sampling=SAMPLING, decoding="gad", drafter=drafter,
+    batch = decode(model, condition(labels), num_tokens=TOKENS, sampling=SAMPLING, decoding=spec, drafter=drafter,
                    generator=gens(4, seed=10), max_batch_size=max_batch_size)
     for i in (0, 2):
-        alone = decode(model, condition([labels[i]]), num_tokens=TOKENS, sampling=SAMPLING, decoding="gad", drafter=drafter,
+        alone = decode(model, condition([labels[i]]), num_tokens=TOKENS, sampling=SAMPLING, decoding=spec, drafter=drafter,
                        generator=gens(1, seed=10 + i))
         assert torch.equal(alone.tokens[0], batch.tokens[i])
         assert int(alone.stats.nfe[0]) == int(batch.stats.nfe[i])

@@ -108,6 +108,8 @@ def test_bench_image_sweeps_batch_sizes_and_compile_settings(tiny_pipeline, tmp_
         return real(pipe, method, labels, seeds, batch_size, cfg, compile=False, tick=tick, tokens=tokens)
 
     monkeypatch.setattr(image, "generate_uint8", eager)
+    calibrate = image.roofline.calibrate  # the roofline's cost curve: eager too
+    monkeypatch.setattr(image.roofline, "calibrate", lambda *args, compile, **kw: calibrate(*args, compile=False, **kw))
     path = tmp_path / "bench.json"
     args = [*_bench_image_args(tiny_pipeline, path), "--batch-sizes", "1,2", "--compile", "--rounds", "1", "--sweep-images", "2"]
     assert main(args) == 0
@@ -132,6 +134,13 @@ def test_bench_image_sweeps_batch_sizes_and_compile_settings(tiny_pipeline, tmp_
     assert quality == [("ar", 2, 2, False)] * 2 + [("mc-sjd-maximal", 2, 2, False)] * 2 + [("ar", 2, 2, False)] * 2
     assert {(b, c) for _, b, n, c, kept in seen if n == 2 and not kept} == {(1, False), (1, True), (2, False), (2, True)}
     assert set(result["methods"]) == {*methods, "ar-reseed-1"} and result["methods"]["ar"]["fid"] > 0
+    # the roofline (vispec.eval.bench.roofline): a cost curve per batch size and compile setting, the bound and the
+    # measured share of it on both clocks
+    assert [(c["batch_size"], c["compile"]) for c in result["roofline"]["curves"]] == [(1, False), (1, True), (2, False), (2, True)]
+    for row in rows:
+        assert {"tokens_per_pass", "roofline_bound", "roofline_fraction", "roofline_fraction_cpu", "speedup_vs_ar_cpu"} <= set(row)
+        assert len(row["round_cpu_s"]) == 1 and (row["method"] != "ar" or row["roofline_bound"] == 1.0)
+    assert "throughput roofline" in out and "% roof cpu" in out
 
 
 def test_bench_image_keeps_quality_rows_and_shows_progress(tiny_pipeline, tmp_path, capsys, monkeypatch):

@@ -15,7 +15,8 @@ from vispec.cli.args import add_config_args, config_from_args
 from vispec.cli.paths import check_output_file
 
 DECODER_HELP = {
-    "model": "named GPT config (GPT-mini, GPT-B, GPT-L, ...), randomly initialised, or tiny-c2i (the embedded trained model)",
+    "model": "named GPT config (GPT-mini, GPT-B, GPT-L, ...), randomly initialised, tiny-c2i (the embedded trained model), "
+             "or tiny-c2i@GPT-L: tiny-c2i inflated to a GPT config's size (its logits at that model's cost)",
     "image_tokens": "tokens per image (a square number; tiny-c2i: at most 256)",
     "init_std": "std of the random weights (LlamaGen: 0.02)",
     "methods": "comma-separated decoding specs, e.g. ar,sjd,mc-sjd,mc-sjd:window=auto",
@@ -27,6 +28,10 @@ DECODER_HELP = {
     "compile": "also time every method with torch.compile(fullgraph=True) decode steps (a batch sweep)",
     "rounds": "interleaved timing rounds of a batch sweep (medians are reported)",
     "threads": "torch threads (0: leave as is)",
+    "cuda_graphs": "run the compiled decode steps as CUDA graphs (torch.compile mode reduce-overhead; needs --compile); "
+                   "the result counts the steps inductor ran without a graph",
+    "kernels": "also run `vispec bench kernels` (verification and unmasking kernels, GB/s and % of peak HBM bandwidth) at "
+               "the model's vocabulary, into the same JSON and table",
 }
 DISTRIBUTED_HELP = {
     "results_dir": "folder for every item's result, written as it finishes; a rerun with the same settings skips what "
@@ -36,7 +41,8 @@ DISTRIBUTED_HELP = {
 }
 IMAGE_HELP = {
     "model": "embedded model or pipeline folder: a class-to-image LlamaGen pipeline (tiny-c2i) or a text-to-image "
-             "UnifiedImagePipeline (tiny-t2i, or its folder models/pretrained/tiny-t2i)",
+             "UnifiedImagePipeline (tiny-t2i, or its folder models/pretrained/tiny-t2i); <model>@<GPT config> "
+             "(tiny-c2i@GPT-L, tiny-t2i@GPT-B): its transformer inflated to that size, the same images at that cost",
     "methods": "decoding labels, e.g. ar,sjd,mc-sjd,sjd:window=4,mc-sjd+lantern,gsd,sd,sd+lantern,gad (sd and gad need "
                "a drafter: class-to-image only)",
     "num_images": "images per method for the quality metrics (accuracy and FID; text-to-image also CLIP score, on "
@@ -109,6 +115,7 @@ KERNEL_HELP = {
     "step_batch": "samples in the decoding-step shares (0: 32 on CUDA, 4 on CPU)",
     "peak_gbps": "device peak memory bandwidth (default: from the device name)",
     "compile_check": "skip the sm_80/sm_90 compile check on CPU",
+    "step_shares": "skip the decoding-step shares (tiny-c2i and LlamaGen-B-sized forwards against verification)",
 }
 
 

@@ -31,6 +31,8 @@ TRAINERS = {
     "assemble-edit": ("vispec.eval.train.assemble", "EditAssembleConfig", "assemble_edit", "write the trained editor as the embedded tiny-edit pipeline"),
     "mdlm": ("vispec.eval.train.mdlm", "MDLMTrainConfig", "train_mdlm", "a masked diffusion LM: tiny-mdlm (task suite, tokenizer, SFT), or tiny-mdlm-long fine-tuned from it (--init-from)"),
     "assemble-mdlm": ("vispec.eval.train.assemble", "MDLMAssembleConfig", "assemble_mdlm", "write a trained mdlm as an embedded pipeline (tiny-mdlm, tiny-mdlm-long)"),
+    "llada2": ("vispec.eval.train.llada2", "LLaDA2TrainConfig", "train_llada2", "tiny-llada2: tiny-mdlm upcycled to the LLaDA2 MoE layout, fine-tuned with the block-diffusion objective"),
+    "assemble-llada2": ("vispec.eval.train.llada2", "LLaDA2AssembleConfig", "assemble_llada2", "write a trained llada2 as the embedded tiny-llada2 pipeline"),
     "filter": ("vispec.eval.train.filter", "FilterTrainConfig", "train_filter", "a Learn2PD filter for a masked diffusion LM (its own decodes as data), saved in a copy of its pipeline folder"),
 }
 

@@ -7,12 +7,13 @@ benchmarks)::
     variant := "ar" | "sjd" ["-random" | "-horizontal" | "-vertical" | "-source"] | "mc-sjd" ["-maximal" | "-gumbel"]
              | "sjd-pac" ["-maximal" | "-gumbel"] | "sd" | "gad" | "gsd" | "iad"
              ("gsd" is short for "sjd+gsd", "iad" for "sjd-source": drafts copied from a source image)
-    option  := key "=" value, key in window, init, coupling, tree_width, tree_depth, guidance_scale, temperature,
-               top_k, top_p, cfg_interval
+    option  := key "=" value, key in window, init, coupling, tree_width, tree_depth, passes, groups, guidance_scale,
+               temperature, top_k, top_p, cfg_interval
     rule    := "exact" | "budget" | "lantern" | "gsd" | "lumina"  (options: vispec.decoding.acceptance.AcceptanceConfig)
 
 e.g. ``"mc-sjd"``, ``"sjd-vertical:window=8"``, ``"mc-sjd+budget:delta=0.1"``, ``"mc-sjd+lantern:k=100,delta=0.1"``, ``"sd:window=3"``,
-``"sjd-pac:window=64,tree_width=3,tree_depth=3"`` (SJD-PAC's published setting).
+``"sjd-pac:window=64,tree_width=3,tree_depth=3"`` (SJD-PAC's published setting), ``"gad:passes=4"`` (GAD's block
+drafted in 4 drafter forwards, each group conditioned on the drafts left of it).
 :attr:`DecodingConfig.name` writes a config back in this grammar with only its non-default settings,
 so ``DecodingConfig.parse(config.name) == config``; :attr:`DecodingConfig.method` is the same
 without the sampling settings (the label statistics and tables show).
@@ -43,7 +44,9 @@ COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"),
              "gad": ("none",)}
 DEFAULT_WINDOW = 16
 SD_DEFAULT_WINDOW = 5  # draft-model decoding: the pending token plus 4 drafted tokens per target forward
-GAD_DEFAULT_WINDOW = 9  # gad: the pending token plus a block of 8 drafted by one drafter forward
+GAD_DEFAULT_WINDOW = 9  # gad: the pending token plus a block of 8 drafts
+GAD_DEFAULT_PASSES = 1  # gad: drafter forwards per block (groups drafted left to right, each seeing the earlier ones)
+GAD_GROUPS = ("even", "doubling")  # gad: how the block splits into its passes' groups (vispec.decoding.gad.draft_groups)
 PAC_DEFAULT_WINDOW = 64  # SJD-PAC: its paper's L (the tree's 13 slots and a chain of 51)
 AUTO_WINDOW = "auto"
 AUTO_LARGEST_WINDOW = 64  # window="auto" picks from 1, 2, 4, ..., 64 (a GPU's forward cost is flat well past it)
@@ -53,13 +56,14 @@ def _window(text: str):
     return AUTO_WINDOW if text == AUTO_WINDOW else int(text)
 
 
-OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "tree_width": int, "tree_depth": int, "guidance_scale": float,
-                "temperature": float, "top_k": int, "top_p": float, "cfg_interval": int}
+OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "tree_width": int, "tree_depth": int, "passes": int,
+                "groups": str, "guidance_scale": float, "temperature": float, "top_k": int, "top_p": float, "cfg_interval": int}
 TREE_KEYS = ("tree_width", "tree_depth")
+GAD_KEYS = ("passes", "groups")
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "cfg_interval")
 SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical|-source], mc-sjd[-maximal|-gumbel], sjd-pac[-maximal|-gumbel], sd, gad, gsd or iad, "
              "optionally followed by "
-             "':key=value,...' (window, init, coupling, tree_width, tree_depth, sampling settings) and '+rule' (exact, "
+             "':key=value,...' (window, init, coupling, tree_width, tree_depth, passes, groups, sampling settings) and '+rule' (exact, "
              "budget[:delta=..,decay=..,end=..,neighbors=..], lantern[:k=..,delta=..], gsd[:half_width=..], lumina)")
 
 
@@ -141,6 +145,13 @@ class DecodingConfig(PipelineComponent):
             candidates per node on the first ``D - 1`` levels below the pending token (``D`` levels with
             it); the window holds the tree's ``(K^D - 1) / (K - 1)`` slots and a chain filling the rest.
             Defaults 3 and 3 (the paper's code); other strategies keep the defaults.
+        passes, groups: GAD's drafter forwards per block (``"gad"``, :mod:`vispec.decoding.gad`): the block of
+            ``window - 1`` drafts splits into ``passes`` groups drafted left to right, one drafter forward each, each
+            group seeing the drafts of the groups before it as context (``1 <= passes <= window - 1``; ``1``:
+            one forward, independent drafts). ``groups``: ``"even"`` (sizes as equal as they can be, e.g. 2, 2, 2, 2
+            for 8 drafts in 4 passes) or ``"doubling"`` (each group twice the one before once the groups of one
+            token end, e.g. 1, 1, 2, 4: the block's start, where acceptance matters most, is drafted
+            autoregressively). Other strategies keep the defaults.
         acceptance: the acceptance rule, ``"exact"`` (default) or a lossy one: ``"budget"`` (output within a TV
             budget of the target per verification, :mod:`vispec.decoding.budget`), ``"lantern"``, ``"gsd"`` (with
             options), or ``"lumina"`` (Lumina-mGPT 2.0's biased rule; :mod:`vispec.decoding.acceptance`). Stored in
@@ -157,6 +168,8 @@ class DecodingConfig(PipelineComponent):
     acceptance: str = "exact"
     tree_width: int = 3
     tree_depth: int = 3
+    passes: int = GAD_DEFAULT_PASSES
+    groups: str = "even"
     guidance_scale: float = SamplingConfig.guidance_scale  # the sampling defaults are SamplingConfig's
     temperature: float = SamplingConfig.temperature
     top_k: int = SamplingConfig.top_k
@@ -181,6 +194,14 @@ class DecodingConfig(PipelineComponent):
         check_int("tree_depth", self.tree_depth, minimum=1)
         if strategy != "sjd-pac" and (self.tree_width, self.tree_depth) != (3, 3):
             raise ValueError(f"tree_width and tree_depth apply to sjd-pac, not {strategy!r}")
+        check_int("passes", self.passes, minimum=1)
+        if self.groups not in GAD_GROUPS:
+            raise ValueError(f"groups must be one of {GAD_GROUPS}, got {self.groups!r}")
+        if strategy != "gad" and (self.passes, self.groups) != (GAD_DEFAULT_PASSES, "even"):
+            raise ValueError(f"passes and groups apply to gad, not {strategy!r}")
+        if strategy == "gad" and self.passes > max(window - 1, 1):
+            raise ValueError(f"passes={self.passes} exceeds gad's {window - 1} drafts per block (window {window}): each "
+                             f"pass drafts at least one token; use passes <= {max(window - 1, 1)}")
         if strategy == "sjd-pac":
             if self.largest_window < self.tree_size:
                 raise ValueError(f"sjd-pac's window must hold its tree of {self.tree_size} slots (tree_width "
@@ -235,7 +256,7 @@ class DecodingConfig(PipelineComponent):
         variant = {"ar": "ar", "sd": "sd", "gad": "gad", "sjd": "iad" if self.init == "source" else f"sjd-{self.init}", "mc-sjd": f"mc-sjd-{self.coupling}",
                    "sjd-pac": "sjd-pac" if self.coupling == "maximal" else f"sjd-pac-{self.coupling}"}[self.strategy]
         values, defaults = self.settings(), DecodingConfig.parse(variant).settings()
-        keys = ("window",) + (("init",) if self.strategy != "sjd" else ()) + TREE_KEYS + sampling_keys
+        keys = ("window",) + (("init",) if self.strategy != "sjd" else ()) + TREE_KEYS + GAD_KEYS + sampling_keys
         options = [f"{k}={values[k]!r}" if isinstance(values[k], float) else f"{k}={values[k]}" for k in keys
                    if values[k] != defaults[k]]
         label = variant + (":" + ",".join(options) if options else "")
@@ -270,6 +291,9 @@ class DecodingConfig(PipelineComponent):
         settings.update(strategy=strategy, coupling=None, acceptance=rule.strip() or "exact")
         if strategy != "sjd-pac":  # a tree belongs to sjd-pac: another strategy parsed over its config drops it
             for key in TREE_KEYS:
+                settings.pop(key, None)
+        if strategy != "gad":  # likewise gad's passes
+            for key in GAD_KEYS:
                 settings.pop(key, None)
         if suffix:
             settings["coupling" if strategy in ("mc-sjd", "sjd-pac") else "init"] = suffix

@@ -37,6 +37,11 @@ each re-measurement that confirms the best doubles the interval.
 Where the measurements say no window beats AR, a whole decode runs as plain AR
 (:meth:`WindowChooser.prefers_ar`; every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser).
 
+Calibration (:func:`calibrate_step_costs`): a decode whose chooser runs a script of windows in turn
+(:attr:`ChooserSettings.script`) measures ``t(B, W, L)`` of every window over the whole range of ``L`` into a
+``WindowStats``; a chooser given those stats starts from the calibration, and :func:`relative_step_costs` reads
+the same predictions as ``c(B, W) / c(B, 1)`` (the roofline report of ``vispec bench decoders | image``).
+
 Measurements belong to one model, so they live in an explicit :class:`WindowStats` that its owner keeps
 between decodes: a pipeline keeps one for its transformer (a new transformer starts a new one), and
 :func:`vispec.decoding.decode` takes one (``window_stats=``; without it the measurements last one decode).
@@ -92,6 +97,7 @@ class ChooserSettings:
     near: float = 0.8  # neighbours re-measured only if their rate was at least this share of the best
     refresh: int = 64  # passes between re-measuring neighbours of the best window (doubles on each confirmation)
     recheck: int = 8  # of the decodes handed to AR (prefers_ar), every recheck-th runs the chooser instead
+    script: tuple[int, ...] = ()  # calibration (:func:`calibrate_step_costs`): these windows in turn, ``block`` passes each
 
     def __post_init__(self) -> None:
         for name in ("block", "samples", "maturity", "refresh", "recheck"):
@@ -101,6 +107,8 @@ class ChooserSettings:
             raise ValueError(f"ChooserSettings.settle must be an int >= 0, got {self.settle!r}")
         if not self.margin >= 0 or not 0 <= self.near <= 1:
             raise ValueError(f"ChooserSettings.margin must be >= 0 and near in [0, 1], got {self.margin!r}, {self.near!r}")
+        if not isinstance(self.script, tuple) or any(not isinstance(w, int) or w < 1 for w in self.script):
+            raise ValueError(f"ChooserSettings.script must be a tuple of windows >= 1, got {self.script!r}")
 
 
 @dataclass
@@ -115,7 +123,11 @@ class WindowStats:
     consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`). Each list keeps the last
     :data:`KEEP` values. ``starting_costs``: the step times ``{W: [(L, seconds), ...]}`` a cost key met for the
     first time starts from (a copy; by default none: measured from scratch). ``settings``: how the chooser
-    explores (:class:`ChooserSettings`)."""
+    explores (:class:`ChooserSettings`). ``clock``: what a step's seconds are (wall clock by default).
+
+    :func:`calibrate_step_costs` fills ``step_costs`` directly (whole decode steps of every window at every cache
+    length), so a chooser can start from a calibration and the roofline report (``vispec bench decoders``) reads
+    the same numbers (:func:`relative_step_costs`)."""
 
     step_costs: dict[Hashable, dict[int, list[tuple[int, float]]]] = field(default_factory=dict)
     tokens_per_pass: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
@@ -124,6 +136,7 @@ class WindowStats:
     ar_handovers: dict[Hashable, int] = field(default_factory=dict)
     starting_costs: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     settings: ChooserSettings = field(default_factory=ChooserSettings)
+    clock: Callable[[], float] = time.perf_counter  # seconds of a step: wall clock (time.process_time: CPU time)
 
     def costs(self, key: Hashable) -> dict[int, list[tuple[int, float]]]:
         """Step times of cost key ``key``, by window."""
@@ -160,6 +173,14 @@ def _line(samples: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
     return statistics.median(t for _, t in ordered) - slope * statistics.median(length for length, _ in ordered), slope
 
 
+def cost_growth(costs: dict[int, list[tuple[int, float]]]) -> float:
+    """Relative growth of step time per cached token, from the window whose samples span the most (0 if none spans
+    :data:`SPAN` positions)."""
+    spans = {w: max(L for L, _ in v) - min(L for L, _ in v) for w, v in costs.items() if v}
+    line = _line(costs[max(spans, key=spans.get)]) if spans else None
+    return line[1] / line[0] if line is not None and line[0] > 0 else 0.0
+
+
 def predict_cost(samples: list[tuple[int, float]], at: int, growth: float = 0.0) -> float:
     """A step's seconds at cache length ``at`` from ``(L, seconds)`` samples: their robust line
     (:func:`_line`) once they span :data:`SPAN` positions; before, their median scaled by
@@ -179,7 +200,7 @@ class WindowChooser:
         stats: the measurements to use and extend (:class:`WindowStats`; default: a new, empty one).
         key: the cost key (:func:`cost_key`); ``tokens_key``: what acceptance depends on (the decoding spec;
             default ``key``).
-        clock: seconds, for step times (``time.perf_counter``).
+        clock: seconds, for step times (default: ``stats.clock``, the wall clock unless set).
         slots: the batch slots; step times are recorded only while every slot is live (a batch that
             sheds finished samples runs cheaper passes near its end, which would flatter the windows that
             ran then, as tokens are counted per live sample).
@@ -189,13 +210,15 @@ class WindowChooser:
     """
 
     def __init__(self, largest: int, stats: Optional[WindowStats] = None, key: Hashable = "", tokens_key: Hashable = None,
-                 clock: Callable[[], float] = time.perf_counter, slots: Optional[int] = None,
+                 clock: Optional[Callable[[], float]] = None, slots: Optional[int] = None,
                  chain: Optional[Callable[[int], int]] = None):
-        self.windows, self.clock, self.key, self.slots = window_set(largest), clock, key, slots
+        self.windows, self.key, self.slots = window_set(largest), key, slots
         self.chain = chain or (lambda window: window)
         self.trees = chain is not None
         self._live = slots
         self.stats = WindowStats() if stats is None else stats
+        self.clock = self.stats.clock if clock is None else clock
+        self._scripted = 0  # blocks run of settings.script
         self.settings = self.stats.settings
         self.costs = self.stats.costs(key)
         self.tokens, self.ramp, self.all_accepted = self.stats.acceptance(key if tokens_key is None else tokens_key)
@@ -230,10 +253,8 @@ class WindowChooser:
         return predict_cost(samples, at, self._growth() if growth is None else growth) if samples else None
 
     def _growth(self) -> float:
-        """Relative growth of step time per cached token, from the window whose samples span the most."""
-        spans = {w: max(L for L, _ in v) - min(L for L, _ in v) for w, v in self.costs.items() if v}
-        line = _line(self.costs[max(spans, key=spans.get)]) if spans else None
-        return line[1] / line[0] if line is not None and line[0] > 0 else 0.0
+        """Relative growth of step time per cached token (:func:`cost_growth`)."""
+        return cost_growth(self.costs)
 
     def rate(self, window: int, need: int, at: int = 0, growth: Optional[float] = None,
              remaining: Optional[int] = None) -> Optional[float]:
@@ -297,9 +318,12 @@ class WindowChooser:
 
     def prefers_ar(self, num_tokens: int) -> bool:
         """Whether a whole decode of ``num_tokens`` should run as plain AR: window 1 has the best measured
-        rate at mid-decode and no unmeasured wider window could beat it. AR's own steps are cheaper than
+        rate at mid-decode and no unmeasured wider window could beat it (never while calibrating: ``settings.script``).
+        AR's own steps are cheaper than
         the speculative decoder's window-1 passes, and no pass is spent exploring. Every
         :attr:`recheck`-th such decode (per cost key) runs the chooser instead, so measurements stay fresh."""
+        if self.settings.script:
+            return False
         at, growth = num_tokens // 2, self._growth()
         self._remaining = num_tokens  # a whole decode, from no drafts
         scores = {w: self._score(w, num_tokens, at, growth) for w in self.windows}
@@ -334,6 +358,10 @@ class WindowChooser:
         return tokens / self.cost(window, at, growth) / (1 + self.settings.margin)
 
     def _pick(self, candidates: list[int], need: int, at: int) -> int:
+        if self.settings.script:  # calibration: the scripted windows in turn (the widest candidate near the end)
+            window = self.settings.script[self._scripted % len(self.settings.script)]
+            self._scripted += 1
+            return min(round_up(window, self.windows) if window <= self.windows[-1] else self.windows[-1], candidates[-1])
         growth = self._growth()
         scores = {w: self._score(w, need, at, growth) for w in candidates}
         if scores[1] is None:
@@ -362,8 +390,9 @@ class WindowChooser:
 
     def _start_block(self, window: int, live: int) -> None:
         """A block of ``window``: its settling passes (none if the window continues), then counted ones."""
-        settle = 0 if window == self._current else self._settle_passes(window)
-        counted = self.settings.block if window == 1 else max(self.settings.block, -(-self.settings.samples // max(live, 1)))
+        settle = 0 if window == self._current or self.settings.script else self._settle_passes(window)
+        counted = self.settings.block if window == 1 or self.settings.script else max(
+            self.settings.block, -(-self.settings.samples // max(live, 1)))
         self._from = self._from if window == self._current else self._drafts_from()
         self._current, self._left, self._in_block = window, settle + counted, 0
         self._settle = settle
@@ -389,3 +418,52 @@ class WindowChooser:
             _append(self.all_accepted, window, statistics.fmean(t == rows for t in full))
         elif window > 1 and full:
             _append(self.ramp, (self._from, window), statistics.fmean(full))
+
+
+# ---- calibration: the cost curve the chooser and the roofline report share ------------------------------------
+
+
+def calibrate_step_costs(model: Any, condition: Any, num_tokens: int, stats: WindowStats, windows: list[int], *,
+                         decoding: str = "mc-sjd", compile: bool = False, sampling: Any = None, generator: Any = None,
+                         block: int = 4, decodes: int = 1) -> Hashable:
+    """Measure whole decode steps of every window in ``windows`` into ``stats.step_costs`` (in ``stats.clock``'s
+    seconds) and return their cost key (:func:`cost_key`; the slots are the condition's batch).
+
+    ``decodes`` ``window="auto"`` decodes of ``num_tokens`` tokens whose chooser runs the windows in turn, ``block`` passes
+    each (:attr:`ChooserSettings.script`), and records the step times as any chooser does: per pass, with its
+    cached length, the first (compiling, warming) step of each window left out, window-1 passes timed as a run up
+    to the read-back that ends it. The windows cycle through the whole decode, so every window is measured over
+    the whole range of cache lengths and its robust line (:func:`predict_cost`) gives its cost at any length.
+    Only the step times are shared with ``stats`` (the scripted decode's acceptance says nothing about a chosen
+    window's), so a chooser using ``stats`` starts from the calibration and extends it. The step of ``decoding``
+    (a ``sjd`` or ``mc-sjd`` spec; default MC-SJD, maximal coupling) is what is timed; the chooser keys its costs
+    by device, dtype, batch slots and compile setting, not by the spec."""
+    from vispec.checks import check_int
+    from vispec.decoding import DecodingConfig, decode
+
+    check_int("num_tokens", num_tokens, minimum=2)
+    check_int("block", block, minimum=1)
+    check_int("decodes", decodes, minimum=1)
+    if not windows or any(not isinstance(w, int) or w < 1 for w in windows):
+        raise ValueError(f"windows must be a non-empty list of ints >= 1, got {windows!r}")
+    config = DecodingConfig.parse(DecodingConfig.parse(decoding), window="auto")
+    if config.strategy not in ("sjd", "mc-sjd"):
+        raise ValueError(f"decoding must be an sjd or mc-sjd spec, got {decoding!r}")
+    script = WindowStats(step_costs=stats.step_costs, starting_costs=stats.starting_costs, clock=stats.clock,
+                         settings=ChooserSettings(block=block, script=tuple(sorted(set(windows)))))
+    for _ in range(decodes):  # the first step of a window is left out in the first decode only (the chooser's rule)
+        out = decode(model, condition, num_tokens=num_tokens, sampling=sampling, decoding=config, generator=generator,
+                     compile=compile, window_stats=script)
+    return cost_key(model, int(out.tokens.shape[0]), compile)
+
+
+def relative_step_costs(stats: WindowStats, key: Hashable, at: int) -> dict[int, float]:
+    """``c(W, at) / c(1, at)`` for every window with measured steps under cost key ``key``: the seconds a chooser
+    predicts for a step at ``at`` cached tokens (:func:`predict_cost` with :func:`cost_growth`, as
+    :meth:`WindowChooser.cost`), over window 1's. Empty when window 1 is unmeasured."""
+    costs = stats.step_costs.get(key, {})
+    if not costs.get(1):
+        return {}
+    growth = cost_growth(costs)
+    seconds = {w: predict_cost(samples, at, growth) for w, samples in sorted(costs.items()) if samples}
+    return {w: s / seconds[1] for w, s in seconds.items()}

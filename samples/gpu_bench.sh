@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU check of issue 33 in one go: `vispec bench decoders` on tiny-c2i's logits at GPT-L cost (tiny-c2i@GPT-L),
+# bf16, eager and compiled steps (compiled: CUDA graphs, torch.compile mode reduce-overhead), AR against MC-SJD,
+# with the roofline report (cost curve, bound, % of roofline, wall and CPU clocks) and `vispec bench kernels`'
+# bandwidth report (% of peak HBM) in the same JSON and table. One batch size (1) by default: on an H200 (2026-11-27)
+# the kernel report took 7 s, eager calibration 41 s and compiled calibration 150 s (about 27 s of inductor compile
+# per window shape of GPT-L), so batch 1 needs about 6-7 minutes and each further batch size about 4 more; the bench rewrites its JSON after every batch size, so a run cut by the time limit keeps
+# what it measured ("complete": false).
+#
+#   samples/gpu_bench.sh OUT_DIR              # on the GPU machine
+#   DEVICE=cpu samples/gpu_bench.sh OUT_DIR   # a dry run on CPU: tiny-c2i, 16 tokens, batch 1 (a few minutes)
+#
+# Overrides (environment): MODEL, BATCHES, IMAGES, ROUNDS, TOKENS, WINDOW, METHODS, LIMIT_S (the bench's time limit).
+# Writes OUT_DIR/decoders.json, OUT_DIR/decoders.txt (the printed tables), OUT_DIR/progress.log, OUT_DIR/env.txt.
+set -euo pipefail
+
+OUT=${1:?usage: [DEVICE=cpu] samples/gpu_bench.sh OUT_DIR}
+DEVICE=${DEVICE:-cuda}
+mkdir -p "$OUT"
+
+stamp() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/progress.log" >&2; }
+
+if [ "$DEVICE" = cuda ]; then
+  MODEL=${MODEL:-tiny-c2i@GPT-L}; DTYPE=bfloat16; BATCHES=${BATCHES:-1}; IMAGES=${IMAGES:-2}; ROUNDS=${ROUNDS:-2}
+  TOKENS=${TOKENS:-256}; WINDOW=${WINDOW:-16}; THREADS=0; LIMIT_S=${LIMIT_S:-380}
+elif [ "$DEVICE" = cpu ]; then
+  MODEL=${MODEL:-tiny-c2i}; DTYPE=float32; BATCHES=${BATCHES:-1}; IMAGES=${IMAGES:-1}; ROUNDS=${ROUNDS:-1}
+  TOKENS=${TOKENS:-16}; WINDOW=${WINDOW:-4}; THREADS=1; LIMIT_S=${LIMIT_S:-1500}
+else
+  echo "DEVICE must be cuda or cpu, got '$DEVICE'" >&2
+  exit 2
+fi
+METHODS=${METHODS:-ar,mc-sjd}
+
+stamp "environment -> $OUT/env.txt"
+{
+  date -u
+  python -c "import sys, torch; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
+  python -c "import triton; print('triton', triton.__version__)" 2>/dev/null || echo "triton: not installed"
+  if [ "$DEVICE" = cuda ]; then nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv 2>/dev/null || true; fi
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt" >&2
+
+stamp "vispec bench decoders --model $MODEL --device $DEVICE --dtype $DTYPE --compile --cuda-graphs --kernels --batch-sizes $BATCHES (limit ${LIMIT_S}s)"
+set +e
+timeout --signal=INT --kill-after=20 "$LIMIT_S" \
+  vispec bench decoders --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --compile --cuda-graphs --kernels \
+    --batch-sizes "$BATCHES" --methods "$METHODS" --image-tokens "$TOKENS" --window "$WINDOW" --num-images "$IMAGES" \
+    --rounds "$ROUNDS" --threads "$THREADS" --json "$OUT/decoders.json" \
+  > "$OUT/decoders.txt" 2> >(while IFS= read -r line; do stamp "$line"; done)
+status=$?
+set -e
+if [ "$status" -ne 0 ] && [ -s "$OUT/decoders.json" ]; then
+  stamp "the bench stopped with exit status $status (124/130: the ${LIMIT_S}s limit); the tables of what it finished:"
+  python -c "import json, sys; from vispec.eval.bench.decoders import format_table; print(format_table(json.load(open(sys.argv[1]))))" \
+    "$OUT/decoders.json" >> "$OUT/decoders.txt" || true
+fi
+cat "$OUT/decoders.txt"
+stamp "done: $OUT/decoders.json, $OUT/decoders.txt"
+exit "$status"
