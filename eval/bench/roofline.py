@@ -17,10 +17,15 @@ either side) is left out. The measured speed-up over AR (same compile setting) d
 share of the roofline the decoder reached (``roofline_fraction``); the rest is what the decoder's own
 overheads cost (or noise: a share above 1 says the bound's curve was measured pessimistically).
 
-``c(B, 1)`` is the speculative decoder's one-row step (what the chooser compares against); AR's own step can be
-cheaper (compiled AR reads nothing back), so the bench also gives AR's measured seconds per pass (``ar_step_s``,
-its timed rounds over its passes, the prefill included) next to ``c(1)``: where it is lower the bounds are
-optimistic by that ratio.
+``c(B, 1)`` is the speculative decoder's one-row step (what the chooser compares against); AR's own step costs
+something else (compiled AR reads nothing back; eager AR may cost more). Where the bench has timed AR
+(``vispec bench decoders``' sweep: ``ar_step_s``, AR's timed rounds over its passes, the prefill included) the
+bound compares the decoder's predicted time with AR's measured one::
+
+    bound = AR passes x ar_step_s / (c(B, 1) x sum over the decoder's passes of c(B, W_pass) / c(B, 1))
+
+i.e. the relative form above times ``ar_step_s / c(B, 1)`` (each clock with its own seconds); without an AR
+timing the relative form is used as it is.
 
 The curve is the window chooser's (:mod:`vispec.decoding.windows`): the step times it records in its
 :class:`~vispec.decoding.windows.WindowStats`, at ``at`` cached tokens (the middle of the image: with a
@@ -130,10 +135,14 @@ def mean_relative_cost(windows_total: dict, curve: dict) -> float:
 
 
 def roofline_fields(windows_total: dict, ar_passes: int, curve: dict, curve_cpu: dict, speedup: float,
-                    speedup_cpu: float, tokens_per_pass: float) -> dict:
+                    speedup_cpu: float, tokens_per_pass: float, ar_step: tuple[Optional[float], Optional[float]] = (1.0, 1.0)
+                    ) -> dict:
     """A row's roofline keys: ``tokens_per_pass``, ``relative_cost`` (pass-weighted), ``roofline_bound`` and
-    ``roofline_fraction`` (measured speed-up over the bound), and the same on the CPU clock (``*_cpu``)."""
-    wall, cpu = bound(windows_total, ar_passes, curve), bound(windows_total, ar_passes, curve_cpu)
+    ``roofline_fraction`` (measured speed-up over the bound), and the same on the CPU clock (``*_cpu``).
+    ``ar_step``: AR's measured step over ``c(B, 1)`` on the wall and CPU clocks (module docstring; 1 where unknown)."""
+    scale, scale_cpu = (r if r is not None and r > 0 else 1.0 for r in ar_step)
+    wall = bound(windows_total, ar_passes, curve) * scale
+    cpu = bound(windows_total, ar_passes, curve_cpu) * scale_cpu
     return {"tokens_per_pass": tokens_per_pass,
             "relative_cost": mean_relative_cost(windows_total, curve),
             "relative_cost_cpu": mean_relative_cost(windows_total, curve_cpu),
@@ -144,6 +153,15 @@ def roofline_fields(windows_total: dict, ar_passes: int, curve: dict, curve_cpu:
 def tokens_per_pass(num_tokens: int, nfe: float) -> float:
     """Tokens committed per verification pass of a sample: ``(N - 1) / (NFE - 1)`` (the prefill commits token 0)."""
     return (num_tokens - 1) / (nfe - 1) if nfe > 1 else float("nan")
+
+
+def ar_step_ratio(curve: dict) -> tuple[Optional[float], Optional[float]]:
+    """AR's measured step over ``c(B, 1)`` on the wall and CPU clocks, from a curve entry (None where either is
+    unknown)."""
+    def ratio(ar: Optional[float], step: Optional[float]) -> Optional[float]:
+        return ar / step if ar and step else None
+
+    return ratio(curve.get("ar_step_s"), curve.get("step_s")), ratio(curve.get("ar_step_cpu_s"), curve.get("step_cpu_s"))
 
 
 def format_curves(curves: list[dict], top: int = 8) -> list[str]:
@@ -171,7 +189,7 @@ def format_roofline_table(rows: list[dict], curves: list[dict], at: int, title: 
     its share of the bound, on the wall clock and the CPU clock; the cost curves above it."""
     width = max([16] + [len(r["method"]) for r in rows])
     head = (f"{title}: c(B, W)/c(B, 1) of whole decode steps at {at} cached tokens, wall clock (CPU clock); "
-            f"bound = AR passes / sum of the passes' relative costs; % roof = measured speed-up over AR / bound")
+            f"bound = AR passes / sum of the passes' relative costs (x AR's measured step / c(1) where AR was timed); % roof = measured speed-up over AR / bound")
     header = (f"{'B':>3} {'method':<{width}} {'mode':<8} {'tok/pass':>8} {'rel cost':>8} {'bound':>6} {'vs AR':>6} "
               f"{'% roof':>6} {'bound cpu':>9} {'vs AR cpu':>9} {'% roof cpu':>10}")
     lines = [head, *format_curves(curves), header, "-" * len(header)]

@@ -34,6 +34,13 @@ def test_bound_weights_every_pass_by_its_relative_cost():
     assert fields["roofline_bound"] == pytest.approx(2.0) and fields["roofline_fraction"] == pytest.approx(0.9)
     assert fields["roofline_bound_cpu"] == pytest.approx(1.5) and fields["roofline_fraction_cpu"] == pytest.approx(0.8)
     assert roofline.tokens_per_pass(256, 86.0) == pytest.approx(255 / 85)
+    # AR's measured step 10% dearer than c(1) (wall) and 5% cheaper (CPU): the bound compares with AR's own time
+    ratio = roofline.ar_step_ratio({"step_s": 0.010, "ar_step_s": 0.011, "step_cpu_s": 0.020, "ar_step_cpu_s": 0.019})
+    assert ratio == pytest.approx((1.1, 0.95))
+    scaled = roofline.roofline_fields({4: 100}, 300, curve, {"1": 1.0, "4": 2.0}, speedup=1.8, speedup_cpu=1.2,
+                                      tokens_per_pass=3.0, ar_step=ratio)
+    assert scaled["roofline_bound"] == pytest.approx(2.2) and scaled["roofline_bound_cpu"] == pytest.approx(1.425)
+    assert roofline.ar_step_ratio({"step_s": 0.01}) == (None, None)  # no AR timing: the relative form
 
 
 def test_scripted_chooser_runs_the_windows_in_turn_and_never_hands_over_to_ar():
