@@ -38,16 +38,31 @@ and padded prompts included (``tests/dllm/test_diffusion_gemma.py``).
 diffusers 0.42.1's ``DiffusionGemmaPipeline`` passes the cache as ``past_key_values=``, which transformers 5.24 renamed
 ``cache=`` (its ``create_diffusion_decoder_attention_mask`` refuses the old name, and the forwards warn); the adapter
 accepts both, so ``DiffusionGemmaPipeline(model=DiffusionGemmaLM(model), ...)`` runs and warns of nothing.
+
+Saving and loading: the adapter is a diffusers ``ModelMixin`` (the base diffusers' pipelines look for to save and load
+a component), so a pipeline holding it records ``["vispec.models.diffusion_gemma", "DiffusionGemmaLM"]`` in
+``model_index.json``, as the other vispec models record their module and class. Its folder is transformers' own
+layout: :meth:`DiffusionGemmaLM.save_pretrained` is the wrapped model's ``save_pretrained`` (``config.json``,
+``generation_config.json``, ``model.safetensors``), and :meth:`DiffusionGemmaLM.from_pretrained` is
+``DiffusionGemmaForBlockDiffusion.from_pretrained`` (after the folder's weight shapes are checked against its
+``config.json``, :func:`vispec.models.checkpoints.check_model_folder`) wrapped again, with the keywords diffusers'
+pipeline loader passes translated to transformers' (``torch_dtype`` is ``dtype``; ``low_cpu_mem_usage`` and
+``offload_state_dict`` no longer exist there). So ``MaskedDiffusionLMPipeline.save_pretrained`` /
+``from_pretrained`` round-trip it, and a folder written by transformers' ``save_pretrained`` loads as it is.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import os
 from typing import Any, Optional
 
 import torch
+from diffusers.models.modeling_utils import ModelMixin
 from torch import Tensor, nn
+
+from vispec.models.checkpoints import check_model_folder, read_json_object
 
 
 CACHE_KEYWORD_RENAMED = "past_key_values"  # diffusers 0.42's name for transformers 5.24's `cache=`
@@ -74,6 +89,29 @@ def select_rows(cache: Any, index: Tensor) -> Any:
     for layer in part.layers:
         layer.batch_select_indices(index)
     return part
+
+
+# what diffusers' pipeline loader passes a diffusers model and transformers >= 5 no longer takes
+_GONE_LOAD_KEYWORDS = ("low_cpu_mem_usage", "offload_state_dict")
+
+
+def check_diffusion_gemma_folder(folder: str | os.PathLike, variant: Optional[str] = None) -> None:
+    """Raise ``ValueError`` (naming the folder) unless ``folder/config.json`` describes a DiffusionGemma
+    (``model_type`` ``diffusion_gemma``) whose weights in ``folder`` fit it (shapes from the safetensors headers,
+    :func:`vispec.models.checkpoints.check_model_folder`). A folder without ``config.json`` is left to transformers'
+    loader, which says what is missing."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    folder = os.fspath(folder)
+    config_path = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_path):
+        return
+    found = read_json_object(config_path).get("model_type")
+    if found != DiffusionGemmaConfig.model_type:
+        raise ValueError(f"{config_path} describes a model of type {found!r}, not a DiffusionGemma (model_type "
+                         f"{DiffusionGemmaConfig.model_type!r}): DiffusionGemmaLM loads DiffusionGemmaForBlockDiffusion "
+                         "folders")
+    check_model_folder(DiffusionGemmaForBlockDiffusion, folder, variant)
 
 
 class DiffusionGemmaLMConfig:
@@ -137,9 +175,10 @@ class _ModelCall:
         return getattr(self._model, name)
 
 
-class DiffusionGemmaLM(nn.Module):
+class DiffusionGemmaLM(ModelMixin):
     """transformers' ``DiffusionGemmaForBlockDiffusion`` for :func:`vispec.dllm.decode` and vispec's text pipeline
-    (module docstring), and for diffusers' ``DiffusionGemmaPipeline``.
+    (module docstring), and for diffusers' ``DiffusionGemmaPipeline``. :meth:`save_pretrained` / :meth:`from_pretrained`
+    write and read transformers' folder layout, so diffusers' pipelines save and load it as a component.
 
     It speaks the block loop's protocol for uniform-corruption canvas models (``uniform_corruption = True``;
     :mod:`vispec.dllm.uniform` runs the caches over it): :meth:`encode`, :meth:`denoise`, :meth:`new_cache`,
@@ -178,6 +217,66 @@ class DiffusionGemmaLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.diffusion_gemma.dtype
+
+    def to(self, *args, **kwargs) -> "DiffusionGemmaLM":
+        """torch's ``Module.to`` (diffusers' ``ModelMixin.to`` logs a float32-modules notice on every dtype cast, which
+        the wrapped transformers model does not ask for)."""
+        return nn.Module.to(self, *args, **kwargs)
+
+    # ------------------------------------------------------------------ saving and loading (transformers' layout)
+    def save_pretrained(self, save_directory: str | os.PathLike, *, safe_serialization: bool = True,
+                        variant: Optional[str] = None, max_shard_size: Optional[int | str] = None,
+                        use_flashpack: bool = False, **kwargs: Any) -> None:
+        """Write the wrapped model to ``save_directory`` in transformers' layout (its ``save_pretrained``:
+        ``config.json``, ``generation_config.json``, ``model.safetensors`` or shards); ``DiffusionGemmaLM.from_pretrained``
+        and ``DiffusionGemmaForBlockDiffusion.from_pretrained`` both read it.
+
+        The named keywords are those diffusers' pipeline ``save_pretrained`` hands a component; ``variant`` and
+        ``max_shard_size`` (default transformers' own) reach transformers, as does everything in ``kwargs``
+        (``push_to_hub``, ``state_dict``, ...). transformers >= 5 writes safetensors only, so
+        ``safe_serialization=False`` is refused, as is ``use_flashpack`` (a diffusers-model format)."""
+        if safe_serialization is not True:
+            raise ValueError("safe_serialization must be True: transformers >= 5 saves DiffusionGemma as safetensors "
+                             f"only, got safe_serialization={safe_serialization!r}")
+        if use_flashpack:
+            raise ValueError("use_flashpack=True saves diffusers models in the FlashPack format; DiffusionGemmaLM is "
+                             "saved in transformers' layout: pass use_flashpack=False")
+        if max_shard_size is not None:
+            kwargs["max_shard_size"] = max_shard_size
+        self.diffusion_gemma.save_pretrained(save_directory, variant=variant, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> "DiffusionGemmaLM":
+        """A ``DiffusionGemmaForBlockDiffusion`` loaded by transformers' ``from_pretrained`` (a folder in its layout, as
+        :meth:`save_pretrained` or transformers write it, or a hub id), wrapped, in eval mode.
+
+        ``kwargs`` go to transformers' ``from_pretrained`` (``dtype``, ``device_map``, ``subfolder``, ``variant``, ...),
+        with what diffusers' pipeline loader passes a diffusers model translated: ``torch_dtype`` is ``dtype`` (the
+        name transformers >= 4.56 takes without a deprecation notice); ``low_cpu_mem_usage`` and ``offload_state_dict``
+        are dropped (transformers >= 5 always loads lazily); ``use_flashpack`` must be false. A local folder is checked
+        first: its ``config.json`` must describe a DiffusionGemma, and its weight shapes must fit that config
+        (:func:`vispec.models.checkpoints.check_model_folder`; nothing is allocated before). With
+        ``output_loading_info=True`` the result is ``(model, loading_info)``, as in transformers."""
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        kwargs = dict(kwargs)
+        torch_dtype = kwargs.pop("torch_dtype", None)
+        if torch_dtype is not None:
+            if kwargs.get("dtype") is not None and kwargs["dtype"] != torch_dtype:
+                raise ValueError(f"pass the dtype once: dtype={kwargs['dtype']!r} and torch_dtype={torch_dtype!r} differ")
+            kwargs["dtype"] = torch_dtype
+        for name in _GONE_LOAD_KEYWORDS:
+            kwargs.pop(name, None)
+        if kwargs.pop("use_flashpack", False):
+            raise ValueError("use_flashpack=True loads diffusers models saved in the FlashPack format; DiffusionGemmaLM "
+                             "is saved in transformers' layout: pass use_flashpack=False")
+        folder = os.path.join(os.fspath(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
+        if os.path.isdir(folder):
+            check_diffusion_gemma_folder(folder, kwargs.get("variant"))
+        loaded = DiffusionGemmaForBlockDiffusion.from_pretrained(pretrained_model_name_or_path, **kwargs)
+        if isinstance(loaded, tuple):  # output_loading_info=True
+            return cls(loaded[0]).eval(), *loaded[1:]
+        return cls(loaded).eval()
 
     def forward(self, *args, **kwargs):
         """The wrapped model's forward (``past_key_values=`` accepted as ``cache=``, as diffusers 0.42 passes it)."""

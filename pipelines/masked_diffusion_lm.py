@@ -44,6 +44,7 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
+import vispec.models.diffusion_gemma  # noqa: F401 (likewise for a saved DiffusionGemmaLM)
 import vispec.models.llada  # noqa: F401 (diffusers resolves the saved model class through this module)
 from vispec.checks import check_int
 from vispec.dllm import (AdaptiveBlocks, ProphetRule, SelfSpeculation, TokenEditingScheduler, UnmaskingOptions,

@@ -4,6 +4,9 @@ limits it refuses."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import warnings
 
 import pytest
@@ -74,6 +77,75 @@ def no_library_warnings():
     warnings.simplefilter("error")
     warnings.filterwarnings("ignore", message=".*torch.jit.script_method")
     return context
+
+
+@contextlib.contextmanager
+def library_notices():
+    """Warnings become errors (as :func:`no_library_warnings`), and the WARNING-or-worse records transformers' and
+    diffusers' loggers emit inside the block are collected in the yielded list."""
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(f"{record.name}: {record.getMessage()}")
+
+    handler = Collect(level=logging.WARNING)
+    loggers = [logging.getLogger(name) for name in ("transformers", "diffusers")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    context = no_library_warnings()
+    try:
+        yield records
+    finally:
+        context.__exit__(None, None, None)
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def test_pipeline_saves_and_loads_diffusion_gemma(model, tmp_path):
+    """MaskedDiffusionLMPipeline.save_pretrained writes the adapter in transformers' own layout (model/ loads with
+    DiffusionGemmaForBlockDiffusion.from_pretrained) and names vispec's class in model_index.json; from_pretrained
+    gives back a DiffusionGemmaLM over DiffusionGemmaForBlockDiffusion with equal weights, whose greedy decode (same
+    seed, batch 2 with padding, the saved threshold scheduler) gives the same tokens. Neither library warns."""
+    pipe = MaskedDiffusionLMPipeline(model=DiffusionGemmaLM(model), tokenizer=None, scheduler=ThresholdScheduler(),
+                                     default_gen_length=2 * CANVAS, default_block_length=CANVAS)
+    with library_notices() as notices:
+        pipe.save_pretrained(tmp_path)
+        loaded = MaskedDiffusionLMPipeline.from_pretrained(tmp_path, dtype=torch.float32)
+        loaded.to(torch.float32)  # a dtype cast: no float32-modules notice
+    assert notices == []
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["model"] == ["vispec.models.diffusion_gemma", "DiffusionGemmaLM"]
+    assert type(DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path / "model")) is DiffusionGemmaForBlockDiffusion
+    assert type(loaded.model) is DiffusionGemmaLM and not loaded.model.training
+    assert type(loaded.model.diffusion_gemma) is DiffusionGemmaForBlockDiffusion
+    saved, back = model.state_dict(), loaded.model.diffusion_gemma.state_dict()
+    assert saved.keys() == back.keys() and all(torch.equal(saved[key], back[key]) for key in saved)
+    assert loaded.config.default_block_length == CANVAS and isinstance(loaded.scheduler, ThresholdScheduler)
+    outputs = []
+    for pipeline in (pipe, loaded):
+        pipeline.set_progress_bar_config(disable=True)
+        outputs.append(pipeline(input_ids=IDS[:2], attention_mask=MASK[:2], output_type="seq", cache="prefix",
+                                generator=torch.Generator().manual_seed(9)))
+    assert torch.equal(outputs[0].sequences, outputs[1].sequences)
+    assert [row["nfe"] for row in outputs[0].stats] == [row["nfe"] for row in outputs[1].stats]
+
+
+def test_diffusion_gemma_folder_checks(model, tmp_path):
+    """DiffusionGemmaLM.from_pretrained reads transformers' folders and refuses, by name and before building the
+    model, a folder of another model type and a config its weights do not fit; saving refuses pickle files."""
+    lm = DiffusionGemmaLM(model)
+    lm.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    with pytest.raises(ValueError, match="safe_serialization"):
+        lm.save_pretrained(tmp_path / "other", safe_serialization=False)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gemma3"}))
+    with pytest.raises(ValueError, match="model of type 'gemma3', not a DiffusionGemma"):
+        DiffusionGemmaLM.from_pretrained(tmp_path)
+    wider = {**config, "text_config": {**config["text_config"], "vocab_size": 2 * VOCAB}}
+    (tmp_path / "config.json").write_text(json.dumps(wider))
+    with pytest.raises(ValueError, match="shape mismatches"):
+        DiffusionGemmaLM.from_pretrained(tmp_path)
 
 
 def test_gemma_rule_equals_transformers_generate(model):
