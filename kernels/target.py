@@ -28,6 +28,9 @@ from vispec.kernels.verify import Drafts, LogitRows, SampleRequest, as_long, noi
 from vispec.sampling import PositionProcessor, SamplingConfig, guided_logits, process_logits_status, raise_status
 
 
+_ALL_POSITIONS = 2**63 - 1  # guide_limit when every position is guided (cfg_interval = -1)
+
+
 def block_size(vocab_size: int) -> int:
     """Vocabulary tile of the kernels: a power of two in ``[16, 2048]``."""
     return max(16, min(2048, 1 << max(vocab_size - 1, 1).bit_length()))
@@ -83,7 +86,7 @@ class Target:
             raise ValueError(f"seeds must be [batch], got shape {tuple(seeds.shape)}")
         if validate and rows and int(self.row_sample.max()) >= seeds.shape[0]:
             raise ValueError(f"row_sample refers to sample {int(self.row_sample.max())} but seeds has {seeds.shape[0]} entries")
-        self.seeds = seeds.to(torch.int64).contiguous()
+        self.seeds = seeds if seeds.dtype == torch.int64 and seeds.is_contiguous() else seeds.to(torch.int64).contiguous()
         self.sampling, self.vocab, self.validate = sampling, vocab, validate
         self.backend = resolve_backend(backend, cond)
         self.block = block or block_size(vocab)
@@ -92,8 +95,8 @@ class Target:
         sampling.check_vocab(vocab)
         self._row_stats: Optional[tuple[Tensor, Tensor, Tensor]] = None  # row_stats(), once computed
         self.logit_rows: Optional[LogitRows] = None
-        # worst problem seen so far, on the device (vispec.sampling.STATUS_*), checked at the caller's sync point
-        self.status = torch.zeros((), dtype=torch.int64, device=self.device)
+        # the rows' problems on the device (vispec.sampling.STATUS_*), reduced only when :attr:`status` is read
+        self._status: Optional[Tensor] = None
         if self.backend == "reference":
             probs, status = process_logits_status(cond[None], None if uncond is None else uncond[None], self.positions[None],
                                                   sampling, processors)
@@ -107,7 +110,8 @@ class Target:
 
     def _logit_rows(self, cond: Tensor, uncond: Optional[Tensor], processors: tuple[PositionProcessor, ...]) -> LogitRows:
         """What the kernels read: guidance and processors are applied here in PyTorch when there are processors."""
-        sampling, positions = self.sampling, self.positions[None]
+        sampling = self.sampling
+        positions = self.positions[None] if processors or (sampling.uses_guidance and uncond is None) else None
         if processors:
             cond = guided_logits(cond[None].float(), None if uncond is None else uncond[None].float(), positions, sampling)
             for processor in processors:
@@ -117,12 +121,10 @@ class Target:
             uncond = None
         if sampling.uses_guidance and uncond is None and not processors:
             guided_logits(cond[None], None, positions, sampling)  # raises the missing-branch error
-        guide = torch.zeros(self.num_rows, dtype=torch.int8, device=cond.device)
-        if uncond is not None:
-            guide = (self.positions <= sampling.cfg_interval + 1 if sampling.cfg_interval >= 0
-                     else torch.ones_like(self.positions, dtype=torch.bool)).to(torch.int8)
+        # the kernels guide a row whose position is <= guide_limit (vispec.sampling.guided_logits' cfg_interval)
+        guide_limit = sampling.cfg_interval + 1 if sampling.cfg_interval >= 0 else _ALL_POSITIONS
         contiguous = lambda x: None if x is None else (x if x.stride(-1) == 1 else x.contiguous())  # noqa: E731
-        return LogitRows(contiguous(cond), contiguous(uncond), guide, float(sampling.guidance_scale),
+        return LogitRows(contiguous(cond), contiguous(uncond), guide_limit, float(sampling.guidance_scale),
                          1.0 if sampling.greedy else float(sampling.temperature), sampling.greedy, sampling.top_k,
                          sampling.top_p, None, self.positions, self.row_sample, self.seeds, self.block)
 
@@ -159,12 +161,24 @@ class Target:
             self.probs = out
         return self.probs
 
+    @property
+    def status(self) -> Tensor:
+        """int64 scalar on the device: the worst problem the operations so far saw (``vispec.sampling.STATUS_*``),
+        for the caller's synchronisation point (:meth:`check_status`, or a decoder's one read-back per step).
+
+        The kernels' per-row status is a function of the rows alone (NaN logits, no mass left after top-k/top-p),
+        the same in every pass over them, so the first one is kept and reduced here, not in each operation."""
+        status = self._status
+        if status is None or not status.numel():
+            return torch.zeros((), dtype=torch.int64, device=self.device)
+        return status.max().to(torch.int64)
+
     def _raise_status(self, status: Tensor) -> None:
-        """Raise on a bad status now (``validate``), or keep the worst for :meth:`check_status`."""
+        """Raise on a bad status now (``validate``); keep it for :attr:`status` (no device work)."""
         if self.validate:
             raise_status(status)
-        elif status.numel():
-            self.status = torch.maximum(self.status, status.max().to(self.status.device))
+        if self._status is None:
+            self._status = status
 
     def check_status(self) -> None:
         """Raise if any operation so far saw NaN logits or a position with no token left (one read-back)."""
@@ -210,6 +224,8 @@ class Target:
         """``[B]`` leading accepted rows among ``row_start[b] .. row_start[b] + num_drafts[b] - 1``.
 
         ``width``: a bound on ``num_drafts`` known on the host (else it is read back from the device)."""
+        if tuple(accepted.shape) != (self.num_rows,):
+            raise ValueError(f"accepted must have shape ({self.num_rows},), got {tuple(accepted.shape)}")
         batch = num_drafts.shape[0] if num_drafts.dim() == 1 else -1
         row_start = as_long(row_start, "row_start", (batch,))
         num_drafts = as_long(num_drafts, "num_drafts", (batch,))
@@ -223,16 +239,17 @@ class Target:
     def sample(self, request: SampleRequest, drafts: Optional[Drafts] = None) -> tuple[Tensor, Tensor]:
         """``(residual_tokens [T], fresh_tokens [T])``, -1 on rows not asked for (:class:`SampleRequest`)."""
         wants_residual, wants_fresh = request.residual is not None, request.fresh is not None
-        request = request.checked(self.num_rows, self.vocab, self.device, self.validate)
+        triton = self.backend == "triton"
+        request = request.checked(self.num_rows, self.vocab, self.device, self.validate, stream_rows=not triton)
         if drafts is None:
             if wants_residual and self.validate and bool(request.residual.any()):
                 raise ValueError("residual rows need drafts")
             drafts = Drafts.none(self.num_rows, self.device)
         drafts = drafts.checked(self.num_rows, self.vocab, self.validate)
+        if triton:  # the kernel skips padding rows and residuals of rows without a draft itself
+            return _kernels().launch_sample(self.logit_rows, self.row_stats(), request, drafts)
         request.residual = request.residual & (self.row_sample >= 0) & (drafts.tokens >= 0)
         request.fresh = request.fresh & (self.row_sample >= 0)
-        if self.backend == "triton":
-            return _kernels().launch_sample(self.logit_rows, self.row_stats(), request, drafts)
         race = (noise_race(request.noise.residual, request.noise.fresh) if request.noise is not None
                 else self._keyed_race(request))
         tokens = verify.sample_reference(self.probs, request.residual if wants_residual else None,
@@ -273,8 +290,8 @@ def window_target(
     if tuple(positions.shape) != (batch, width):
         raise ValueError(f"positions must have shape {(batch, width)}, got {tuple(positions.shape)}")
     slots = torch.arange(width, device=cond.device)
-    owner = torch.arange(batch, device=cond.device)[:, None].expand(batch, width)
-    row_sample = torch.where(slots[None, :] < num_rows.to(cond.device)[:, None], owner, torch.full_like(owner, -1))
+    owner = torch.arange(batch, device=cond.device)[:, None]
+    row_sample = torch.where(slots < num_rows.to(cond.device)[:, None], owner, -1)
     flat = lambda x: None if x is None else x.reshape(batch * width, vocab)  # noqa: E731
     return Target(flat(cond), flat(uncond), positions.reshape(-1), row_sample.reshape(-1), seeds, sampling, processors,
                   backend=backend, block=block, validate=validate)

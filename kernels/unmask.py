@@ -119,6 +119,7 @@ def unmask_candidates(
     noise: Optional[RowNoise] = None,
     rows: Optional[Tensor] = None,
     backend: str = "auto",
+    validate: bool = True,
 ) -> UnmaskCandidates:
     """Candidates, confidence, margin and entropy for ``R`` logits rows (module docstring).
 
@@ -138,6 +139,11 @@ def unmask_candidates(
             Triton kernel (nothing of size ``[R, V]`` is stored).
         rows: ``[R]`` integer indices into ``logits`` viewed as ``[N, V]``; default all rows of ``[R, V]`` logits.
         backend: ``"auto"``, ``"triton"`` or ``"reference"`` (:func:`vispec.kernels.backend.resolve_backend`).
+        validate: check that ``rows`` lie inside ``logits``, which reads a value back from the device (a host
+            synchronisation). Callers that build ``rows`` themselves (e.g. from ``nonzero`` of a mask over
+            ``logits``' leading dimensions) pass ``False``: the call then reads nothing back, and the kernel does
+            not bounds-check the rows (out-of-range rows are undefined behaviour, as out-of-range indices are).
+            Shapes, dtypes and devices are always checked (they are known on the host).
 
     Returns:
         :class:`UnmaskCandidates` with ``[R]`` tensors.
@@ -154,6 +160,8 @@ def unmask_candidates(
     if vocab < 1:
         raise ValueError(f"logits must have a vocabulary of at least 1 entry, got shape {tuple(logits.shape)}")
     temperature = float(check_number("temperature", temperature, minimum=0, hint=" (0 means arg-max)"))
+    if not isinstance(validate, bool):
+        raise ValueError(f"validate must be True or False, got {validate!r}")
     device = logits.device
     if rows is None:
         n_rows = logits.shape[0]
@@ -163,7 +171,7 @@ def unmask_candidates(
         n_rows = rows.shape[0]
         _check_index_tensor("rows", rows, n_rows, device)
         n_total = logits.numel() // vocab
-        if n_rows and bool(((rows < 0) | (rows >= n_total)).any()):
+        if validate and n_rows and bool(((rows < 0) | (rows >= n_total)).any()):
             raise ValueError(f"rows must lie in [0, {n_total}) (logits viewed as [{n_total}, {vocab}])")
     if uniforms is not None and noise is not None:
         raise ValueError("give either uniforms or noise, not both")
@@ -184,14 +192,12 @@ def unmask_candidates(
                            for name, value in zip(RowNoise._fields, noise)))
     _check_token_mask("proposal_mask", proposal_mask, vocab, device)
     _check_token_mask("confidence_mask", confidence_mask, vocab, device)
-    row_index = None if rows is None else rows.to(torch.int64)
+    row_index = rows if rows is None or rows.dtype == torch.int64 else rows.to(torch.int64)
 
     if resolve_backend(backend, logits, uniforms, proposal_mask, confidence_mask, row_index,
                        *(noise if noise is not None else ())) == "triton":
         from vispec.kernels.unmask_triton import unmask_candidates_triton
 
-        if row_index is None:
-            row_index = torch.arange(n_rows, dtype=torch.int64, device=device)
         keys = noise if noise is not None else (None, None, None)
         tokens, confidence, margin, entropy = unmask_candidates_triton(
             logits, row_index, temperature, uniforms if temperature > 0 else None, *keys,

@@ -40,6 +40,7 @@ indices of any ``[..., V]`` view with unit last stride into such row ids).
 from __future__ import annotations
 
 import math
+import struct
 from typing import Optional
 
 import torch
@@ -64,27 +65,34 @@ _TL_LOGIT_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float1
 @triton.jit
 def _unmask_rows_kernel(
     logits_ptr, row_ptr, stride_row, V,
-    temp_ptr, seed_ptr, pos_ptr, draw_ptr, stream,
+    temp_bits, seed_ptr, pos_ptr, draw_ptr, stream,
     unif_ptr, stride_unif,
-    mask_ptr,
+    proposal_mask_ptr, confidence_mask_ptr,
     tok_ptr, conf_ptr, margin_ptr, ent_ptr,
-    NOISE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
+    NOISE: tl.constexpr, HAS_ROWS: tl.constexpr, PROPOSAL_MASK: tl.constexpr, CONFIDENCE_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """Program ``r`` handles row ``row_ptr[r]`` of the ``[N, V]`` view ``logits_ptr`` (row stride ``stride_row``).
+    """Program ``r`` handles row ``row_ptr[r]`` (``HAS_ROWS``; else row ``r``) of the ``[N, V]`` view ``logits_ptr``
+    (row stride ``stride_row``).
 
-    ``mask_ptr`` (``HAS_MASK``) is a ``[V]`` uint8 bit set: bit 0 = proposal-masked, bit 1 =
-    confidence-masked. ``NOISE``: 0 arg-max, 1 in-kernel Philox (``seed/pos/draw_ptr[r]``, counter
-    stream ``stream``), 2 uniforms ``unif_ptr[r * stride_unif + v]``; ``temp_ptr[0]`` is the float64
-    temperature when ``NOISE != 0``.
+    ``proposal_mask_ptr`` (``PROPOSAL_MASK``) and ``confidence_mask_ptr`` (``CONFIDENCE_MASK``) are ``[V]`` bool
+    token masks. ``NOISE``: 0 arg-max, 1 in-kernel Philox (``seed/pos/draw_ptr[r]``, counter stream ``stream``),
+    2 uniforms ``unif_ptr[r * stride_unif + v]``; ``temp_bits`` is the float64 temperature's bit pattern as an int64
+    scalar when ``NOISE != 0`` (a scalar argument, not a one-element tensor made per call; scalar float arguments
+    would be rounded to float32).
     """
     r = tl.program_id(0)
     r64 = r.to(tl.int64)
-    base = logits_ptr + tl.load(row_ptr + r) * stride_row
+    if HAS_ROWS:
+        row = tl.load(row_ptr + r)
+    else:
+        row = r64
+    base = logits_ptr + row * stride_row
     lane = tl.arange(0, BLOCK)
     NEG_INF: tl.constexpr = float("-inf")
 
     if NOISE != 0:
-        temperature = tl.load(temp_ptr)
+        temperature = (tl.full([], 0, tl.int64) + temp_bits).to(tl.float64, bitcast=True)
     if NOISE == 1:
         seed = tl.load(seed_ptr + r)
         pos = tl.load(pos_ptr + r)
@@ -96,7 +104,7 @@ def _unmask_rows_kernel(
     w = tl.full([], 0.0, tl.float64)
     top1 = tl.full([], NEG_INF, tl.float64)
     top2 = tl.full([], NEG_INF, tl.float64)
-    # confidence softmax over the unmasked tokens (only updated with HAS_MASK)
+    # confidence softmax over the tokens the confidence mask leaves (only updated with CONFIDENCE_MASK)
     mc = tl.full([], NEG_INF, tl.float64)
     sc = tl.full([], 0.0, tl.float64)
     # proposal: running best score and its (lowest) index
@@ -126,15 +134,16 @@ def _unmask_rows_kernel(
         w += tl.sum(e * d, axis=0)
         m = m_new
 
-        if HAS_MASK:
-            bits = tl.load(mask_ptr + offs, mask=inside, other=0)
-            proposal = tl.where((bits & 1) != 0, NEG_INF, logit)
-            conf_logit = tl.where((bits & 2) != 0, NEG_INF, logit)
+        if CONFIDENCE_MASK:
+            conf_masked = tl.load(confidence_mask_ptr + offs, mask=inside, other=0)
+            conf_logit = tl.where(conf_masked, NEG_INF, logit)
             tc = tl.max(conf_logit, axis=0)
             mc_new = tl.maximum(mc, tc)
             sc = tl.where(mc != NEG_INF, tl.exp(mc - mc_new), 0.0) * sc
             sc += tl.sum(tl.where(conf_logit != NEG_INF, tl.exp(conf_logit - mc_new), 0.0), axis=0)
             mc = mc_new
+        if PROPOSAL_MASK:
+            proposal = tl.where(tl.load(proposal_mask_ptr + offs, mask=inside, other=0), NEG_INF, logit)
         else:
             proposal = logit
 
@@ -152,9 +161,8 @@ def _unmask_rows_kernel(
         best = tl.where(better, tbest, best)
 
     tok_logit = tl.load(base + best_idx).to(tl.float64)
-    if HAS_MASK:
-        tok_bits = tl.load(mask_ptr + best_idx)
-        tok_logit_c = tl.where((tok_bits & 2) != 0, NEG_INF, tok_logit)
+    if CONFIDENCE_MASK:
+        tok_logit_c = tl.where(tl.load(confidence_mask_ptr + best_idx), NEG_INF, tok_logit)
         confidence = tl.exp(tok_logit_c - mc) / sc
     else:
         confidence = tl.exp(tok_logit - m) / s
@@ -174,16 +182,22 @@ def storage_rows(logits: Tensor, rows: Tensor) -> tuple[Tensor, int]:
     ``Σ_j i_j stride_j`` of ``logits.data_ptr()``; with ``S = gcd`` of the leading strides this is
     row ``Σ_j i_j (stride_j / S)`` of a ``[N', V]`` view with row stride ``S``. So a slice such as
     ``logits[:, start:end]`` of a ``[B, L, V]`` tensor is read in place (``S = V``).
+
+    When the leading dimensions collapse into one (each stride is the next one's times its size, as in any
+    contiguous tensor), row ``k`` starts at ``k S`` with ``S`` the innermost leading stride: the ids are ``rows``
+    themselves and nothing is computed on the device.
     """
     lead_shape = logits.shape[:-1]
     lead_strides = logits.stride()[:-1]
+    kept = [(size, st) for size, st in zip(lead_shape, lead_strides) if size > 1]
+    if all(outer == inner * size for (_, outer), (size, inner) in zip(kept, kept[1:])):
+        return rows if rows.dtype == torch.int64 else rows.to(torch.int64), max(kept[-1][1], 1) if kept else 1
     stride = 0
-    for size, st in zip(lead_shape, lead_strides):
-        if size > 1:
-            stride = math.gcd(stride, st)
+    for size, st in kept:
+        stride = math.gcd(stride, st)
     stride = max(stride, 1)
     ids = torch.zeros_like(rows, dtype=torch.int64)
-    rest = rows.to(torch.int64)
+    rest = rows if rows.dtype == torch.int64 else rows.to(torch.int64)
     for size, st in zip(reversed(lead_shape), reversed(lead_strides)):
         ids += (rest % size) * (st // stride)
         rest = rest // size
@@ -197,7 +211,7 @@ def default_block(vocab_size: int) -> int:
 
 def unmask_candidates_triton(
     logits: Tensor,
-    rows: Tensor,
+    rows: Optional[Tensor],
     temperature: float = 0.0,
     uniforms: Optional[Tensor] = None,
     seeds: Optional[Tensor] = None,
@@ -208,16 +222,19 @@ def unmask_candidates_triton(
     block_size: Optional[int] = None,
     num_warps: int = 4,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Launch :func:`_unmask_rows_kernel` on rows ``rows`` of ``logits [..., V]`` (flat indices over the leading dims).
+    """Launch :func:`_unmask_rows_kernel` on rows ``rows`` of ``logits [..., V]`` (flat indices over the leading dims;
+    ``None``: every row of ``[R, V]`` logits).
 
     Inputs are validated by :func:`vispec.kernels.unmask.unmask_candidates`; here only the layout is
-    prepared. At ``temperature > 0`` the noise is ``uniforms [R, V]`` (float64) when given, else the
-    Philox keys ``seeds``, ``positions``, ``draws`` (``[R]`` int64). Returns ``(tokens, confidence,
-    margin, entropy)``, each ``[R]`` (int64, float64, float64, float64).
+    prepared, without device work besides the launch for contiguous logits, int64 keys and contiguous bool masks:
+    the outputs are allocated uninitialised, the temperature goes in as a scalar and the masks as they are. At
+    ``temperature > 0`` the noise is ``uniforms [R, V]`` (float64) when given, else the Philox keys ``seeds``,
+    ``positions``, ``draws`` (``[R]`` int64). Returns ``(tokens, confidence, margin, entropy)``, each ``[R]``
+    (int64, float64, float64, float64).
     """
     vocab = logits.shape[-1]
     device = logits.device
-    n_rows = rows.numel()
+    n_rows = logits.shape[0] if rows is None else rows.numel()
     tokens = torch.empty(n_rows, dtype=torch.int64, device=device)
     confidence = torch.empty(n_rows, dtype=torch.float64, device=device)
     margin = torch.empty(n_rows, dtype=torch.float64, device=device)
@@ -226,9 +243,14 @@ def unmask_candidates_triton(
         return tokens, confidence, margin, entropy
     if logits.dtype not in _TL_LOGIT_TYPES:
         raise ValueError(f"logits dtype must be one of {sorted(str(d) for d in _TL_LOGIT_TYPES)}, got {logits.dtype}")
+    if rows is None and logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, vocab] without rows, got shape {tuple(logits.shape)}")
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    row_ids, row_stride = storage_rows(logits, rows)
+    if rows is None:
+        row_ids, row_stride = tokens, logits.stride(0)  # row r is program r (the pointer is unused)
+    else:
+        row_ids, row_stride = storage_rows(logits, rows)
 
     block = default_block(vocab) if block_size is None else int(block_size)
     if block < 2 or block & (block - 1):
@@ -243,32 +265,30 @@ def unmask_candidates_triton(
         noise_mode = NOISE_KEYS
     else:
         noise_mode = NOISE_NONE
-    temp_t = torch.full((1,), float(temperature), dtype=torch.float64, device=device)
     if noise_mode == NOISE_KEYS:
-        seed_t, pos_t, draw_t = (x.to(device=device, dtype=torch.int64).contiguous() for x in (seeds, positions, draws))
+        seed_t, pos_t, draw_t = (x if x.dtype == torch.int64 and x.is_contiguous() and x.device == device
+                                 else x.to(device=device, dtype=torch.int64).contiguous() for x in (seeds, positions, draws))
     else:
         seed_t = pos_t = draw_t = tokens  # unused int64 placeholders
     unif_t, unif_stride = (uniforms, uniforms.stride(0)) if noise_mode == NOISE_UNIFORMS else (confidence, 0)
-
-    has_mask = proposal_mask is not None or confidence_mask is not None
-    if has_mask:
-        bits = torch.zeros(vocab, dtype=torch.uint8, device=device)
-        if proposal_mask is not None:
-            bits |= proposal_mask.to(device=device, dtype=torch.uint8)
-        if confidence_mask is not None:
-            bits |= confidence_mask.to(device=device, dtype=torch.uint8) << 1
-    else:
-        bits = torch.zeros(1, dtype=torch.uint8, device=device)  # unused placeholder
+    masks = [mask if mask is None or (mask.dtype == torch.bool and mask.is_contiguous() and mask.device == device)
+             else mask.to(device=device, dtype=torch.bool).contiguous() for mask in (proposal_mask, confidence_mask)]
 
     _unmask_rows_kernel[(n_rows,)](
         logits, row_ids, row_stride, vocab,
-        temp_t, seed_t, pos_t, draw_t, int(Stream.UNMASK),
+        temperature_bits(temperature), seed_t, pos_t, draw_t, int(Stream.UNMASK),
         unif_t, unif_stride,
-        bits,
+        *(tokens if mask is None else mask for mask in masks),  # unused placeholders where no mask is given
         tokens, confidence, margin, entropy,
-        NOISE=noise_mode, HAS_MASK=has_mask, BLOCK=block, num_warps=num_warps, enable_fp_fusion=False,
+        NOISE=noise_mode, HAS_ROWS=rows is not None, PROPOSAL_MASK=masks[0] is not None,
+        CONFIDENCE_MASK=masks[1] is not None, BLOCK=block, num_warps=num_warps, enable_fp_fusion=False,
     )
     return tokens, confidence, margin, entropy
+
+
+def temperature_bits(temperature: float) -> int:
+    """The IEEE-754 bit pattern of ``float(temperature)`` as a signed int64 (the kernel's ``temp_bits``)."""
+    return struct.unpack("<q", struct.pack("<d", float(temperature)))[0]
 
 
 def compile_configs(block: int = MAX_BLOCK) -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
@@ -277,33 +297,43 @@ def compile_configs(block: int = MAX_BLOCK) -> list[tuple[str, object, dict[str,
     Each entry is ``(name, jit_fn, signature, constexprs)`` for
     ``triton.compile(triton.compiler.ASTSource(fn=jit_fn, signature=signature, constexprs=constexprs),
     target=GPUTarget(...))``: the three noise modes (arg-max, in-kernel Philox, injected uniforms)
-    times with / without token masks at tile width ``block`` (fp32 logits), the fully featured
-    configuration with bf16 and fp16 logits, and the masked configurations at the narrowest tile
-    ``MIN_BLOCK`` (the dispatch uses tile widths ``MIN_BLOCK .. MAX_BLOCK``; the width changes
-    only the tile shape, not the code path).
+    times each combination of token masks at tile width ``block`` (fp32 logits, row ids), the three
+    modes on all rows (no row ids), the fully featured configuration with bf16 and fp16 logits, and the
+    masked configurations at the narrowest tile ``MIN_BLOCK`` (the dispatch uses tile widths
+    ``MIN_BLOCK .. MAX_BLOCK``; the width changes only the tile shape, not the code path).
     """
     def signature(logit_type: str) -> dict:
         return {
             "logits_ptr": logit_type, "row_ptr": "*i64", "stride_row": "i32", "V": "i32",
-            "temp_ptr": "*fp64", "seed_ptr": "*i64", "pos_ptr": "*i64", "draw_ptr": "*i64", "stream": "i32",
+            "temp_bits": "i64", "seed_ptr": "*i64", "pos_ptr": "*i64", "draw_ptr": "*i64", "stream": "i32",
             "unif_ptr": "*fp64", "stride_unif": "i32",
-            "mask_ptr": "*u8",
+            "proposal_mask_ptr": "*i1", "confidence_mask_ptr": "*i1",
             "tok_ptr": "*i64", "conf_ptr": "*fp64", "margin_ptr": "*fp64", "ent_ptr": "*fp64",
-            "NOISE": "constexpr", "HAS_MASK": "constexpr", "BLOCK": "constexpr",
+            "NOISE": "constexpr", "HAS_ROWS": "constexpr", "PROPOSAL_MASK": "constexpr", "CONFIDENCE_MASK": "constexpr",
+            "BLOCK": "constexpr",
         }
+
+    def consts(noise_mode: int, proposal: bool, confidence: bool, width: int, has_rows: bool = True) -> dict:
+        return {"NOISE": noise_mode, "HAS_ROWS": has_rows, "PROPOSAL_MASK": proposal, "CONFIDENCE_MASK": confidence,
+                "BLOCK": width}
+
+    def mask_name(proposal: bool, confidence: bool) -> str:
+        return ("_pmask" if proposal else "") + ("_cmask" if confidence else "")
 
     configs = []
     names = {NOISE_NONE: "argmax", NOISE_KEYS: "philox", NOISE_UNIFORMS: "uniforms"}
+    both = ((False, False), (True, False), (False, True), (True, True))
     for noise_mode in (NOISE_NONE, NOISE_KEYS, NOISE_UNIFORMS):
-        for has_mask in (False, True):
-            name = f"unmask_{names[noise_mode]}{'_masked' if has_mask else ''}_fp32_b{block}"
-            configs.append((name, _unmask_rows_kernel, signature("*fp32"),
-                            {"NOISE": noise_mode, "HAS_MASK": has_mask, "BLOCK": block}))
+        for proposal, confidence in both:
+            configs.append((f"unmask_{names[noise_mode]}{mask_name(proposal, confidence)}_fp32_b{block}",
+                            _unmask_rows_kernel, signature("*fp32"), consts(noise_mode, proposal, confidence, block)))
+        configs.append((f"unmask_{names[noise_mode]}_all_rows_fp32_b{block}", _unmask_rows_kernel, signature("*fp32"),
+                        consts(noise_mode, False, False, block, has_rows=False)))
     for logit_type in ("*bf16", "*fp16"):
-        configs.append((f"unmask_philox_masked_{logit_type[1:]}_b{block}", _unmask_rows_kernel, signature(logit_type),
-                        {"NOISE": NOISE_KEYS, "HAS_MASK": True, "BLOCK": block}))
+        configs.append((f"unmask_philox_pmask_cmask_{logit_type[1:]}_b{block}", _unmask_rows_kernel, signature(logit_type),
+                        consts(NOISE_KEYS, True, True, block)))
     if block != MIN_BLOCK:  # the narrowest tile the dispatch uses (small vocabularies)
         for noise_mode in (NOISE_NONE, NOISE_KEYS, NOISE_UNIFORMS):
-            configs.append((f"unmask_{names[noise_mode]}_masked_fp32_b{MIN_BLOCK}", _unmask_rows_kernel,
-                            signature("*fp32"), {"NOISE": noise_mode, "HAS_MASK": True, "BLOCK": MIN_BLOCK}))
+            configs.append((f"unmask_{names[noise_mode]}_pmask_cmask_fp32_b{MIN_BLOCK}", _unmask_rows_kernel,
+                            signature("*fp32"), consts(noise_mode, True, True, MIN_BLOCK)))
     return configs

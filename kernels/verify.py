@@ -76,6 +76,8 @@ def as_long(x: Tensor, name: str, shape: tuple[int, ...]) -> Tensor:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
     if x.dtype.is_floating_point or x.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got {x.dtype}")
+    if x.dtype == torch.int64 and x.is_contiguous():  # the common case: no dispatcher round trip at all
+        return x
     return x.to(torch.int64).contiguous()
 
 
@@ -162,8 +164,12 @@ class SampleRequest:
     store_out: Optional[Tensor] = None
     noise: Optional[InjectedNoise] = None
 
-    def checked(self, rows: int, vocab: int, device: torch.device, validate: bool) -> "SampleRequest":
-        """Every field present, shaped ``[T]`` (flags bool, counters int64), or a ``ValueError`` naming it."""
+    def checked(self, rows: int, vocab: int, device: torch.device, validate: bool,
+                stream_rows: bool = True) -> "SampleRequest":
+        """Every field present, shaped ``[T]`` (flags bool, counters int64), or a ``ValueError`` naming it.
+
+        ``stream_rows=False`` keeps a single ``fresh_stream`` (a :class:`Stream`) as it is instead of a ``[T]``
+        tensor (the kernels take one stream as a scalar)."""
         flags = {}
         for name in ("residual", "fresh"):
             value = getattr(self, name)
@@ -173,8 +179,15 @@ class SampleRequest:
             flags[name] = value
         draws = {name: torch.zeros(rows, dtype=torch.int64, device=device) if getattr(self, name) is None
                  else as_long(getattr(self, name), name, (rows,)) for name in ("residual_draws", "fresh_draws")}
-        stream = (as_long(self.fresh_stream, "fresh_stream", (rows,)) if isinstance(self.fresh_stream, Tensor)
-                  else torch.full((rows,), int(self.fresh_stream), dtype=torch.int64, device=device))
+        if isinstance(self.fresh_stream, Tensor):
+            stream = as_long(self.fresh_stream, "fresh_stream", (rows,))
+        else:
+            stream = int(self.fresh_stream)
+            if stream < 0:
+                raise ValueError(f"fresh_stream must be a Stream (a counter >= 0) or an int64 tensor of shape ({rows},), "
+                                 f"got {stream}")
+            if stream_rows:
+                stream = torch.full((rows,), int(stream), dtype=torch.int64, device=device)
         if self.noise is not None:
             for name in ("residual", "fresh"):
                 noise = getattr(self.noise, name)
@@ -201,7 +214,7 @@ class LogitRows:
 
     cond: Tensor  # [T, V] raw conditional logits (vocabulary contiguous)
     uncond: Optional[Tensor]  # [T, V] unconditional logits, None without guidance
-    guide: Tensor  # int8 [T]: 1 where guidance applies (cfg_interval)
+    guide_limit: int  # guidance applies on rows whose position is <= guide_limit (cfg_interval + 1, or int64 max)
     guidance_scale: float
     temperature: float  # 1.0 when greedy
     greedy: bool

@@ -7,7 +7,8 @@ skipped), and sample ``b``'s draft rows are ``row_start[b] .. row_start[b] + num
 Each row's target ``p`` is the processed distribution of :func:`vispec.sampling.process_logits`,
 computed on the fly from raw logits and never stored:
 
-* guidance ``l = l_u + s (l_c - l_u)`` on rows where ``guide[t]`` (else ``l = l_c``);
+* guidance ``l = l_u + s (l_c - l_u)`` on rows whose position is at most ``guide_limit`` (``cfg_interval + 1``;
+  every row when ``cfg_interval = -1``), else ``l = l_c``;
 * greedy (``T = 0``): ``p`` is one-hot on the first arg-max of ``l``;
 * otherwise ``w = l / T``, tokens below the row's top-k/top-p threshold ``tau[t]`` (computed by
   :func:`_threshold_kernel`) get ``-inf``, and ``p_v = exp(w_v - m) / s`` with the online
@@ -83,12 +84,15 @@ def _tile(cond_row, uncond_row, start, V, guide, scale, temperature, tau,
 
 
 @triton.jit
-def _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, tau_ptr, row,
+def _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_limit, pos_ptr, tau_ptr, row,
                 HAS_UNCOND: tl.constexpr, HAS_TAU: tl.constexpr):
-    """Row pointers, the row's guidance flag and its top-k/top-p threshold (``-inf``: none)."""
+    """Row pointers, the row's guidance flag and its top-k/top-p threshold (``-inf``: none).
+
+    Guidance applies where the row's position is at most ``guide_limit`` (``cfg_interval + 1``, or the
+    largest int64 when every position is guided), so no per-row flag tensor is built per call."""
     guide = 0
     if HAS_UNCOND:
-        guide = tl.load(guide_ptr + row)
+        guide = (tl.load(pos_ptr + row) <= guide_limit).to(tl.int32)
     tau = float("-inf")
     if HAS_TAU:
         tau = tl.load(tau_ptr + row)
@@ -156,15 +160,15 @@ def _kth_largest_key(cond_row, uncond_row, guide, scale, temperature, V, k,
 
 @triton.jit
 def _threshold_kernel(
-    cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, scale, temperature, sample_ptr, tau_ptr,
+    cond_ptr, uncond_ptr, stride_c, stride_u, guide_limit, scale, temperature, pos_ptr, sample_ptr, tau_ptr,
     V, top_k, top_p,
     HAS_UNCOND: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     sample = tl.load(sample_ptr + row)
     if sample >= 0:
-        cond_row, uncond_row, guide, _ = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, tau_ptr, row,
-                                                     HAS_UNCOND, False)
+        cond_row, uncond_row, guide, _ = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_limit, pos_ptr,
+                                                     tau_ptr, row, HAS_UNCOND, False)
         tau_k = float("-inf")
         if USE_TOP_K:
             tau_k = _key_to_float(_kth_largest_key(cond_row, uncond_row, guide, scale, temperature, V, top_k,
@@ -195,11 +199,13 @@ def _threshold_kernel(
             tau_p = tl.where(hi <= neg_inf_key, float("-inf"), _key_to_float(hi))
             tau = tl.maximum(tau_k, tau_p)
         tl.store(tau_ptr + row, tau)
+    else:  # padding: no threshold (the output is allocated uninitialised)
+        tl.store(tau_ptr + row, float("-inf"))
 
 
 @triton.jit
 def _accept_kernel(
-    cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, scale, temperature, tau_ptr,
+    cond_ptr, uncond_ptr, stride_c, stride_u, guide_limit, scale, temperature, tau_ptr,
     draft_ptr, q_ptr, stride_q, q_index_ptr,
     sample_ptr, seed_ptr, pos_ptr, draw_ptr, uniform_ptr,
     accepted_ptr, m_ptr, s_ptr, amax_ptr, status_ptr,
@@ -210,8 +216,8 @@ def _accept_kernel(
     row = tl.program_id(0).to(tl.int64)
     sample = tl.load(sample_ptr + row)
     if sample >= 0:
-        cond_row, uncond_row, guide, tau = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, tau_ptr, row,
-                                                       HAS_UNCOND, HAS_TAU)
+        cond_row, uncond_row, guide, tau = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_limit, pos_ptr,
+                                                       tau_ptr, row, HAS_UNCOND, HAS_TAU)
         draft = tl.load(draft_ptr + row)
         m = LOWEST
         s = 0.0
@@ -251,11 +257,17 @@ def _accept_kernel(
                 if q_row >= 0:
                     q_draft = tl.load(q_ptr + q_row * stride_q + draft).to(tl.float32)
             accepted = (u * q_draft < p_draft).to(tl.int32)
-        tl.store(accepted_ptr + row, accepted.to(tl.int8))
+        tl.store(accepted_ptr + row, accepted != 0)
         tl.store(m_ptr + row, m)
         tl.store(s_ptr + row, s)
         tl.store(amax_ptr + row, best_idx)
         tl.store(status_ptr + row, status.to(tl.int8))
+    else:  # padding: rejected, no mass, no problem (the outputs are allocated uninitialised)
+        tl.store(accepted_ptr + row, tl.full((), 0, tl.int1))
+        tl.store(m_ptr + row, float("-inf"))
+        tl.store(s_ptr + row, 0.0)
+        tl.store(amax_ptr + row, tl.full((), 0, tl.int64))
+        tl.store(status_ptr + row, tl.full((), 0, tl.int8))
 
 
 @triton.jit
@@ -283,10 +295,10 @@ def _race_update(key, start, best, best_idx):
 
 @triton.jit
 def _sample_kernel(
-    cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, scale, temperature, tau_ptr,
+    cond_ptr, uncond_ptr, stride_c, stride_u, guide_limit, scale, temperature, tau_ptr,
     draft_ptr, q_ptr, stride_q, q_index_ptr,
-    m_ptr, s_ptr, amax_ptr, mode_ptr,
-    sample_ptr, seed_ptr, pos_ptr, residual_draw_ptr, fresh_stream_ptr, fresh_draw_ptr,
+    m_ptr, s_ptr, amax_ptr, residual_ptr, fresh_ptr,
+    sample_ptr, seed_ptr, pos_ptr, residual_draw_ptr, fresh_stream_ptr, fresh_stream_all, fresh_draw_ptr,
     residual_noise_ptr, fresh_noise_ptr, stride_noise,
     store_ptr, probs_out_ptr, stride_out,
     residual_out_ptr, fresh_out_ptr,
@@ -296,24 +308,28 @@ def _sample_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     sample = tl.load(sample_ptr + row)
-    mode = tl.load(mode_ptr + row).to(tl.int32)
+    draft = tl.load(draft_ptr + row)
+    # a residual needs a draft; the request's flags are bool rows
+    mode = (tl.where(tl.load(residual_ptr + row) & (draft >= 0), MODE_RESIDUAL, 0)
+            | tl.where(tl.load(fresh_ptr + row), MODE_FRESH, 0))
     dest = tl.full((), -1, tl.int64)
     if STORE:
         dest = tl.load(store_ptr + row)
     if (sample >= 0) & ((mode != 0) | (dest >= 0)):
-        cond_row, uncond_row, guide, tau = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_ptr, tau_ptr, row,
-                                                       HAS_UNCOND, HAS_TAU)
+        cond_row, uncond_row, guide, tau = _row_inputs(cond_ptr, uncond_ptr, stride_c, stride_u, guide_limit, pos_ptr,
+                                                       tau_ptr, row, HAS_UNCOND, HAS_TAU)
         m = tl.load(m_ptr + row)
         s = tl.load(s_ptr + row)
         amax = tl.load(amax_ptr + row)
-        draft = tl.load(draft_ptr + row)
         q_row = tl.full((), -1, tl.int64)
         if HAS_DENSE:
             q_row = tl.load(q_index_ptr + row)
         seed = tl.load(seed_ptr + sample)
         pos = tl.load(pos_ptr + row)
         residual_draw = tl.load(residual_draw_ptr + row)
-        fresh_stream = tl.load(fresh_stream_ptr + row)
+        fresh_stream = tl.full((), 0, tl.int64) + fresh_stream_all  # one stream for every row, or
+        if fresh_stream_all < 0:  # -1: a stream per row
+            fresh_stream = tl.load(fresh_stream_ptr + row)
         fresh_draw = tl.load(fresh_draw_ptr + row)
         best_r = -1.0
         idx_r = tl.full((), 0, tl.int64)
@@ -349,13 +365,16 @@ def _sample_kernel(
                     tl.store(probs_out_ptr + dest * stride_out + offs, p, mask=valid)
         tl.store(residual_out_ptr + row, tl.where((mode & MODE_RESIDUAL) != 0, idx_r, -1))
         tl.store(fresh_out_ptr + row, tl.where((mode & MODE_FRESH) != 0, idx_f, -1))
+    else:  # nothing asked of this row (or padding): -1 (the outputs are allocated uninitialised)
+        tl.store(residual_out_ptr + row, tl.full((), -1, tl.int64))
+        tl.store(fresh_out_ptr + row, tl.full((), -1, tl.int64))
 
 
 def _signature(names_types: str) -> dict[str, str]:
     return dict(item.split(":") for item in names_types.split())
 
 
-_TARGET_ARGS = "cond_ptr:*fp32 uncond_ptr:*fp32 stride_c:i64 stride_u:i64 guide_ptr:*i8 scale:fp32 temperature:fp32"
+_TARGET_ARGS = "cond_ptr:*fp32 uncond_ptr:*fp32 stride_c:i64 stride_u:i64 guide_limit:i64 scale:fp32 temperature:fp32"
 _DRAFT_ARGS = "draft_ptr:*i64 q_ptr:*fp32 stride_q:i64 q_index_ptr:*i64"
 
 
@@ -367,7 +386,7 @@ def compile_configs() -> list[tuple[str, object, dict[str, str], dict[str, objec
         target_args = _TARGET_ARGS.replace("cond_ptr:*fp32 uncond_ptr:*fp32", f"cond_ptr:*{dtype} uncond_ptr:*{dtype}")
         for has_uncond in (False, True):
             for use_k, use_p in ((True, False), (False, True), (True, True)):
-                sig = _signature(f"{target_args} sample_ptr:*i64 tau_ptr:*fp32 V:i32 top_k:i32 top_p:fp32 "
+                sig = _signature(f"{target_args} pos_ptr:*i64 sample_ptr:*i64 tau_ptr:*fp32 V:i32 top_k:i32 top_p:fp32 "
                                  "HAS_UNCOND:constexpr USE_TOP_K:constexpr USE_TOP_P:constexpr BLOCK:constexpr")
                 consts = {"HAS_UNCOND": has_uncond, "USE_TOP_K": use_k, "USE_TOP_P": use_p, "BLOCK": 1024}
                 configs.append((f"threshold[{dtype},uncond={has_uncond},k={use_k},p={use_p}]", _threshold_kernel, sig, consts))
@@ -379,7 +398,7 @@ def compile_configs() -> list[tuple[str, object, dict[str, str], dict[str, objec
                                      "INJECTED": injected, "BLOCK": 1024}
                             sig = _signature(
                                 f"{target_args} tau_ptr:*fp32 {_DRAFT_ARGS} sample_ptr:*i64 seed_ptr:*i64 pos_ptr:*i64 "
-                                "draw_ptr:*i64 uniform_ptr:*fp32 accepted_ptr:*i8 m_ptr:*fp32 s_ptr:*fp32 amax_ptr:*i64 "
+                                "draw_ptr:*i64 uniform_ptr:*fp32 accepted_ptr:*i1 m_ptr:*fp32 s_ptr:*fp32 amax_ptr:*i64 "
                                 "status_ptr:*i8 V:i32 " + " ".join(f"{k}:constexpr" for k in flags))
                             label = ",".join(f"{k.lower()}={v}" for k, v in flags.items() if k != "BLOCK")
                             configs.append((f"accept[{dtype},{label}]", _accept_kernel, sig, flags))
@@ -387,18 +406,22 @@ def compile_configs() -> list[tuple[str, object, dict[str, str], dict[str, objec
                                 sflags = dict(flags, STORE=store)
                                 sig = _signature(
                                     f"{target_args} tau_ptr:*fp32 {_DRAFT_ARGS} m_ptr:*fp32 s_ptr:*fp32 amax_ptr:*i64 "
-                                    "mode_ptr:*i8 sample_ptr:*i64 seed_ptr:*i64 pos_ptr:*i64 residual_draw_ptr:*i64 "
-                                    "fresh_stream_ptr:*i64 fresh_draw_ptr:*i64 residual_noise_ptr:*fp32 "
+                                    "residual_ptr:*i1 fresh_ptr:*i1 sample_ptr:*i64 seed_ptr:*i64 pos_ptr:*i64 "
+                                    "residual_draw_ptr:*i64 fresh_stream_ptr:*i64 fresh_stream_all:i32 fresh_draw_ptr:*i64 residual_noise_ptr:*fp32 "
                                     "fresh_noise_ptr:*fp32 stride_noise:i64 store_ptr:*i64 probs_out_ptr:*fp32 "
                                     "stride_out:i64 residual_out_ptr:*i64 fresh_out_ptr:*i64 V:i32 "
                                     + " ".join(f"{k}:constexpr" for k in sflags))
                                 configs.append((f"sample[{dtype},{label},store={store}]", _sample_kernel, sig, sflags))
     configs.append(("first_rejection", _first_rejection_kernel,
-                    _signature("accepted_ptr:*i8 row_start_ptr:*i64 num_drafts_ptr:*i64 out_ptr:*i64"), {}))
+                    _signature("accepted_ptr:*i1 row_start_ptr:*i64 num_drafts_ptr:*i64 out_ptr:*i64"), {}))
     return configs
 
 
 # ---- launchers: tensors in, tensors out ------------------------------------------------------------
+#
+# A launch is the decode loop's hot path: each output is allocated uninitialised (the kernels write every row,
+# padding included), flags go in as bool rows and come out as bool, guidance is decided from the positions in the
+# kernel, and nothing is read back, so a launcher issues no device work besides its kernel.
 
 
 def _num_warps(block: int) -> int:
@@ -407,17 +430,17 @@ def _num_warps(block: int) -> int:
 
 def _logit_args(rows: LogitRows) -> tuple:
     uncond = rows.uncond if rows.uncond is not None else rows.cond
-    return (rows.cond, uncond, rows.cond.stride(0), uncond.stride(0), rows.guide, float(rows.guidance_scale),
+    return (rows.cond, uncond, rows.cond.stride(0), uncond.stride(0), rows.guide_limit, float(rows.guidance_scale),
             float(rows.temperature))
 
 
 def launch_threshold(rows: LogitRows) -> Tensor:
     """``tau [T]``: each row's top-k/top-p threshold on processed logits (``-inf`` on padding rows)."""
     count = rows.cond.shape[0]
-    tau = torch.full((count,), float("-inf"), dtype=torch.float32, device=rows.cond.device)
+    tau = torch.empty((count,), dtype=torch.float32, device=rows.cond.device)
     if count:
         _threshold_kernel[(count,)](
-            *_logit_args(rows), rows.row_sample, tau, rows.vocab, rows.top_k, float(rows.top_p),
+            *_logit_args(rows), rows.positions, rows.row_sample, tau, rows.vocab, rows.top_k, float(rows.top_p),
             HAS_UNCOND=rows.uncond is not None, USE_TOP_K=0 < rows.top_k < rows.vocab, USE_TOP_P=rows.top_p < 1.0,
             BLOCK=rows.block, num_warps=_num_warps(rows.block), enable_fp_fusion=False,
         )
@@ -429,15 +452,17 @@ def launch_accept(rows: LogitRows, drafts: Drafts, draws: Tensor, uniforms: Opti
 
     ``status`` is 1 on a row with NaN logits, 2 on a row left without probability mass."""
     count, device = rows.cond.shape[0], rows.cond.device
-    accepted = torch.zeros(count, dtype=torch.int8, device=device)
-    m = torch.full((count,), float("-inf"), dtype=torch.float32, device=device)
-    s = torch.zeros(count, dtype=torch.float32, device=device)
-    amax = torch.zeros(count, dtype=torch.int64, device=device)
-    status = torch.zeros(count, dtype=torch.int8, device=device)
+    accepted = torch.empty(count, dtype=torch.bool, device=device)
+    m = torch.empty(count, dtype=torch.float32, device=device)
+    s = torch.empty(count, dtype=torch.float32, device=device)
+    amax = torch.empty(count, dtype=torch.int64, device=device)
+    status = torch.empty(count, dtype=torch.int8, device=device)
     if count:
         q = drafts.q if drafts.q is not None else rows.cond
         q_index = drafts.q_index if drafts.q_index is not None else drafts.tokens
-        u = uniforms.to(torch.float32).contiguous() if uniforms is not None else m
+        u = m
+        if uniforms is not None:
+            u = uniforms if uniforms.dtype == torch.float32 and uniforms.is_contiguous() else uniforms.to(torch.float32).contiguous()
         _accept_kernel[(count,)](
             *_logit_args(rows), rows.tau if rows.tau is not None else m,
             drafts.tokens, q, q.stride(0), q_index,
@@ -447,29 +472,34 @@ def launch_accept(rows: LogitRows, drafts: Drafts, draws: Tensor, uniforms: Opti
             HAS_DENSE=drafts.q is not None, INJECTED=uniforms is not None, BLOCK=rows.block,
             num_warps=_num_warps(rows.block), enable_fp_fusion=False,
         )
-    return accepted.bool(), (m, s, amax), status
+    return accepted, (m, s, amax), status
 
 
 def launch_first_rejection(accepted: Tensor, row_start: Tensor, num_drafts: Tensor) -> Tensor:
-    """``[B]`` leading accepted rows of each sample's draft rows."""
-    out = torch.zeros(num_drafts.shape[0], dtype=torch.int64, device=accepted.device)
+    """``[B]`` leading accepted rows of each sample's draft rows (``accepted`` bool; other dtypes are converted)."""
+    out = torch.empty(num_drafts.shape[0], dtype=torch.int64, device=accepted.device)
     if out.numel():
-        _first_rejection_kernel[(out.numel(),)](accepted.to(torch.int8).contiguous(), row_start, num_drafts, out,
-                                                num_warps=1, enable_fp_fusion=False)
+        if accepted.dtype != torch.bool or not accepted.is_contiguous():
+            accepted = accepted.to(torch.bool).contiguous()
+        _first_rejection_kernel[(out.numel(),)](accepted, row_start, num_drafts, out, num_warps=1, enable_fp_fusion=False)
     return out
 
 
 def launch_sample(rows: LogitRows, stats: tuple, request: SampleRequest, drafts: Drafts) -> tuple[Tensor, Tensor]:
-    """``(residual_tokens [T], fresh_tokens [T])`` for a checked ``request``; ``stats`` from :func:`launch_accept`."""
+    """``(residual_tokens [T], fresh_tokens [T])`` for a checked ``request``; ``stats`` from :func:`launch_accept`.
+
+    The kernel samples a residual only on rows with a draft and nothing on padding rows, so ``request`` needs no
+    masking here; ``request.fresh_stream`` is one :class:`~vispec.kernels.philox.Stream` or an int64 ``[T]``."""
     count, device = rows.cond.shape[0], rows.cond.device
-    residual_out = torch.full((count,), -1, dtype=torch.int64, device=device)
-    fresh_out = residual_out.clone()
+    residual_out = torch.empty((count,), dtype=torch.int64, device=device)
+    fresh_out = torch.empty((count,), dtype=torch.int64, device=device)
     if count == 0:
         return residual_out, fresh_out
     m, s, amax = stats
-    mode = (request.residual.to(torch.int8) * MODE_RESIDUAL.value + request.fresh.to(torch.int8) * MODE_FRESH.value).contiguous()
     q = drafts.q if drafts.q is not None else rows.cond
     q_index = drafts.q_index if drafts.q_index is not None else drafts.tokens
+    residual, fresh = (flags if flags.is_contiguous() else flags.contiguous() for flags in (request.residual, request.fresh))
+    per_row_stream = isinstance(request.fresh_stream, Tensor)
     injected = request.noise is not None
     residual_noise = request.noise.residual.to(torch.float32).contiguous() if injected else m
     fresh_noise = request.noise.fresh.to(torch.float32).contiguous() if injected else m
@@ -478,8 +508,10 @@ def launch_sample(rows: LogitRows, stats: tuple, request: SampleRequest, drafts:
     _sample_kernel[(count,)](
         *_logit_args(rows), rows.tau if rows.tau is not None else m,
         drafts.tokens, q, q.stride(0), q_index,
-        m, s, amax, mode,
-        rows.row_sample, rows.seeds, rows.positions, request.residual_draws, request.fresh_stream, request.fresh_draws,
+        m, s, amax, residual, fresh,
+        rows.row_sample, rows.seeds, rows.positions, request.residual_draws,
+        request.fresh_stream if per_row_stream else request.fresh_draws, -1 if per_row_stream else int(request.fresh_stream),
+        request.fresh_draws,
         residual_noise, fresh_noise, rows.vocab if injected else 0,
         request.store_rows if store else drafts.tokens, out, out.stride(0) if store else 0,
         residual_out, fresh_out, rows.vocab,

@@ -257,6 +257,12 @@ class LlamaGenDecodeState:
     def capacity(self) -> int:
         return int(self.keys[0].shape[2])
 
+    def persistent_tensors(self) -> list[Tensor]:
+        """The tensors this state keeps for a whole decode, which ``forward_window``/``rollback`` write in place
+        (keys, values, lengths) or ``refill`` does (the caption mask): a compiled step's CUDA graph can replay only
+        if they are static inputs (:func:`vispec.decoding.compiled.mark_persistent`)."""
+        return [*self.keys, *self.values, self.lengths] + ([] if self.cond_mask is None else [self.cond_mask])
+
     def rows_lengths(self) -> Tensor:
         """Per-row cached lengths (duplicated for the unconditional half)."""
         return torch.cat([self.lengths, self.lengths]) if self.guidance else self.lengths

@@ -47,8 +47,9 @@ speed-up over AR / bound), each also on the CPU clock (``*_cpu``), as the timed 
 GPU (``--device cuda --dtype bfloat16 --compile``): verification runs the Triton kernels (``backend="auto"``
 picks them for CUDA tensors); ``--cuda-graphs`` compiles the steps with ``mode="reduce-overhead"``
 (:func:`vispec.decoding.compiled.cuda_graphs`; ``result["cuda_graphs"]`` counts the graphs inductor ran without
-a CUDA graph); ``--kernels`` adds ``vispec bench kernels`` at the model's vocabulary and the passes' row counts
-(GB/s and share of peak HBM bandwidth) as ``result["kernels"]``, in the same JSON and printed table.
+a CUDA graph, ``cudagraph_skips``, and keeps the reasons it logged, first seen in this run, ``skip_reasons``);
+``--kernels`` adds ``vispec bench kernels`` at the model's vocabulary and the passes' row counts (GB/s and share of
+peak HBM bandwidth) as ``result["kernels"]``, in the same JSON and printed table.
 
 Tokens committed per pass (:mod:`vispec.eval.bench.commits`): every method's row (and every sweep row, over its
 timed rounds) keeps ``commits_per_pass``, the passes per number of tokens committed (``stats.commits`` summed over
@@ -66,7 +67,7 @@ from typing import Optional
 
 import torch
 
-from vispec.decoding.compiled import cuda_graphs, cudagraph_skips, outside_torch_function_mode
+from vispec.decoding.compiled import cuda_graphs, cudagraph_skip_reasons, cudagraph_skips, outside_torch_function_mode
 from vispec.decoding import DecodingConfig, WindowStats, decode
 from vispec.decoding.windows import window_set
 from vispec.eval.bench import roofline
@@ -373,14 +374,15 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
     config.update(batch_sizes=list(batch_sizes), compile_settings=["compiled" if c else "eager" for c in settings])
     rows: list[dict] = []
     curves: list[dict] = []
-    skips_before = cudagraph_skips()
+    skips_before, reasons_before = cudagraph_skips(), len(cudagraph_skip_reasons())
     # first (seconds): a run cut short by a time limit keeps it in its partial JSON
     kernels = _kernel_report(cfg, model, batch_sizes, progress) if cfg.kernels else None
 
     def snapshot() -> dict:
         out = {"config": config, "rows": list(rows), "roofline": _roofline_config(cfg, methods, list(curves))}
         if cfg.cuda_graphs:
-            out["cuda_graphs"] = {"mode": "reduce-overhead", "cudagraph_skips": cudagraph_skips() - skips_before}
+            out["cuda_graphs"] = {"mode": "reduce-overhead", "cudagraph_skips": cudagraph_skips() - skips_before,
+                                  "skip_reasons": cudagraph_skip_reasons()[reasons_before:]}
         if kernels is not None:
             out["kernels"] = kernels
         return out
@@ -517,6 +519,8 @@ def format_roofline(result: dict) -> str:
         skips = result["cuda_graphs"]["cudagraph_skips"]
         text += (f"\nCUDA graphs (torch.compile mode {result['cuda_graphs']['mode']}): inductor ran compiled graphs without "
                  f"a CUDA graph {skips} time(s)" + (" (see vispec.decoding.compiled)" if skips else " (every compiled step is a CUDA graph)"))
+        for reason in result["cuda_graphs"].get("skip_reasons", []):
+            text += f"\n  skipped: {reason}"
     return text
 
 

@@ -1,17 +1,25 @@
 """``vispec bench kernels``: the verification and unmasking kernels against their PyTorch references.
 
-For every ``rows x vocab`` cell it times two operations on random logits:
+For every ``rows x vocab`` cell it times two operations on random logits, each the call a decoder makes:
 
-* ``verify``: one SJD verification step from raw logits with fused classifier-free guidance
-  (:class:`vispec.kernels.target.Target`): acceptance of ``rows`` dense drafts (windows of
-  ``window`` rows per sample), the first rejection per sample, the residual sample there, fresh
+* ``verify``: one SJD verification step from raw logits with fused classifier-free guidance, as
+  :func:`vispec.decoding.sjd.sjd_step` runs it (:class:`VerifyProblem`: :func:`~vispec.kernels.target.window_target`
+  with ``validate=False`` and :func:`~vispec.decoding.speculative.verify_window`): acceptance of dense drafts
+  (windows of ``window`` rows per sample), the first rejection per sample, the residual sample there, fresh
   samples after it and the stored ``p`` rows that become the next drafts;
-* ``unmask``: dLLM unmasking statistics (:func:`vispec.kernels.unmask.unmask_candidates`) at
+* ``unmask``: dLLM unmasking statistics (:func:`vispec.kernels.unmask.unmask_candidates`, ``validate=False``) at
   temperature 1 with in-kernel float64 Philox noise.
 
-Reported per cell and backend: time (median of CUDA-event or wall-clock repeats), the bytes the
-kernels must move (each logits row read once per pass that needs it, plus stored rows) and the
-achieved GB/s against the device's peak, and the kernel's speed-up over the reference. Two
+The timed calls read nothing back from the device (the bytes a pass moved are counted from its result afterwards).
+
+Reported per cell and backend: time (median of wall-clock repeats, each ended by a device synchronisation), the
+bytes the kernels must move (each logits row read once per pass that needs it, plus stored rows) and the
+achieved GB/s against the device's peak, the kernel's speed-up over the reference, and what one call costs
+besides the kernels' own work (:func:`count_per_call`: host syncs, ATen operators called from Python, Triton
+launches). Per operation and backend, a least-squares fit ``time = a + bytes / b`` over the run's cells
+(:func:`fit_overhead`) separates the fixed per-call cost ``a`` (``overhead_us``: Python and dispatch work,
+launches, allocations) from the bandwidth ``b`` the time approaches on large problems (``asymptotic_gbps``):
+a flat time across sizes is fixed cost, not a slow kernel. Two
 decoding-step shares put the verification in context: a tiny-c2i window forward and a
 LlamaGen-B-sized (111M parameters, randomly initialised) window forward, each against the
 verification of its own logits.
@@ -23,11 +31,13 @@ kernels' compile results for sm_80/sm_90 are reported instead (:mod:`vispec.kern
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
@@ -36,10 +46,14 @@ import torch
 from vispec.eval.bench.report import check_device, environment
 from vispec.eval.bench.configs import KernelBenchConfig  # noqa: F401 - re-exported
 from vispec.kernels.backend import triton_available
-from vispec.kernels.target import Target
+from vispec.decoding.acceptance import AcceptanceRule
+from vispec.decoding.speculative import JACOBI, verify_window
+from vispec.kernels.target import window_target
 from vispec.kernels.unmask import RowNoise, unmask_candidates
-from vispec.kernels.verify import Drafts, SampleRequest
+from vispec.profiling import HostSyncCounter
 from vispec.sampling import SamplingConfig
+
+_EXACT = AcceptanceRule()  # the exact rule: verify_window sends it straight to the target's kernels
 
 # HBM bandwidth in GB/s by device-name fragment (vendor data sheets)
 PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 80GB HBM3": 3350.0, "H100 PCIe": 2000.0, "H100": 3350.0,
@@ -77,77 +91,215 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int, max_
 
 @dataclass
 class VerifyProblem:
-    """Random logits and drafts shaped like one SJD pass: ``rows // window`` samples of ``window`` rows."""
+    """One SJD verification pass over ``B`` windows of ``W`` rows, with the inputs a decoder holds before it verifies.
 
-    cond: torch.Tensor
-    uncond: torch.Tensor
-    drafts: torch.Tensor
-    q: torch.Tensor
-    q_index: torch.Tensor
-    row_sample: torch.Tensor
-    row_start: torch.Tensor
-    num_drafts: torch.Tensor
-    seeds: torch.Tensor
+    Sample ``b``'s window row ``j`` predicts position ``j + 1`` and verifies draft ``j + 1`` (``W - 1`` drafts, each
+    with a dense ``q`` row; the last row gives the bonus token). :meth:`step` is the part that is timed: what
+    :func:`vispec.decoding.sjd.sjd_step` runs from the window's logits on, :func:`~vispec.kernels.target.window_target`
+    with ``validate=False`` and :func:`~vispec.decoding.speculative.verify_window` with the exact rule and SJD's
+    coupling (acceptance, first rejection, the residual sample there, fresh samples after it and the stored ``p``
+    rows that become the next drafts). Nothing in it reads a value back: the bytes moved are counted afterwards
+    from its result (:meth:`bytes_moved`).
+    """
+
+    cond: torch.Tensor  # [B, W, V]
+    uncond: torch.Tensor  # [B, W, V]
+    positions: torch.Tensor  # [B, W] the position each row predicts
+    drafts: torch.Tensor  # [B, W] draft j + 1 at row j, -1 on the last row
+    num_drafts: torch.Tensor  # [B] W - 1
+    width: torch.Tensor  # [B] W
+    draws: torch.Tensor  # [B] the pass's noise draw
+    q: torch.Tensor  # [B, W - 1, V] dense draft distributions
+    q_dense: torch.Tensor  # [B, W] bool: the row's draft has a dense q
+    next_q: torch.Tensor  # [B, W - 1, V] where the pass stores the next drafts' q
+    seeds: torch.Tensor  # [B]
     sampling: SamplingConfig
 
-    @property
-    def positions(self) -> torch.Tensor:
-        """The position each row predicts (its slot in the window, plus one)."""
-        width = int(self.num_drafts[0]) + 1
-        return torch.arange(self.cond.shape[0], device=self.cond.device) % width + 1
+    @classmethod
+    def from_logits(cls, cond: torch.Tensor, uncond: torch.Tensor, sampling: SamplingConfig,
+                    seed: int = 0) -> "VerifyProblem":
+        """Random drafts and draft distributions for window logits ``cond``, ``uncond [B, W, V]``."""
+        batch, width, vocab = cond.shape
+        device = cond.device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        slot = torch.arange(width, device=device)
+        drafts = torch.randint(0, vocab, (batch, width), device=device, generator=gen)
+        drafts = torch.where(slot < width - 1, drafts, torch.full_like(drafts, -1))  # last row of a window: bonus
+        q = torch.softmax(torch.randn(batch, max(width - 1, 1), vocab, device=device, generator=gen), -1)
+        return cls(cond, uncond, (slot + 1).expand(batch, width).contiguous(), drafts,
+                   torch.full((batch,), width - 1, device=device), torch.full((batch,), width, device=device),
+                   torch.ones(batch, dtype=torch.long, device=device), q, (slot < width - 1).expand(batch, width).contiguous(),
+                   torch.empty_like(q), torch.arange(batch, device=device) + 1, sampling)
 
     @classmethod
     def make(cls, rows: int, vocab: int, window: int, guidance_scale: float, dtype: torch.dtype, device: torch.device,
              seed: int = 0) -> "VerifyProblem":
+        """``rows // window`` windows (one of ``rows`` rows when ``rows < window``) of random logits."""
         gen = torch.Generator(device=device).manual_seed(seed)
         width = min(window, rows)
-        samples = max(rows // width, 1)
-        rows = samples * width
-        cond = (torch.randn(rows, vocab, device=device, generator=gen) * 2.0).to(dtype)
-        uncond = (torch.randn(rows, vocab, device=device, generator=gen) * 2.0).to(dtype)
-        row_sample = torch.arange(samples, device=device).repeat_interleave(width)
-        slot = torch.arange(rows, device=device) % width
-        drafts = torch.randint(0, vocab, (rows,), device=device, generator=gen)
-        drafts = torch.where(slot < width - 1, drafts, torch.full_like(drafts, -1))  # last row of a window: bonus
-        q = torch.softmax(torch.randn(rows, vocab, device=device, generator=gen), -1)
-        return cls(cond, uncond, drafts, q, torch.arange(rows, device=device), row_sample,
-                   torch.arange(samples, device=device) * width, torch.full((samples,), width - 1, device=device),
-                   torch.arange(samples, device=device) + 1, SamplingConfig(guidance_scale=guidance_scale))
+        batch = max(rows // width, 1)
+        cond = (torch.randn(batch, width, vocab, device=device, generator=gen) * 2.0).to(dtype)
+        uncond = (torch.randn(batch, width, vocab, device=device, generator=gen) * 2.0).to(dtype)
+        return cls.from_logits(cond, uncond, SamplingConfig(guidance_scale=guidance_scale), seed + 1)
 
-    def step(self, backend: str) -> tuple[torch.Tensor, int]:
-        """One verification pass as SJD runs it; returns the stored next-draft rows and the bytes moved."""
-        target = Target(self.cond, self.uncond, self.positions, self.row_sample, self.seeds, self.sampling,
-                        backend=backend, validate=False)
-        rows = self.cond.shape[0]
-        width = int(self.num_drafts[0]) + 1
-        draws = torch.ones(rows, dtype=torch.long, device=self.cond.device)
-        drafts = Drafts(self.drafts, self.q, self.q_index)
-        accepted = target.accept(drafts, draws)
-        m = target.first_rejection(accepted, self.row_start, self.num_drafts)
-        slot = torch.arange(rows, device=self.cond.device) % width
-        m_row = m[self.row_sample]
-        residual = (slot == m_row) & (m_row < self.num_drafts[self.row_sample])
-        fresh = slot > m_row
-        store_rows = torch.where(fresh, self.row_sample * width + slot - m_row - 1, torch.full_like(slot, -1))
-        store = torch.empty(rows, self.cond.shape[1], dtype=torch.float32, device=self.cond.device)
-        target.sample(SampleRequest(residual=residual, fresh=fresh | (slot == width - 1), residual_draws=draws,
-                                    fresh_draws=draws, store_rows=store_rows, store_out=store), drafts)
-        return store, self.bytes_moved(residual, fresh | (slot == width - 1))
+    @property
+    def rows(self) -> int:
+        return self.cond.shape[0] * self.cond.shape[1]
 
-    def bytes_moved(self, residual: torch.Tensor, fresh: torch.Tensor) -> int:
-        """Bytes the kernels must move: both logits halves once for acceptance, again for every sampled or
-        stored row, the ``q`` row of every residual row, and the stored ``p`` rows."""
-        rows, vocab = self.cond.shape
-        logit_row = 2 * vocab * self.cond.element_size()
-        resampled = int((residual | fresh).sum())
-        return rows * logit_row + resampled * logit_row + int(residual.sum()) * vocab * 4 + int(fresh.sum()) * vocab * 4
+    def step(self, backend: str):
+        """One verification pass as SJD runs it (class docstring); returns its
+        :class:`~vispec.decoding.speculative.Verified`."""
+        target = window_target(self.cond, self.uncond, self.positions, self.width, self.seeds, self.sampling,
+                               backend=backend, validate=False)
+        return verify_window(target, _EXACT, self.drafts, self.num_drafts, self.width, self.draws, JACOBI, q=self.q,
+                             q_dense=self.q_dense, store_q=self.next_q)
+
+    def bytes_moved(self, verified) -> int:
+        """Bytes the kernels must move in the pass that gave ``verified`` (read back here, after timing): the logits
+        rows (both halves under guidance) once for acceptance and again for every row that samples or is stored, the
+        dense ``q`` row of every residual row, and the stored ``p`` rows (float32)."""
+        batch, width, vocab = self.cond.shape
+        slot = torch.arange(width, device=self.cond.device)[None, :]
+        m = verified.num_accepted[:, None]
+        is_draft = slot < self.num_drafts[:, None]
+        residual = is_draft & (slot == m)
+        all_accepted = m == self.num_drafts[:, None]
+        fresh = (slot >= torch.where(all_accepted, m, m + 1)) & (slot < self.width[:, None])
+        stored = (slot > m) & (slot < self.width[:, None])
+        logit_row = (2 if self.sampling.uses_guidance else 1) * vocab * self.cond.element_size()
+        resampled = int((residual | fresh | stored).sum())
+        return (batch * width * logit_row + resampled * logit_row + int((residual & self.q_dense).sum()) * vocab * 4
+                + int(stored.sum()) * vocab * 4)
+
+
+class _Syncs(HostSyncCounter):
+    """:class:`~vispec.profiling.HostSyncCounter` that ignores what runs while ``paused`` (inside a Triton launch)."""
+
+    paused = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.paused:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+_LAUNCH_RANGE = "vispec::triton_launch"
+
+
+@contextlib.contextmanager
+def _counted_launches(syncs: _Syncs, launches: list):
+    """Count Triton launches (compiled or interpreted) and mark each as a profiler range, syncs paused inside it:
+    what the interpreter does to run a kernel on the CPU is the kernel's work, not the caller's."""
+    if not triton_available():
+        yield
+        return
+    from triton.runtime import interpreter, jit
+
+    classes = [cls for cls in (jit.JITFunction, getattr(interpreter, "InterpretedFunction", None)) if cls is not None]
+    originals = {cls: cls.run for cls in classes}
+
+    def wrap(original):
+        def run(self, *args, **kwargs):
+            if kwargs.get("warmup"):
+                return original(self, *args, **kwargs)
+            launches.append(getattr(self, "__name__", None) or getattr(getattr(self, "fn", None), "__name__", "?"))
+            syncs.paused = True
+            try:
+                with torch.profiler.record_function(_LAUNCH_RANGE):
+                    return original(self, *args, **kwargs)
+            finally:
+                syncs.paused = False
+        return run
+
+    for cls in classes:
+        cls.run = wrap(originals[cls])
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.run = original
+
+
+def count_per_call(fn: Callable[[], object]) -> dict:
+    """What one call of ``fn`` costs besides the kernels' own work (run it once before, to warm caches up):
+
+    * ``host_syncs``: values read back from the device (:class:`~vispec.profiling.HostSyncCounter`);
+    * ``aten_ops``: ATen operators called from Python (``torch.profiler`` events with no ATen operator or Triton
+      launch around them), each a dispatcher round trip and, on CUDA, mostly a kernel launch or an allocation;
+    * ``triton_launches``: Triton kernel launches (``triton_kernels``: their names, in order).
+
+    ``aten_op_names`` counts the ATen operators by name.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    syncs, launches = _Syncs(), []
+    with profile(activities=[ProfilerActivity.CPU]) as prof, _counted_launches(syncs, launches), syncs:
+        fn()
+    events = prof.events()
+
+    def called_from_python(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name.startswith("aten::") or parent.name == _LAUNCH_RANGE:
+                return False
+            parent = parent.cpu_parent
+        return True
+
+    names = Counter(event.name for event in events if event.name.startswith("aten::") and called_from_python(event))
+    return {"host_syncs": syncs.total, "aten_ops": sum(names.values()), "triton_launches": len(launches),
+            "triton_kernels": launches, "aten_op_names": dict(names)}
+
+
+def fit_overhead(moved: list[float], seconds: list[float]) -> dict:
+    """Least-squares fit ``seconds = a + moved / b`` over the cells of a run: the fixed per-call cost ``a``
+    (``overhead_us``) and the bandwidth ``b`` the time approaches for large problems (``asymptotic_gbps``).
+
+    Both terms are costs, so the fit is non-negative least squares: where the unconstrained optimum has ``a < 0``
+    (time growing faster than linearly in the bytes, e.g. a compute-bound reference on the CPU) the best fit with
+    ``a >= 0`` is the line through the origin, and where its slope ``1 / b`` is not positive (time not growing with
+    the bytes: fixed cost only, at these sizes) the best fit is the mean time with no bandwidth term
+    (``asymptotic_gbps`` None). ``bound`` names the constraint that is active (``"overhead"``, ``"bandwidth"``,
+    else None), so a clamped value is never mistaken for a measured one. With fewer than two distinct byte counts
+    there is nothing to fit (both None)."""
+    points = len(moved)
+    if points != len(seconds):
+        raise ValueError(f"moved and seconds must have the same length, got {points} and {len(seconds)}")
+    if len(set(moved)) < 2:
+        return {"overhead_us": None, "asymptotic_gbps": None, "points": points, "bound": None}
+    mean_x, mean_y = sum(moved) / points, sum(seconds) / points
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(moved, seconds))
+             / sum((x - mean_x) ** 2 for x in moved))
+    intercept, bound = mean_y - slope * mean_x, None
+    if slope <= 0:
+        intercept, slope, bound = mean_y, 0.0, "bandwidth"
+    elif intercept < 0:
+        slope = sum(x * y for x, y in zip(moved, seconds)) / sum(x * x for x in moved)
+        intercept, bound = 0.0, "overhead"
+    return {"overhead_us": intercept * 1e6, "asymptotic_gbps": 1.0 / slope / 1e9 if slope > 0 else None,
+            "points": points, "bound": bound}
+
+
+def _fits(cells: list[dict], backends: tuple[str, ...], peak: Optional[float]) -> list[dict]:
+    """:func:`fit_overhead` per operation and backend over ``cells``, with the last cell's per-call counts."""
+    fits = []
+    for op in dict.fromkeys(cell["op"] for cell in cells):
+        for backend in backends:
+            runs = [cell[backend] for cell in cells if cell["op"] == op and backend in cell]
+            if not runs:
+                continue
+            fit = fit_overhead([run["bytes"] for run in runs], [run["ms"] / 1e3 for run in runs])
+            gbps = fit["asymptotic_gbps"]
+            fits.append({"op": op, "backend": backend, **fit,
+                         "asymptotic_peak_fraction": gbps / peak if gbps is not None and peak else None,
+                         **{key: runs[-1][key] for key in ("host_syncs", "aten_ops", "triton_launches")}})
+    return fits
 
 
 def _unmask_op(logits: torch.Tensor, backend: str) -> Callable[[], object]:
     rows = logits.shape[0]
     noise = RowNoise(torch.arange(rows, device=logits.device) + 1, torch.arange(rows, device=logits.device),
                      torch.zeros(rows, dtype=torch.long, device=logits.device))
-    return lambda: unmask_candidates(logits, 1.0, noise=noise, backend=backend)
+    return lambda: unmask_candidates(logits, 1.0, noise=noise, backend=backend, validate=False)
 
 
 def _peak_gbps(device: torch.device, override: Optional[float]) -> Optional[float]:
@@ -162,9 +314,10 @@ def _peak_gbps(device: torch.device, override: Optional[float]) -> Optional[floa
     return None
 
 
-def _forward_share(model, batch: int, window: int, context: int, verify_fn: Callable, device: torch.device,
-                   cfg: KernelBenchConfig) -> dict:
-    """Time a window forward of ``model`` (with CFG) at ``context`` cached tokens against ``verify_fn(logits)``."""
+def _forward_share(model, batch: int, window: int, context: int, sampling: SamplingConfig, backend: str,
+                   device: torch.device, cfg: KernelBenchConfig) -> dict:
+    """Time a window forward of ``model`` (with CFG) at ``context`` cached tokens against the verification of its
+    logits (:meth:`VerifyProblem.step`, drafts and their ``q`` made once beforehand)."""
     from vispec.models.llamagen_gpt import LlamaGenCondition
 
     labels = torch.arange(batch, device=device) % model.config.num_classes
@@ -184,29 +337,12 @@ def _forward_share(model, batch: int, window: int, context: int, verify_fn: Call
     with torch.no_grad():
         out = forward()
         forward_s, _ = time_call(forward, device, cfg.repeats, cfg.max_seconds)
-        verify_s, _ = time_call(lambda: verify_fn(out), device, cfg.repeats, cfg.max_seconds)
+        problem = VerifyProblem.from_logits(out.cond, out.uncond, sampling, cfg.seed)
+        verify_s, _ = time_call(lambda: problem.step(backend), device, cfg.repeats, cfg.max_seconds)
     return {"batch": batch, "window": window, "context": context, "rows": batch * window, "vocab": vocab,
             "parameters": sum(p.numel() for p in model.parameters()), "forward_ms": forward_s * 1e3,
             "verify_ms": verify_s * 1e3, "verify_share_of_step": verify_s / (forward_s + verify_s),
             "verify_over_forward": verify_s / forward_s}
-
-
-def _window_verify(sampling: SamplingConfig, backend: str, window: int) -> Callable:
-    def run(out):
-        batch, width, vocab = out.cond.shape
-        device = out.cond.device
-        rows = batch * width
-        row_sample = torch.arange(batch, device=device).repeat_interleave(width)
-        slot = torch.arange(rows, device=device) % width
-        drafts = torch.where(slot < width - 1, torch.zeros_like(slot), torch.full_like(slot, -1))
-        q = torch.full((1, vocab), 1.0 / vocab, device=device)
-        problem = VerifyProblem(out.cond.reshape(rows, vocab), out.uncond.reshape(rows, vocab), drafts, q,
-                                torch.zeros(rows, dtype=torch.long, device=device), row_sample,
-                                torch.arange(batch, device=device) * width, torch.full((batch,), width - 1, device=device),
-                                torch.arange(batch, device=device) + 1, sampling)
-        return problem.step(backend)
-
-    return run
 
 
 def _compile_results(progress_bar: Optional[bool] = None) -> dict:
@@ -238,13 +374,13 @@ def _step_shares(cfg: KernelBenchConfig, device: torch.device, backend: str, sha
     from vispec.models.llamagen_gpt import LlamaGenGPT
 
     tiny = LlamaGenGPT.from_pretrained(os.path.join(resolve_model_path("tiny-c2i"), "transformer")).to(device).eval()
-    shares["tiny-c2i"] = _forward_share(tiny, step_batch, cfg.window, 128, _window_verify(sampling, backend, cfg.window), device, cfg)
+    shares["tiny-c2i"] = _forward_share(tiny, step_batch, cfg.window, 128, sampling, backend, device, cfg)
     progress(f"tiny-c2i step: forward {shares['tiny-c2i']['forward_ms']:.2f} ms, verify {shares['tiny-c2i']['verify_ms']:.2f} ms")
     report()
     torch.manual_seed(cfg.seed)
     base = LlamaGenGPT(vocab_size=16384, dim=768, n_layer=12, n_head=12, num_classes=1000, block_size=256,
                        class_dropout_prob=0.1).to(device).eval()
-    shares["llamagen-b"] = _forward_share(base, step_batch, cfg.window, 128, _window_verify(sampling, backend, cfg.window), device, cfg)
+    shares["llamagen-b"] = _forward_share(base, step_batch, cfg.window, 128, sampling, backend, device, cfg)
     progress(f"LlamaGen-B step: forward {shares['llamagen-b']['forward_ms']:.2f} ms, verify {shares['llamagen-b']['verify_ms']:.2f} ms")
 
 
@@ -265,24 +401,28 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
     def snapshot() -> dict:
         return {"config": {**asdict(cfg), "device": str(device)},
                 "environment": {**environment(device), "peak_gbps": peak, "triton": triton_available()},
-                "kernels_timed": on_gpu, "cells": list(cells), "step_shares": dict(shares)}
+                "kernels_timed": on_gpu, "cells": list(cells), "fits": _fits(cells, backends, peak),
+                "step_shares": dict(shares)}
 
     for vocab in cfg.vocab:
         for rows in cfg.rows:
             problem = VerifyProblem.make(rows, vocab, cfg.window, cfg.guidance_scale, dtype, device, cfg.seed)
             for op in cfg.ops:
-                cell = {"op": op, "rows": int(problem.cond.shape[0]), "vocab": vocab}
+                cell = {"op": op, "rows": problem.rows, "vocab": vocab}
                 for backend in backends:
                     if op == "verify":
-                        _, moved = problem.step(backend)
                         fn = lambda b=backend, p=problem: p.step(b)  # noqa: E731
+                        moved = problem.bytes_moved(fn())  # untimed: the timed calls read nothing back
                     else:
-                        moved = problem.cond.numel() * problem.cond.element_size()
-                        fn = _unmask_op(problem.cond, backend)
+                        logits = problem.cond.reshape(problem.rows, vocab)
+                        moved = logits.numel() * logits.element_size()
+                        fn = _unmask_op(logits, backend)
                     seconds, calls = time_call(fn, device, cfg.repeats, cfg.max_seconds)
                     gbps = moved / seconds / 1e9
+                    counts = count_per_call(fn)  # after the timed calls: every cache warm
+                    del counts["triton_kernels"], counts["aten_op_names"]
                     cell[backend] = {"ms": seconds * 1e3, "calls": calls, "bytes": moved, "gbps": gbps,
-                                     "peak_fraction": gbps / peak if peak else None}
+                                     "peak_fraction": gbps / peak if peak else None, **counts}
                 if on_gpu:
                     cell["speedup"] = cell["reference"]["ms"] / cell["triton"]["ms"]
                 progress(f"{op:<7} rows {cell['rows']:>5} vocab {vocab:>6}: "
@@ -302,6 +442,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
         "kernels_timed": on_gpu,
         "step_backend": backend,
         "cells": cells,
+        "fits": _fits(cells, backends, peak),
         "step_shares": shares,
     }
     if not on_gpu:
@@ -314,7 +455,8 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: Callable[[str], None] = p
 
 
 def format_kernel_table(result: dict) -> str:
-    """Fixed-width tables: per cell times, GB/s and speed-up; then the decoding-step shares."""
+    """Fixed-width tables: per cell times, GB/s and speed-up; the fixed per-call cost and asymptotic bandwidth per
+    operation and backend (:func:`fit_overhead`) with the per-call counts; then the decoding-step shares."""
     timed = result["kernels_timed"]
     header = f"{'op':<7} {'rows':>5} {'vocab':>7} {'ref ms':>9} {'ref GB/s':>9}"
     if timed:
@@ -328,6 +470,27 @@ def format_kernel_table(result: dict) -> str:
             frac = f"{100 * tri['peak_fraction']:.1f}" if tri["peak_fraction"] is not None else "-"
             line += f" {tri['ms']:>10.3f} {tri['gbps']:>8.1f} {frac:>7} {cell['speedup']:>8.2f}"
         lines.append(line)
+    if result.get("fits"):
+        lines.append("")
+        lines.append("fixed cost per call and bandwidth: time = overhead + bytes / asymptotic GB/s (least squares over "
+                     "the cells); per call: host syncs, ATen ops, Triton launches")
+        fit_header = (f"{'op':<7} {'backend':<10} {'overhead us':>12} {'asym GB/s':>10} {'% peak':>7} {'syncs':>6} "
+                      f"{'aten ops':>9} {'launches':>9}")
+        lines += [fit_header, "-" * len(fit_header)]
+        for fit in result["fits"]:
+            overhead = f"{fit['overhead_us']:.1f}" if fit["overhead_us"] is not None else "-"
+            if fit.get("bound") == "overhead":
+                overhead += "*"
+            gbps = f"{fit['asymptotic_gbps']:.1f}" if fit["asymptotic_gbps"] is not None else "-"
+            frac = f"{100 * fit['asymptotic_peak_fraction']:.1f}" if fit["asymptotic_peak_fraction"] is not None else "-"
+            lines.append(f"{fit['op']:<7} {fit['backend']:<10} {overhead:>12} {gbps:>10} {frac:>7} {fit['host_syncs']:>6} "
+                         f"{fit['aten_ops']:>9} {fit['triton_launches']:>9}")
+        bounds = {fit.get("bound") for fit in result["fits"]}
+        if "overhead" in bounds:
+            lines.append("* at the fit's bound: time grows faster than linearly in the bytes here, so the best fit with a "
+                         "non-negative overhead passes through 0")
+        if "bandwidth" in bounds:
+            lines.append("- GB/s: time does not grow with the bytes at these sizes (fixed cost only)")
     if result["step_shares"]:
         lines.append("")
         lines.append(f"decoding-step shares (verification on the {result['step_backend']} backend)")

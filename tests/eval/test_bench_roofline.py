@@ -138,6 +138,7 @@ def test_the_gpu_command_runs_end_to_end_on_cpu(tmp_path, capsys, monkeypatch):
         assert len(row["round_cpu_s"]) == 1 and "speedup_vs_ar_cpu" in row and "roofline_fraction_cpu" in row
     assert result["config"]["cuda_graphs"] is True and result["cuda_graphs"]["mode"] == "reduce-overhead"
     assert result["cuda_graphs"]["cudagraph_skips"] > 0  # CPU tensors: inductor runs no CUDA graph
+    assert result["cuda_graphs"]["skip_reasons"] == []  # inductor gives reasons for CUDA graphs only
     kernels = result["kernels"]
     assert {c["rows"] for c in kernels["cells"]} == {2, 2048} and {c["vocab"] for c in kernels["cells"]} == {64}
     assert kernels["kernels_timed"] is False and kernels["step_shares"] == {}

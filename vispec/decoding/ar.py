@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from vispec.decoding.common import DecodeJob, first_token, resolve_grid_width, sample_tokens, select_condition, start_decoding
-from vispec.decoding.compiled import compiled
+from vispec.decoding.compiled import compiled, mark_persistent
 from vispec.decoding.edits import edited_tokens, first_change, refeed
 from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, committed_view
 from vispec.protocol import SpeculativeARModel
@@ -48,6 +48,7 @@ def decode_ar(model: SpeculativeARModel, condition: Any, job: DecodeJob) -> Deco
     tokens = torch.empty(requests, num_tokens, dtype=torch.long, device=device)
     latency = torch.zeros(requests, dtype=torch.float64)
     state, logits, status = start.state, start.logits, torch.zeros((), dtype=torch.long, device=device)
+    mark_persistent(state)  # CUDA graphs: the step writes the KV cache in place (vispec.decoding.compiled)
     slot_tokens = torch.arange(num_tokens, device=device)
     for first in range(0, requests, slots):  # waves of requests
         ids = torch.arange(first, min(first + slots, requests), device=device)
@@ -55,6 +56,7 @@ def decode_ar(model: SpeculativeARModel, condition: Any, job: DecodeJob) -> Deco
             index = torch.arange(ids.shape[0], device=device)
             if ids.shape[0] < slots:
                 state = model.select(state, index)
+                mark_persistent(state)  # new buffers: the graph is recorded again
             logits = model.refill(state, index, select_condition(start.condition, ids.cpu()))
         seeds = start.seeds[ids]
         wave, wave_status = first_token(logits, seeds, job)

@@ -9,19 +9,39 @@ Compiled steps read nothing back from the device; the decode loop does, once per
 
 CUDA graphs (:func:`cuda_graphs`): within that context (this thread or task) steps are compiled with
 ``mode="reduce-overhead"``, inductor's CUDA-graph trees, a separate set of graphs per step function. Inductor
-replays a step as one CUDA graph only where that is safe: on CUDA tensors, and with the tensors a step writes
-in place (the KV cache, the token buffer) static inputs. Where it is not, it runs the compiled kernels without a
-graph and counts a skip (``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``, read by
-:func:`cudagraph_skips`), so a run can say whether graphs were replayed. On CPU every step is a skip.
+replays a step as one CUDA graph only where that is safe: on CUDA tensors, and where every graph input the step
+writes in place is a *static input* (a parameter or buffer, a tensor marked with
+``torch._dynamo.mark_static_address``, or an output of an earlier CUDA graph); otherwise it runs the compiled
+kernels without a graph and counts a skip with the reason "mutated inputs"
+(``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``, read by :func:`cudagraph_skips`;
+:func:`cudagraph_skip_reasons` keeps the reasons). On CPU every step is a skip.
+
+The decode steps write in place into tensors that live for a whole decode: the model's KV cache (keys, values,
+cached lengths; the state's ``persistent_tensors()``), the ragged batch's token buffer and per-slot commit counts,
+and a lossy rule's TV sums. Within :func:`cuda_graphs` each decoder marks these once, when it allocates them
+(:func:`mark_persistent`: ``mark_static_address(t, guard=False)``), so they are static inputs and the steps
+replay; tensors a step builds anew (committed counts, draft distributions, window targets) are left unmarked,
+since they are outputs of the previous step's graph or copied into the graph's own input buffers. The marks
+are *unguarded*: dynamo does not recompile when a marked tensor's address changes, the CUDA-graph tree
+re-records the graph instead. A new decode allocates new buffers, so each step graph is recorded once more per
+decode (and when a batch drops finished slots, a new shape: a new graph anyway); within a decode, steps replay.
+Outside :func:`cuda_graphs` nothing is marked and compiled steps are exactly as in the default mode.
+tests/decoding/test_cuda_graph_inputs.py runs inductor's mutation check on CPU: the AR, SJD and MC-SJD step graphs
+(SJD-PAC's too) mutate static inputs only. Not so the lossy acceptance rules' steps (compiled without ``fullgraph``,
+they break their graph, and two of the pieces write into tensors made earlier in the same step: the residual
+tokens and the next draft distributions): those pieces still run without a CUDA graph.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Callable, Iterator
+import dataclasses
+import logging
+from typing import Any, Callable, Iterator, Optional
 
 import torch
+from torch import Tensor
 
 RECOMPILE_LIMIT = 64
 
@@ -30,6 +50,9 @@ CUDA_GRAPHS_MODE = "reduce-overhead"
 _graphs: dict[tuple[Callable, bool, str], Callable] = {}  # one compiled callable per (step, fullgraph, mode)
 _outside_mode = contextvars.ContextVar("vispec_compiled_steps_outside_mode", default=False)
 _cuda_graphs = contextvars.ContextVar("vispec_compiled_steps_cuda_graphs", default=False)
+SKIP_REASONS_KEPT = 32
+_skip_reasons: list[str] = []  # cudagraph_skip_reasons()
+_skip_handler: Optional[logging.Handler] = None
 
 
 def compile_mode() -> str:
@@ -42,6 +65,8 @@ def compile_mode() -> str:
 def cuda_graphs(enabled: bool = True) -> Iterator[None]:
     """Within this context (this thread or task only), steps are compiled and run with ``mode="reduce-overhead"``
     (CUDA graphs, module docstring); ``enabled=False`` leaves the mode as it is outside."""
+    if enabled:
+        _record_skip_reasons()
     token = _cuda_graphs.set(bool(enabled) or _cuda_graphs.get())
     try:
         yield
@@ -54,6 +79,78 @@ def cudagraph_skips() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["inductor"]["cudagraph_skips"])
+
+
+def persistent_tensors(*items: Any) -> list[Tensor]:
+    """The tensors of ``items`` that a decode keeps (and its steps may write in place): a tensor itself; a decode
+    state's ``persistent_tensors()`` where it has that method; else every tensor it holds in its fields, in lists,
+    tuples and dicts, and in plain objects it holds (e.g. a cache object), modules excepted. Each tensor once."""
+    found: dict[int, Tensor] = {}
+    seen: set[int] = set()
+
+    def visit(item: Any) -> None:
+        if item is None or id(item) in seen or isinstance(item, (torch.nn.Module, str, bytes, int, float, bool)):
+            return
+        seen.add(id(item))
+        if isinstance(item, Tensor):
+            found.setdefault(id(item), item)
+        elif callable(getattr(item, "persistent_tensors", None)):
+            for tensor in item.persistent_tensors():
+                visit(tensor)
+        elif isinstance(item, (list, tuple)):
+            for value in item:
+                visit(value)
+        elif isinstance(item, dict):
+            for value in item.values():
+                visit(value)
+        elif dataclasses.is_dataclass(item) or hasattr(item, "__dict__"):
+            for value in vars(item).values():
+                visit(value)
+
+    for item in items:
+        visit(item)
+    return list(found.values())
+
+
+def mark_persistent(*items: Any) -> None:
+    """Within :func:`cuda_graphs`: mark the :func:`persistent_tensors` of ``items`` as static inputs of compiled steps
+    (``torch._dynamo.mark_static_address(t, guard=False)``; module docstring), so steps that write them in place
+    replay as CUDA graphs. Call it once per tensor, where a decode allocates it, and never for a tensor made anew
+    each step (its address changes every step: the graph would be re-recorded every step). Outside
+    :func:`cuda_graphs` it does nothing."""
+    if not _cuda_graphs.get():
+        return
+    for tensor in persistent_tensors(*items):
+        torch._dynamo.mark_static_address(tensor, guard=False)
+
+
+def cudagraph_skip_reasons() -> list[str]:
+    """The distinct reasons inductor gave so far in this process for running a compiled graph without a CUDA graph,
+    in the order first seen (each its first line: the stack trace after it is dropped; at most
+    :data:`SKIP_REASONS_KEPT`). Recorded from the first :func:`cuda_graphs` context on; inductor logs reasons for CUDA
+    graphs only (on CPU, :func:`cudagraph_skips` counts skips and no reason is given)."""
+    return list(_skip_reasons)
+
+
+class _SkipReasons(logging.Handler):
+    """Keeps inductor's CUDA-graph skip messages (its ``cudagraphs`` log) in :data:`_skip_reasons`."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            lines = record.getMessage().strip().splitlines()
+        except Exception:  # a malformed record must not break a decode
+            return
+        if lines and lines[0] not in _skip_reasons and len(_skip_reasons) < SKIP_REASONS_KEPT:
+            _skip_reasons.append(lines[0])
+
+
+def _record_skip_reasons() -> None:
+    global _skip_handler
+    if _skip_handler is None:
+        from torch._inductor import cudagraph_utils
+
+        _skip_handler = _SkipReasons(level=logging.WARNING)
+        cudagraph_utils.cudagraphs_log.addHandler(_skip_handler)
 
 
 def compiled(step: Callable, fullgraph: bool = True) -> Callable:

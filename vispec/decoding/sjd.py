@@ -53,7 +53,7 @@ import torch
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
 from vispec.decoding.ar import decode_ar
 from vispec.decoding.common import DecodeJob, condition_size, resolve_grid_width, start_decoding
-from vispec.decoding.compiled import compiled
+from vispec.decoding.compiled import compiled, mark_persistent
 from vispec.decoding.config import DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens, source_rows
 from vispec.decoding.speculative import GUMBEL, JACOBI, MAXIMAL, Coupling, RaggedBatch, verify_window
@@ -205,6 +205,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
                                "single_passes": zeros.clone()},  # passes that committed one token
                         reported=("single_passes",), fixed=job.compile)
     tv = TVTracker(start.requests, start.device) if not rule.lossless else None
+    mark_persistent(tv)  # CUDA graphs: the step adds to its sums in place (vispec.decoding.compiled)
     step = SJDStep(model, job, rule, COUPLINGS[decoding.coupling], decoding.init, grid_width, start.vocab, window, tv)
     run = compiled(sjd_step, fullgraph=rule.lossless) if job.compile else sjd_step
     run_single = compiled(single_token_step) if job.compile else single_token_step
@@ -212,6 +213,7 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     chooser = _chooser(model, start.batch, job, decoding, stats) if auto else None
     steps = {window: step}  # per window: the step whose windows are at most that wide
     used: dict[int, int] = {}
+    budget_marked = False
 
     while batch.running:
         need = batch.widths(window)
@@ -228,6 +230,9 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         synced = width_pad > 1 or (chooser is not None and chooser.must_sync()) or batch.finishing_next()
         after = batch.sync(status) if synced else batch.advance(status)
         used[chosen] = used.get(chosen, 0) + 1
+        if tv is not None and tv.budget is not None and not budget_marked:  # made by the first step
+            mark_persistent(tv.budget)
+            budget_marked = True
         if chooser:
             live = [(n, a) for (n, is_live), a in zip(before, after) if is_live]
             chooser.record(chosen, [a - n - 1 for n, a in live], [min(chosen, job.num_tokens - n) for n, _ in live], synced)

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from vispec.decoding.acceptance import AcceptanceRule, TVTracker
 from vispec.decoding.common import DecodeJob, DecodeStart, first_token, select_condition
+from vispec.decoding.compiled import mark_persistent
 from vispec.decoding.edits import edited_tokens, first_change, refeed
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import Target
@@ -214,7 +215,14 @@ class RaggedBatch:
         self._latency = torch.zeros(requests, dtype=torch.float64)
         self._extra = {name: torch.zeros(requests, dtype=torch.long, device=device) for name in reported}
         self._committed = torch.ones(requests, dtype=torch.long, device=device)
+        self._mark_persistent()
         self._retire()
+
+    def _mark_persistent(self) -> None:
+        """Within CUDA graphs: the buffers steps write in place (tokens, commit counts, model caches) are static
+        inputs (:func:`vispec.decoding.compiled.mark_persistent`); ``n``, ``nfe``, ``accepted`` and :attr:`state`
+        are made anew by every step."""
+        mark_persistent(self.tokens, self.commits, *(state for _, state in self.caches.values()))
 
     # ---- host-side view -------------------------------------------------------------------------
 
@@ -347,6 +355,7 @@ class RaggedBatch:
         self.ids, self.tokens, self.n, self.nfe, self.accepted, self.commits, self.seeds, self.live = (
             t[keep] for t in (self.ids, self.tokens, self.n, self.nfe, self.accepted, self.commits, self.seeds, self.live))
         self.state = {name: t[keep] for name, t in self.state.items()}
+        self._mark_persistent()  # new buffers (and a new shape: new graphs)
         self.n_host = [self.n_host[b] for b in keep_list]
         self.ids_host = [self.ids_host[b] for b in keep_list]
 
