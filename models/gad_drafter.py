@@ -1,4 +1,4 @@
-"""A bidirectional masked block drafter over VQ image tokens, for GAD-style decoding.
+"""A masked block drafter over VQ image tokens (bidirectional or causal), for GAD-style decoding.
 
 Generalized Aggressive Decoding (GAD; Ge et al., "Lossless Acceleration for Seq2seq Generation with Aggressive
 Decoding", arXiv 2205.10350) drafts a whole block of ``k`` tokens with one *non-autoregressive* forward and
@@ -26,6 +26,21 @@ Design (sizes in :class:`GADDrafter`'s config):
   covers the two rows above the block). The input so has a fixed length ``1 + C + max_block`` whatever the
   prefix length, and the drafter needs no KV cache: each forward costs the same, from scratch. Slots before
   image token 0 and masks past the sample's block length ``k_b`` are hidden keys (ragged batches);
+* **attention** (``attention``): ``"bidirectional"`` (above; GAD's and MaskGIT's encoder) or ``"causal"``, a
+  *masked autoregressive* drafter: the input is the same, but every slot sees only the slots before it, the masks
+  stand in for the unknown ``x_n .. x_{n+k-2}`` and row ``i`` is read at the slot of ``x_{n+i-1}``:
+
+      [class c] x_0 .. x_{n-1} [MASK]_n .. [MASK]_{n+k-2}      row 0 read at x_{n-1}, row i >= 1 at [MASK]_{n+i-1}
+
+  Row 0 is then exactly an AR GPT's next-token prediction, so a causal drafter warm-started from tiny-c2i's AR
+  drafter (same blocks, :func:`vispec.eval.train.gad.warm_start_from_ar`) proposes the block's first token as well
+  as draft-model decoding's drafter does, and training only has to teach the masks the later positions (rows
+  ``i >= 1`` model marginals given ``x_{<n}``, as in the bidirectional drafter; a mask carries no content, so seeing
+  the masks after it would tell it nothing). The prefix's hidden states do not depend on the masks, which lets the
+  trainer pack many blocks of one sequence into one forward (:meth:`GADDrafter.forward_packed`) and train row 0 at
+  every position of the sequence. A causal drafter reads the whole prefix (``context=0``) and keeps no KV cache:
+  each forward encodes ``1 + N - 1 + max_block`` slots (a cache over the prefix, as the AR drafter's, would make
+  it ``k`` rows per forward; not built);
 * classifier-free guidance as in the target: with ``guidance=True`` :meth:`GADDrafter.propose` runs the
   conditional and null-class rows in one (doubled) forward and returns both halves as
   :class:`vispec.protocol.WindowLogits`; the decoder processes them exactly like the target's logits
@@ -53,6 +68,7 @@ from vispec.models.llamagen_gpt import LabelEmbedder, LlamaGenCondition, Transfo
 from vispec.protocol import WindowLogits
 
 MAX_TOKENS = 1 << 18  # as LlamaGen's MAX_BLOCK_SIZE: an untrusted config cannot size a huge RoPE table
+ATTENTIONS = ("bidirectional", "causal")
 
 
 class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
@@ -65,6 +81,7 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         block_size: image tokens per image (a square ``g x g`` grid, the target's).
         context: ``C``, committed tokens the drafter sees before the block (``0``: all of them, ``block_size - 1``).
         max_block: the most masked positions one forward drafts (``k <= max_block``).
+        attention: ``"bidirectional"`` or ``"causal"`` (module docstring; ``"causal"`` needs ``context=0``).
     """
 
     _no_split_modules = ["TransformerBlock"]
@@ -85,6 +102,7 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         block_size: int = 256,
         context: int = 48,
         max_block: int = 16,
+        attention: str = "bidirectional",
     ):
         super().__init__()
         check_int("vocab_size", vocab_size, minimum=1)
@@ -95,6 +113,10 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         check_int("block_size", block_size, minimum=2, maximum=MAX_TOKENS)
         check_int("context", context, minimum=0, maximum=block_size)
         check_int("max_block", max_block, minimum=1, maximum=block_size)
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+        if attention == "causal" and context != 0:
+            raise ValueError(f"attention='causal' reads the whole prefix: context must be 0, got {context}")
         if dim % n_head != 0 or (dim // n_head) % 4 != 0:
             raise ValueError(f"dim={dim} must split into n_head={n_head} heads whose size is a multiple of 4 (2-D RoPE)")
         grid = math.isqrt(block_size)
@@ -139,6 +161,11 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
     @property
     def has_unconditional(self) -> bool:
         return self.cls_embedding.has_null
+
+    @property
+    def causal(self) -> bool:
+        """``attention="causal"``: every slot sees the slots before it only (module docstring)."""
+        return self.config.attention == "causal"
 
     @property
     def mask_id(self) -> int:
@@ -200,7 +227,8 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         offsets = torch.arange(-context, block, device=device)
         positions = num_prefix[:, None] + offsets[None, :]  # [B, C + K]
         is_prefix = offsets[None, :] < 0
-        visible = (positions >= 0) & (is_prefix | (offsets[None, :] < num_masked[:, None]))
+        shown = num_masked - 1 if self.causal else num_masked  # causal: the last mask would stand in for x_{n+K-1}
+        visible = (positions >= 0) & (is_prefix | (offsets[None, :] < shown[:, None]))
         read = positions.clamp(0, tokens.shape[1] - 1)
         ids = torch.where(is_prefix & visible, tokens.long().gather(1, read), torch.full_like(read, self.mask_id))
         h = torch.cat([self.cls_embedding(labels.to(device).long(), condition_drop), self.tok_embeddings(ids)], dim=1)
@@ -210,9 +238,64 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         rope = table[torch.cat([torch.zeros_like(positions[:, :1]), 1 + positions.clamp(0, cfg.block_size - 1)], dim=1)]
         keys = torch.cat([torch.ones_like(visible[:, :1]), visible], dim=1)  # the class token is always visible
         mask = keys[:, None, None, :]  # [B, 1, 1, 1 + C + K]: bidirectional, padding keys hidden
+        if self.causal:  # the masks stand in for x_n .. x_{n+K-2}; row i is read at the slot of x_{n+i-1}
+            order = torch.arange(keys.shape[1], device=device)
+            mask = mask & (order[None, None, :, None] >= order[None, None, None, :])
+            for layer in self.layers:
+                h = layer(h, rope, mask)
+            return self.output(self.norm(h[:, context:context + block])).float()
         for layer in self.layers:
             h = layer(h, rope, mask)
         return self.output(self.norm(h[:, 1 + context:])).float()
+
+    def forward_packed(self, tokens: Tensor, starts: Tensor, labels: Tensor,
+                       condition_drop: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """Training forward of a causal drafter: many blocks of one sequence in one pass (no values checked).
+
+        The input is ``[class, x_0 .. x_{N-2}]`` followed by ``M`` groups of ``K - 1`` masks, group ``m`` standing in for
+        ``x_{s_m} .. x_{s_m + K - 2}`` (``s = starts``); a prefix token sees the class and the tokens up to itself, a mask
+        of group ``m`` the class, ``x_{<s_m}`` and its group's masks up to itself. Every output so
+        is the one :meth:`forward` gives for the same block: returns ``(first [B, N - 1, V], rest [B, M, K - 1, V])``,
+        ``first[:, t - 1]`` the block's first row for ``n = t`` (position ``t`` from ``x_{<t}``), ``rest[:, m, j]`` its row
+        ``j + 1`` for ``n = s_m`` (position ``s_m + j + 1``; rows past the image are padding).
+
+        Args:
+            tokens: ``[B, N]`` image tokens, ``N <= block_size``.
+            starts: ``[B, M]`` block starts ``1 <= s_m <= N - 1``.
+            labels, condition_drop: as in :meth:`forward`.
+        """
+        if not self.causal:
+            raise ValueError("forward_packed needs attention='causal' (a bidirectional drafter's prefix depends on its masks)")
+        cfg, device = self.config, self.device
+        tokens, starts = tokens.to(device).long(), starts.to(device).long()
+        batch, num = tokens.shape
+        width = cfg.max_block - 1
+        prefix_pos = torch.arange(num - 1, device=device)
+        mask_pos = starts[:, :, None] + torch.arange(width, device=device)  # [B, M, K-1]
+        group = torch.arange(starts.shape[1], device=device)[:, None].expand(-1, width).reshape(-1)  # [M(K-1)]
+        mask_pos = mask_pos.reshape(batch, -1)
+        ids = torch.cat([tokens[:, :-1], torch.full_like(mask_pos, self.mask_id)], dim=1)
+        h = torch.cat([self.cls_embedding(labels.to(device).long(), condition_drop), self.tok_embeddings(ids)], dim=1)
+        table = self.freqs_cis.to(device)
+        positions = torch.cat([prefix_pos[None].expand(batch, -1), mask_pos], dim=1)  # [B, L - 1]
+        rope = table[torch.cat([torch.zeros_like(positions[:, :1]), 1 + positions.clamp(max=cfg.block_size - 1)], dim=1)]
+        # who sees whom: query rows and key columns over [class, prefix, masks]
+        is_mask = torch.cat([torch.zeros(num - 1, dtype=torch.bool, device=device),
+                             torch.ones(group.numel(), dtype=torch.bool, device=device)])
+        slot_group = torch.cat([torch.full((num - 1,), -1, device=device), group])
+        q_pos, k_pos = positions[:, :, None], positions[:, None, :]
+        q_mask, k_mask = is_mask[None, :, None], is_mask[None, None, :]
+        block_start = torch.cat([prefix_pos[None].expand(batch, -1) + 1, starts[:, group]], dim=1)[:, :, None]  # [B, L-1, 1]
+        sees_prefix = ~k_mask & (k_pos < block_start)  # causal drafters read the whole prefix (context 0)
+        sees_own_masks = q_mask & k_mask & (slot_group[None, :, None] == slot_group[None, None, :]) & (k_pos <= q_pos)
+        body = sees_prefix | sees_own_masks  # [B, L-1, L-1]
+        mask = torch.ones(batch, 1 + body.shape[1], 1 + body.shape[1], dtype=torch.bool, device=device)
+        mask[:, 1:, 1:] = body
+        mask[:, 0, 1:] = False  # the class token sees itself only
+        for layer in self.layers:
+            h = layer(h, rope, mask[:, None])
+        out = self.output(self.norm(h[:, 1:])).float()
+        return out[:, : num - 1], out[:, num - 1 :].reshape(batch, starts.shape[1], width, -1)
 
     @torch.no_grad()
     def propose(self, tokens: Tensor, num_prefix: Tensor, num_masked: Tensor, condition: LlamaGenCondition, *,

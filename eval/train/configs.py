@@ -223,11 +223,12 @@ class GADDrafterTrainConfig:
     num_sequences: int = 2048
     sample_batch: int = 256
     sample_decoding: str = "ar"
-    steps: int = 2400
+    steps: int = 3000
     batch_size: int = 8  # sequences per step (one teacher forward each)
     blocks_per_sequence: int = 16  # drafter rows per sequence: random prefix lengths and block sizes
     max_block: int = 16
-    context: int = 48  # committed tokens the drafter sees (three rows of tiny-c2i's 16 x 16 grid)
+    context: int = 0  # committed tokens the drafter sees (0: all; a bidirectional drafter may see fewer, e.g. 48)
+    attention: str = "causal"  # an AR drafter whose unknown inputs are masks (context 0), or "bidirectional"
     lr: float = 2e-3
     weight_decay: float = 0.05
     dim: int = 128
@@ -245,6 +246,10 @@ class GADDrafterTrainConfig:
         if not isinstance(self.warm_start, str) or self.warm_start not in ("", "drafter", "transformer"):
             raise ValueError(f"{name('warm_start')} must be 'drafter' (the target pipeline's AR drafter), 'transformer' "
                              f"(the target itself) or '' (random init), got {self.warm_start!r}")
+        if self.attention not in ("bidirectional", "causal"):
+            raise ValueError(f"{name('attention')} must be 'bidirectional' or 'causal', got {self.attention!r}")
+        if self.attention == "causal" and self.context != 0:
+            raise ValueError(f"{name('attention')}='causal' reads the whole prefix: {name('context')} must be 0, got {self.context}")
         check_fields(self, name, counts=("num_sequences", "sample_batch", "blocks_per_sequence", "max_block", "dim",
                                          "n_layer", "n_head"),
                      non_negative=("context",), fractions=("class_dropout_prob",))

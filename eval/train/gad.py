@@ -24,6 +24,11 @@ As in that trainer, the condition is dropped to the null class with probability 
 teacher and student alike, so the drafter learns both CFG branches and its guided ``q`` mirrors the
 target's guided ``p``. Each step runs the teacher once per sequence (a full 256-token forward) and the drafter
 on ``blocks_per_sequence`` rows per sequence (the drafter is cheap: fixed input ``1 + context + max_block``).
+A causal drafter (``--attention causal --context 0``, :mod:`vispec.models.gad_drafter`) is trained on the same
+KL, packed: one forward per sequence (:meth:`~vispec.models.gad_drafter.GADDrafter.forward_packed`) gives row 0 for
+every prefix length ``n = 1 .. N - 1`` (an AR drafter's objective, dense) and the masks of ``blocks_per_sequence``
+blocks at random starts; the loss is the mean KL over the first rows plus the mean KL over the masks' rows, so the
+first row, the one every block's acceptance starts with, keeps half the weight.
 Sequences are sampled from the target with AR (:func:`vispec.eval.train.drafter.sample_target_sequences`),
 cached in ``out``.
 """
@@ -53,7 +58,7 @@ def build_gad_drafter(cfg: GADDrafterTrainConfig, target: LlamaGenGPT) -> GADDra
     t = target.config
     return GADDrafter(vocab_size=t.vocab_size, dim=cfg.dim, n_layer=cfg.n_layer, n_head=cfg.n_head,
                       num_classes=t.num_classes, class_dropout_prob=cfg.class_dropout_prob, block_size=t.block_size,
-                      context=cfg.context, max_block=cfg.max_block)
+                      context=cfg.context, max_block=cfg.max_block, attention=cfg.attention)
 
 
 def warm_start_from_ar(drafter: GADDrafter, ar_drafter: LlamaGenGPT) -> None:
@@ -135,8 +140,32 @@ def train_gad_drafter(cfg: GADDrafterTrainConfig) -> dict:
 
         return kl, extras
 
+    def packed_loss(seq: torch.Tensor, labels: torch.Tensor, gen: torch.Generator):
+        """Causal drafter: KL at every block-first position (all ``n``) plus KL at the masks of
+        ``blocks_per_sequence`` random blocks per sequence, all in one packed forward (module docstring)."""
+        drop = torch.rand(seq.shape[0], generator=gen) < cfg.class_dropout_prob
+        with torch.no_grad():
+            teacher = F.log_softmax(target(seq[:, :-1], LlamaGenCondition(class_labels=labels), condition_drop=drop).float(), -1)
+        starts = torch.randint(1, num_tokens, (seq.shape[0], cfg.blocks_per_sequence), generator=gen)
+        first, rest = drafter.forward_packed(seq, starts, labels, drop)
+        first_log, p_first = F.log_softmax(first, -1), teacher[:, 1:]
+        kl_first = F.kl_div(first_log, p_first, log_target=True, reduction="none").sum(-1).mean()
+        at = starts[:, :, None] + 1 + torch.arange(cfg.max_block - 1)  # [B, M, K-1]: the position each mask drafts
+        valid = at < num_tokens
+        p_rest = teacher[torch.arange(seq.shape[0])[:, None, None], at.clamp(max=num_tokens - 1)]
+        rest_log = F.log_softmax(rest, -1)
+        kl_rest = (F.kl_div(rest_log, p_rest, log_target=True, reduction="none").sum(-1) * valid).sum() / valid.sum()
+
+        def extras() -> dict:  # logged steps only: TV from the teacher at the first slot and at the masks
+            tv_first = 0.5 * (first_log.detach().exp() - p_first.exp()).abs().sum(-1).mean()
+            tv_rest = 0.5 * (rest_log.detach().exp() - p_rest.exp()).abs().sum(-1)
+            return {"tv": round(float((tv_rest * valid).sum() / valid.sum()), 4), "tv_first": round(float(tv_first), 4)}
+
+        return kl_first + kl_rest, extras
+
     train_start = time.time()
-    last = fit_sequences(drafter, tokens, labels, cfg, distillation_loss, desc="train gad drafter", loss_name="kl")
+    loss = packed_loss if drafter.causal else distillation_loss
+    last = fit_sequences(drafter, tokens, labels, cfg, loss, desc="train gad drafter", loss_name="kl")
     metrics = {"sample_minutes": round(sample_minutes, 1), "train_minutes": round((time.time() - train_start) / 60, 1),
                "final_kl": last["kl"], "final_tv": last["tv"], "final_tv_first": last["tv_first"],
                "parameters": sum(p.numel() for p in drafter.parameters())}

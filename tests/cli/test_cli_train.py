@@ -187,7 +187,7 @@ FRACTIONS = {"class_dropout_prob", "dropout", "caption_dropout", "edit_noise"}  
 POSITIVE = {"lr", "rope_theta", "routed_scaling_factor"}
 UNIT_INTERVAL = {"top_p", "threshold", "mask_eps", "eval_threshold"}  # (0, 1], mask_eps (0, 1)
 ANY_FINITE = {"guidance_scale"}
-CHOICES = {"data": {"photos", "scenes"}, "init": {"random", "horizontal", "vertical"}}
+CHOICES = {"data": {"photos", "scenes"}, "init": {"random", "horizontal", "vertical"}, "attention": {"bidirectional", "causal"}}
 PATHS = {"vq", "gpt", "evaluator", "drafter", "pipeline", "t2i", "clip", "trained", "edit"}
 # fields each unit of which costs at least a byte of memory (a weight, an activation, a data item): accepted with
 # the others at their defaults, none can exceed MEMORY

@@ -116,6 +116,66 @@ def test_drafter_bad_config_names_the_setting(kwargs, name):
         tiny_drafter(**kwargs)
 
 
+# ---------------------------------------------------------------------- the causal drafter
+def causal_drafter(**overrides) -> GADDrafter:
+    return tiny_drafter(**{"context": 0, "attention": "causal", **overrides})
+
+
+def test_causal_drafter_rows_see_only_what_lies_left():
+    """``attention="causal"``: row ``i`` of a block at ``n`` is read at the slot of ``x_{n+i-1}`` and sees the class,
+    the whole prefix and the masks before it, so it does not depend on the block's length (later masks) nor on any
+    token at or after ``n``; a token anywhere in the prefix (even position 0) changes every row."""
+    drafter = causal_drafter()
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (1, TOKENS), generator=gen)
+    n, labels = torch.tensor([20]), torch.tensor([2])
+    base = drafter(tokens, n, torch.tensor([8]), labels)
+    later = tokens.clone()
+    later[:, 20:] = torch.randint(0, VOCAB, (1, TOKENS - 20), generator=gen)
+    assert torch.equal(drafter(later, n, torch.tensor([8]), labels), base)
+    assert torch.allclose(drafter(tokens, n, torch.tensor([3]), labels)[:, :3], base[:, :3], atol=1e-6)
+    early = tokens.clone()
+    early[:, 0] = (early[:, 0] + 1) % VOCAB
+    assert not torch.allclose(drafter(early, n, torch.tensor([8]), labels)[:, 0], base[:, 0])
+    with pytest.raises(ValueError, match="context must be 0"):
+        tiny_drafter(attention="causal")
+    with pytest.raises(ValueError, match="attention"):
+        tiny_drafter(attention="sideways")
+
+
+def test_causal_drafter_packed_training_forward_equals_the_decoding_forward():
+    """``forward_packed`` (many blocks per sequence, the trainer's) gives the rows ``forward`` gives block by block,
+    including blocks cut at the image's end; a bidirectional drafter refuses it."""
+    drafter = causal_drafter(n_layer=2)
+    tokens = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(3))
+    labels, starts = torch.tensor([1, 4]), torch.tensor([[1, 7, 33], [2, 20, 35]])
+    first, rest = drafter.forward_packed(tokens, starts, labels, torch.tensor([False, True]))
+    assert first.shape == (2, TOKENS - 1, VOCAB) and rest.shape == (2, 3, 7, VOCAB)
+    for b in range(2):
+        for m in range(3):
+            n = int(starts[b, m])
+            k = min(8, TOKENS - n)
+            rows = drafter(tokens[b:b + 1], torch.tensor([n]), torch.tensor([k]), labels[b:b + 1], torch.tensor([b == 1]))[0]
+            assert torch.allclose(rows[0], first[b, n - 1], atol=1e-5)
+            assert torch.allclose(rows[1:k], rest[b, m, :k - 1], atol=1e-5)
+    with pytest.raises(ValueError, match="causal"):
+        tiny_drafter().forward_packed(tokens, starts, labels)
+
+
+def test_causal_drafter_warm_started_from_a_gpt_drafts_its_first_row_as_the_gpt(model):
+    """Warm-started from a same-shaped LlamaGen GPT, a causal drafter's first row is the GPT's next-token logits."""
+    from vispec.eval.train.gad import warm_start_from_ar
+
+    drafter = causal_drafter(dim=32, n_layer=2, n_head=2)
+    warm_start_from_ar(drafter, model)
+    tokens = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(4))
+    labels = torch.tensor([0, 3])
+    with torch.no_grad():
+        reference = model(tokens[:, :-1], condition(labels))  # output t predicts token t
+        first, _ = drafter.forward_packed(tokens, torch.tensor([[5], [9]]), labels)
+    assert torch.allclose(first, reference[:, 1:].float(), atol=1e-4)
+
+
 # ---------------------------------------------------------------------- the decoder
 def test_gad_spec_parses_and_names():
     config = DecodingConfig.parse("gad")
@@ -191,12 +251,12 @@ def test_gad_block_proposal_counts_forwards(model, drafter):
     assert int(out.stats.commits[:, 6:].sum()) == 0  # at most window tokens per pass
 
 
-@pytest.mark.parametrize("spec", ["gad:window=5", "gad:window=5,passes=2"])
-def test_gad_greedy_matches_ar(model, drafter, spec):
+@pytest.mark.parametrize("spec,causal", [("gad:window=5", False), ("gad:window=5,passes=2", False), ("gad:window=5", True)])
+def test_gad_greedy_matches_ar(model, drafter, spec, causal):
     greedy = SamplingConfig(temperature=0.0, guidance_scale=3.0)
     reference = decode(model, condition(list(range(CLASSES))), num_tokens=TOKENS, sampling=greedy, decoding="ar")
     out = decode(model, condition(list(range(CLASSES))), num_tokens=TOKENS, sampling=greedy, decoding=spec,
-                 drafter=drafter)
+                 drafter=causal_drafter() if causal else drafter)
     assert torch.equal(out.tokens, reference.tokens)
 
 
@@ -289,3 +349,12 @@ def test_warm_start_copies_a_same_shaped_gpt_and_keeps_the_mask_row(model):
         assert torch.equal(value, expected), key
     with pytest.raises(ValueError, match="dim, n_layer and n_head must match"):
         warm_start_from_ar(tiny_drafter(), model)
+
+
+def test_train_config_causal_drafter_reads_the_whole_prefix():
+    from vispec.eval.train.configs import GADDrafterTrainConfig
+
+    with pytest.raises(ValueError, match="context must be 0"):
+        GADDrafterTrainConfig(attention="causal", context=48).validate()
+    with pytest.raises(ValueError, match="attention must be 'bidirectional' or 'causal'"):
+        GADDrafterTrainConfig(attention="both").validate()

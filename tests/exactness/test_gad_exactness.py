@@ -48,11 +48,12 @@ def setup():
     return model, joint, required_samples(joint)
 
 
-def gad_drafter() -> GADDrafter:
-    """A random block drafter over the tiny GPT's vocabulary, classes and grid (context 3, blocks up to 4) whose
-    ``q`` moves with its context (module docstring)."""
+def gad_drafter(attention: str = "bidirectional") -> GADDrafter:
+    """A random block drafter over the tiny GPT's vocabulary, classes and grid (blocks up to 4; context 3, or the
+    whole prefix when causal) whose ``q`` moves with its context (module docstring)."""
     torch.manual_seed(17)
-    drafter = GADDrafter(vocab_size=4, dim=16, n_layer=1, n_head=2, num_classes=3, block_size=9, context=3, max_block=4).eval()
+    drafter = GADDrafter(vocab_size=4, dim=16, n_layer=1, n_head=2, num_classes=3, block_size=9, max_block=4,
+                         context=0 if attention == "causal" else 3, attention=attention).eval()
     torch.nn.init.normal_(drafter.output.weight, std=0.15)
     torch.manual_seed(4)
     for name, weight in drafter.named_parameters():
@@ -62,12 +63,13 @@ def gad_drafter() -> GADDrafter:
     return drafter
 
 
-def sample_gad(model, spec: str, n: int, seed: int, max_batch_size=None) -> tuple[torch.Tensor, float, float]:
+def sample_gad(model, spec: str, n: int, seed: int, max_batch_size=None,
+               attention: str = "bidirectional") -> tuple[torch.Tensor, float, float]:
     condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
     label, _, acceptance = spec.partition("+")
     out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=DecodingConfig.parse(label),
                  acceptance=acceptance or None, generator=torch.Generator().manual_seed(seed), grid_width=3,
-                 drafter=gad_drafter(), max_batch_size=max_batch_size)
+                 drafter=gad_drafter(attention), max_batch_size=max_batch_size)
     accepted = float(out.stats.accepted_drafts.sum()) / float((out.stats.nfe - 1).sum())
     return out.tokens, float(out.stats.tokens_per_forward.mean()), accepted
 
@@ -80,12 +82,13 @@ def sample_gad(model, spec: str, n: int, seed: int, max_batch_size=None) -> tupl
 # (p = 0.643, slots refilled), window 4 + budget δ = 0 (p = 0.728), all with a drafter of near-constant q (no
 # attention re-init); with this drafter, window 5 in one pass (p = 0.152) and with passes=3,groups=doubling
 # (groups 1, 1, 2; p = 0.091).
-@pytest.mark.parametrize("spec,max_batch_size", [("gad:window=5,passes=2", 700)])
-def test_gad_matches_exact_joint(setup, spec, max_batch_size):
+@pytest.mark.parametrize("spec,max_batch_size,attention", [("gad:window=5,passes=2", 700, "bidirectional"),
+                                                            ("gad:window=5,passes=2,groups=doubling", None, "causal")])
+def test_gad_matches_exact_joint(setup, spec, max_batch_size, attention):
     model, joint, n = setup
-    tokens, tpf, accepted = sample_gad(model, spec, n, seed=2024, max_batch_size=max_batch_size)
+    tokens, tpf, accepted = sample_gad(model, spec, n, seed=2024, max_batch_size=max_batch_size, attention=attention)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
-    print(f"\n{spec}: n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} tokens/forward={tpf:.3f} "
+    print(f"\n{spec} ({attention} drafter): n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} tokens/forward={tpf:.3f} "
           f"accepted drafts/pass={accepted:.3f}")
     assert accepted > 0.1, "the drafter's proposals were (almost) never accepted: the test would not cover verification"
     assert p_value > ALPHA, f"{spec} deviates from the exact AR joint (p={p_value:.2e}, TV={tv:.4f})"
