@@ -200,6 +200,22 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         return batch
 
     # ------------------------------------------------------------------ forward
+    def _encode(self, ids: Tensor, positions: Tensor, labels: Tensor, condition_drop: Optional[Tensor], mask: Tensor,
+                rows: slice) -> Tensor:
+        """Float logits of the slots ``rows`` of ``[class, ids]``: token ``ids [B, L]`` at image ``positions [B, L]``
+        (RoPE row ``1 + position``, clamped into the grid; the class token gets row 0), attention ``mask``
+        ``[B, 1, 1 or 1 + L, 1 + L]`` (True = visible)."""
+        device = self.device
+        h = torch.cat([self.cls_embedding(labels.to(device).long(), condition_drop), self.tok_embeddings(ids)], dim=1)
+        table = self.freqs_cis.to(device)
+        if table.device != self.freqs_cis.device:
+            self.freqs_cis = table
+        grid = positions.clamp(0, self.config.block_size - 1)
+        rope = table[torch.cat([torch.zeros_like(positions[:, :1]), 1 + grid], dim=1)]
+        for layer in self.layers:
+            h = layer(h, rope, mask)
+        return self.output(self.norm(h[:, rows])).float()
+
     def forward(self, tokens: Tensor, num_prefix: Tensor, num_masked: Tensor, labels: Tensor,
                 condition_drop: Optional[Tensor] = None, validate: bool = True) -> Tensor:
         """Logits ``[B, max_block, V]`` (float32) of the masked positions ``num_prefix[b] + i``, ``i < max_block``.
@@ -231,22 +247,13 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         visible = (positions >= 0) & (is_prefix | (offsets[None, :] < shown[:, None]))
         read = positions.clamp(0, tokens.shape[1] - 1)
         ids = torch.where(is_prefix & visible, tokens.long().gather(1, read), torch.full_like(read, self.mask_id))
-        h = torch.cat([self.cls_embedding(labels.to(device).long(), condition_drop), self.tok_embeddings(ids)], dim=1)
-        table = self.freqs_cis.to(device)
-        if table.device != self.freqs_cis.device:
-            self.freqs_cis = table
-        rope = table[torch.cat([torch.zeros_like(positions[:, :1]), 1 + positions.clamp(0, cfg.block_size - 1)], dim=1)]
         keys = torch.cat([torch.ones_like(visible[:, :1]), visible], dim=1)  # the class token is always visible
         mask = keys[:, None, None, :]  # [B, 1, 1, 1 + C + K]: bidirectional, padding keys hidden
         if self.causal:  # the masks stand in for x_n .. x_{n+K-2}; row i is read at the slot of x_{n+i-1}
             order = torch.arange(keys.shape[1], device=device)
             mask = mask & (order[None, None, :, None] >= order[None, None, None, :])
-            for layer in self.layers:
-                h = layer(h, rope, mask)
-            return self.output(self.norm(h[:, context:context + block])).float()
-        for layer in self.layers:
-            h = layer(h, rope, mask)
-        return self.output(self.norm(h[:, 1 + context:])).float()
+        first = context if self.causal else 1 + context  # the slot of row 0
+        return self._encode(ids, positions, labels, condition_drop, mask, rows=slice(first, first + block))
 
     def forward_packed(self, tokens: Tensor, starts: Tensor, labels: Tensor,
                        condition_drop: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
@@ -275,10 +282,7 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         group = torch.arange(starts.shape[1], device=device)[:, None].expand(-1, width).reshape(-1)  # [M(K-1)]
         mask_pos = mask_pos.reshape(batch, -1)
         ids = torch.cat([tokens[:, :-1], torch.full_like(mask_pos, self.mask_id)], dim=1)
-        h = torch.cat([self.cls_embedding(labels.to(device).long(), condition_drop), self.tok_embeddings(ids)], dim=1)
-        table = self.freqs_cis.to(device)
         positions = torch.cat([prefix_pos[None].expand(batch, -1), mask_pos], dim=1)  # [B, L - 1]
-        rope = table[torch.cat([torch.zeros_like(positions[:, :1]), 1 + positions.clamp(max=cfg.block_size - 1)], dim=1)]
         # who sees whom: query rows and key columns over [class, prefix, masks]
         is_mask = torch.cat([torch.zeros(num - 1, dtype=torch.bool, device=device),
                              torch.ones(group.numel(), dtype=torch.bool, device=device)])
@@ -292,9 +296,7 @@ class GADDrafter(CheckedFromPretrained, ModelMixin, ConfigMixin):
         mask = torch.ones(batch, 1 + body.shape[1], 1 + body.shape[1], dtype=torch.bool, device=device)
         mask[:, 1:, 1:] = body
         mask[:, 0, 1:] = False  # the class token sees itself only
-        for layer in self.layers:
-            h = layer(h, rope, mask[:, None])
-        out = self.output(self.norm(h[:, 1:])).float()
+        out = self._encode(ids, positions, labels, condition_drop, mask[:, None], rows=slice(1, None))
         return out[:, : num - 1], out[:, num - 1 :].reshape(batch, starts.shape[1], width, -1)
 
     @torch.no_grad()

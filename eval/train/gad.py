@@ -120,11 +120,17 @@ def train_gad_drafter(cfg: GADDrafterTrainConfig) -> dict:
         warm_start_from_ar(drafter, ar_drafter)
     num_tokens = target.config.block_size
 
+    def teacher_log_probs(seq: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(drop [B], log p [B, N, V])``: the condition dropped with probability ``class_dropout_prob`` (teacher and
+        student alike) and the target's next-token log-probabilities, output ``t`` predicting token ``t`` from ``x_{<t}``."""
+        drop = torch.rand(seq.shape[0], generator=gen) < cfg.class_dropout_prob
+        with torch.no_grad():
+            logits = target(seq[:, :-1], LlamaGenCondition(class_labels=labels), condition_drop=drop)
+        return drop, F.log_softmax(logits.float(), -1)
+
     def distillation_loss(seq: torch.Tensor, labels: torch.Tensor, gen: torch.Generator):
         """Mean KL(p_target || q_drafter) over the masked positions of every row."""
-        drop = torch.rand(seq.shape[0], generator=gen) < cfg.class_dropout_prob
-        with torch.no_grad():  # teacher: output t predicts token t given x_{<t}
-            teacher = F.log_softmax(target(seq[:, :-1], LlamaGenCondition(class_labels=labels), condition_drop=drop).float(), -1)
+        drop, teacher = teacher_log_probs(seq, labels, gen)
         which, prefix, masked = block_rows(seq.shape[0], cfg.blocks_per_sequence, num_tokens, cfg.max_block, gen)
         logits = drafter(seq[which], prefix, masked, labels[which], drop[which], validate=False)
         offsets = torch.arange(cfg.max_block)
@@ -143,9 +149,7 @@ def train_gad_drafter(cfg: GADDrafterTrainConfig) -> dict:
     def packed_loss(seq: torch.Tensor, labels: torch.Tensor, gen: torch.Generator):
         """Causal drafter: KL at every block-first position (all ``n``) plus KL at the masks of
         ``blocks_per_sequence`` random blocks per sequence, all in one packed forward (module docstring)."""
-        drop = torch.rand(seq.shape[0], generator=gen) < cfg.class_dropout_prob
-        with torch.no_grad():
-            teacher = F.log_softmax(target(seq[:, :-1], LlamaGenCondition(class_labels=labels), condition_drop=drop).float(), -1)
+        drop, teacher = teacher_log_probs(seq, labels, gen)
         starts = torch.randint(1, num_tokens, (seq.shape[0], cfg.blocks_per_sequence), generator=gen)
         first, rest = drafter.forward_packed(seq, starts, labels, drop)
         first_log, p_first = F.log_softmax(first, -1), teacher[:, 1:]
