@@ -48,7 +48,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vispec.decoding import DecodingConfig
-from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule
+from vispec.decoding.rules import build_rule
 from vispec.decoding.neighbors import NeighborTables, codebook_key
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.gad_drafter import GADDrafter
@@ -156,7 +157,7 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         return materialized(embedding)  # with values under sequential offload too
 
     def acceptance_rule(self, acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule]) -> AcceptanceRule:
-        """The rule (:func:`vispec.decoding.acceptance.build_rule`): LANTERN's neighbour table comes from
+        """The rule (:func:`vispec.decoding.rules.build_rule`): LANTERN's neighbour table comes from
         :attr:`neighbor_tables` (computed once per codebook), GSD uses the transformer's token embeddings."""
         return build_rule(acceptance, codebook=self.codebook, tables=self._saved_neighbors(),
                           embeddings=lambda: materialized(self.transformer.tok_embeddings))

@@ -43,7 +43,8 @@ from diffusers.utils import BaseOutput
 
 from vispec.checks import check_int
 from vispec.decoding import DecodingConfig
-from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule
+from vispec.decoding.rules import build_rule
 from vispec.decoding.neighbors import NeighborTables
 from vispec.models.checkpoints import diffusers_load_kwargs
 from vispec.models.llamagen_vq import decode_tokens
@@ -355,7 +356,7 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
 
     def acceptance_rule(self, acceptance: Union[None, str, AcceptanceConfig, AcceptanceRule],
                         model: Optional[UnifiedTokenModel] = None) -> AcceptanceRule:
-        """The rule (:func:`vispec.decoding.acceptance.build_rule`): LANTERN's neighbour table comes from
+        """The rule (:func:`vispec.decoding.rules.build_rule`): LANTERN's neighbour table comes from
         :attr:`neighbor_tables` (computed once per codebook), GSD uses the image tokens' input embeddings of
         ``model`` (default: the transformer at the default size). The end-of-row token has no latent in either
         (a NaN row): no relaxed rule keeps it where the target gives it no mass, nor relaxes towards it."""

@@ -19,6 +19,9 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("VISPEC_FUSED_NOISE", "0")
+# the shape chooser's cost curves are not written to the user's cache (~/.cache/vispec): a test that checks the
+# cache points VISPEC_CACHE_DIR at a folder of its own
+os.environ.setdefault("VISPEC_CACHE_DIR", "off")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

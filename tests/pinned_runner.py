@@ -46,7 +46,7 @@ def run_case(case: dict, results: dict) -> None:
     if case["model"] == "tiny-mdlm":
         return _run_text(case, results)
     from vispec.decoding import DecodingConfig, decode
-    from vispec.decoding.acceptance import build_rule
+    from vispec.decoding.rules import build_rule
     from vispec.models.llamagen_gpt import LlamaGenCondition
     from vispec.sampling import SamplingConfig
 

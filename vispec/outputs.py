@@ -16,7 +16,7 @@ logits as ``l = l_u + s (l_c - l_u)``, and ``s = 1`` means no guidance. LLaDA's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -38,6 +38,9 @@ class DecodeStats:
     * ``extra``: further per-sample counters (e.g. ``drafter_nfe`` for draft-model decoding);
     * ``windows``: for the batch, how many passes ran with each window (``{window: passes}``; an
       image decoder's padded window, which ``window="auto"`` chooses per pass);
+    * ``shapes``: the shape-choosing decoders (``"auto"``, ``"sjd-pac:window=auto"``): passes per shape (``{"ar": ..,
+      "chain 16": .., "tree 16 K3 D3": ..}``, :mod:`vispec.decoding.shapes`); ``chooser``: their chooser's
+      ``predicted_speedup`` over AR's passes on the same cost curve and whether the decode ``calibrated`` it;
     * ``commits``: ``[B, W]`` image decoders: ``commits[b, k]`` is how many of sample ``b``'s verification
       passes committed ``k`` tokens (column 1: the single-token passes; the prefill is not a pass).
     """
@@ -51,6 +54,8 @@ class DecodeStats:
     extra: dict[str, Tensor] = field(default_factory=dict)
     windows: dict[int, int] = field(default_factory=dict)
     commits: Optional[Tensor] = None
+    shapes: dict[str, int] = field(default_factory=dict)
+    chooser: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokens_per_forward(self) -> Tensor:

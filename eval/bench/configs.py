@@ -9,6 +9,7 @@ module re-exports its config, so ``from vispec.eval.bench.decoders import Decode
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -60,6 +61,70 @@ def check_inflated_model(name: str, trained: Optional[tuple[str, ...]] = TRAINED
         raise ValueError(f"model {name!r}: {err}") from None
 
 
+COST_CURVES = ("measured", "flat")  # --cost-curve: besides these, a cost-curve JSON file
+_WINDOW_LABEL = re.compile(r"[1-9][0-9]*")
+_SHAPE_LABEL = re.compile(r"(chain|tree):([1-9][0-9]*)")
+
+
+def read_cost_curve(path: str) -> dict:
+    """``--cost-curve PATH``: the step costs of a cost-curve file in the on-disk cache format
+    (:func:`vispec.decoding.windows.save_step_costs`: ``{"key": ..., "costs": {label: [[cached length, seconds], ...]}}``,
+    e.g. recorded on a GPU), as ``{label: [(length, seconds), ...]}``: the shape chooser's labels (``ar``, ``chain:L``,
+    ``tree:L``) as strings, the window chooser's windows as ints. The window chooser's windows a file lacks are taken
+    from ``ar`` (window 1) and ``chain:L`` (window ``L``). A ValueError naming ``--cost-curve`` and what is wrong (the
+    file unreadable, not JSON, another layout, an unknown label, a sample that is no ``[length >= 0, seconds > 0]``,
+    no ``ar`` cost)."""
+    import json
+    import math
+
+    where = f"cost_curve (--cost-curve) {path!r}"
+    expected = ('expected measured, flat or a cost-curve JSON file ({"key": ..., "costs": {label: [[cached length, '
+                'seconds], ...]}}, as vispec keeps them in $VISPEC_CACHE_DIR/step-costs)')
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: cannot read it ({err}); {expected}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{where} is not valid JSON ({err}); {expected}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("costs"), dict) or not data["costs"]:
+        raise ValueError(f"{where} has no \"costs\" object of cost labels; {expected}")
+    costs: dict = {}
+    for label, samples in data["costs"].items():
+        if _WINDOW_LABEL.fullmatch(label):
+            key = int(label)
+        elif label == "ar" or _SHAPE_LABEL.fullmatch(label) and int(_SHAPE_LABEL.fullmatch(label).group(2)) >= 2:
+            key = label
+        else:
+            raise ValueError(f"{where}: unknown cost label {label!r}; expected ar, chain:L or tree:L (L >= 2 rows, "
+                             f"the shape chooser's) or a window 1, 2, 4, ... (the window chooser's)")
+        pairs = []
+        for sample in samples if isinstance(samples, list) and samples else [None]:
+            ok = (isinstance(sample, (list, tuple)) and len(sample) == 2
+                  and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sample))
+            if not ok or not (sample[0] >= 0 and math.isfinite(sample[1]) and sample[1] > 0):
+                raise ValueError(f"{where}: cost label {label!r} needs a non-empty list of [cached length >= 0, "
+                                 f"seconds > 0] pairs, got {samples!r}"[:400])
+            pairs.append((int(sample[0]), float(sample[1])))
+        costs[key] = pairs
+    if "ar" not in costs:
+        raise ValueError(f"{where} has no \"ar\" cost: the chooser's predicted speed-ups are relative to it")
+    costs.setdefault(1, costs["ar"])
+    for label in [k for k in costs if isinstance(k, str) and k.startswith("chain:")]:
+        costs.setdefault(int(label.split(":")[1]), costs[label])
+    return costs
+
+
+def check_cost_curve(value: str) -> None:
+    """``--cost-curve``: ``measured``, ``flat`` or a readable cost-curve file (:func:`read_cost_curve`)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"cost_curve (--cost-curve) must be measured, flat or a cost-curve JSON file, got {value!r}")
+    if value not in COST_CURVES:
+        read_cost_curve(value)
+
+
 def _check_device(name: str) -> None:
     from vispec.eval.bench.report import check_device
 
@@ -90,6 +155,7 @@ class DecoderBenchConfig:
     dtype: str = "float32"
     cuda_graphs: bool = False  # compiled steps with torch.compile(mode="reduce-overhead") (needs compile)
     kernels: bool = False  # also `vispec bench kernels` at the model's vocabulary, in the same result
+    cost_curve: str = "measured"  # what the choosers price passes by: measured, flat or a cost-curve file (COST_CURVES)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -102,6 +168,7 @@ class DecoderBenchConfig:
         from vispec.eval.bench.decoders import decoding_config
         from vispec.models.llamagen_gpt import GPT_CONFIGS
 
+        check_cost_curve(self.cost_curve)
         if split_inflated_name(self.model)[1] is not None:
             check_inflated_model(self.model)
         elif self.model not in GPT_CONFIGS and self.model not in TRAINED_MODELS:
@@ -124,8 +191,8 @@ class DecoderBenchConfig:
             raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
         if self.compile:
             for method in self.methods:
-                if decoding_config(method, self.window).strategy not in ("ar", "sjd", "mc-sjd", "sjd-pac"):
-                    raise ValueError(f"--compile applies to ar, sjd, mc-sjd and sjd-pac, not {method!r}")
+                if decoding_config(method, self.window).strategy not in ("ar", "sjd", "mc-sjd", "sjd-pac", "auto"):
+                    raise ValueError(f"--compile applies to ar, sjd, mc-sjd, sjd-pac and auto, not {method!r}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: leave torch's thread count), got {self.threads}")
         if self.init_std <= 0:
@@ -165,6 +232,7 @@ class ImageBenchConfig:
     sweep_images: int = 16
     results_dir: Optional[str] = None  # every image's result, written as its batch finishes; a rerun skips them
     num_processes: Optional[int] = None  # the processes launched (torchrun); another world size is an error
+    cost_curve: str = "measured"  # what the choosers price passes by: measured, flat or a cost-curve file (COST_CURVES)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -177,6 +245,7 @@ class ImageBenchConfig:
         (and their ``+lantern`` sweeps) is checked here; whether the model can run each one, once it is loaded."""
         from vispec.eval.bench.image import expand_methods
 
+        check_cost_curve(self.cost_curve)
         for name in ("batch_size", "latency_images", "noise_repeats", "rounds", "sweep_images"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

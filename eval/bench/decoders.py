@@ -55,6 +55,17 @@ Tokens committed per pass (:mod:`vispec.eval.bench.commits`): every method's row
 timed rounds) keeps ``commits_per_pass``, the passes per number of tokens committed (``stats.commits`` summed over
 the decoded images, a list indexed by that number); the ``1-token`` column is its share of one-token passes, and a
 second table gives the shares in log2 bins with the mean tokens per pass (:func:`commits_plot` draws them).
+
+Shape chooser (``auto``, ``sjd-pac:window=auto``; :mod:`vispec.decoding.shapes`): every row whose decodes report
+``stats.shapes`` also gets ``shapes`` (passes per shape, summed over the row's decodes), ``predicted_speedup`` (the
+mean of the decodes' ``stats.chooser["predicted_speedup"]``), ``measured_speedup`` (the row's speed-up over AR with
+the same compile setting), ``prediction_error`` (predicted / measured - 1) and ``chooser_calibrations``; a table under
+the main one shows them with tokens per forward, the single-token share, the roofline share and the top shapes. Each
+shape-choosing method gets an untimed decode per batch size first (the first one measures the chooser's cost curve).
+``--cost-curve flat`` (or a cost-curve file, e.g. recorded on a GPU) hands the decodes a pinned curve instead
+(:func:`vispec.eval.bench.roofline.chooser_stats`: every shape and window costs the same, or the file's costs;
+no measurement changes it) and calibrates the roofline's curve apart, so the choosers never see measured costs; the
+predicted speed-ups are then relative to that curve, the measured ones stay the wall clock's.
 """
 
 from __future__ import annotations
@@ -82,6 +93,7 @@ from vispec.profiling import HostSyncCounter
 from vispec.sampling import SamplingConfig
 
 WARMUP_RUNS = 3  # at most, per contender and batch size: a warm-up run is repeated while it compiled a graph
+CHOOSER_WARMUP_RUNS = 8  # at most, per shape-choosing method and batch size: repeated while a decode still calibrated
 
 
 def decoding_config(method: str, window: int) -> DecodingConfig:
@@ -145,6 +157,7 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
     single: Optional[list] = []  # only for decoders without a commits histogram
     commits: Optional[list[int]] = []  # passes per number of tokens committed (None: a decode did not count them)
     windows: Counter = Counter()
+    decodes: list[tuple[dict, dict]] = []  # per decode: (stats.shapes, stats.chooser)
     with PeakMemory(device) as memory:
         start, start_cpu = time.perf_counter(), time.process_time()
         for lo in range(0, cfg.num_images, cfg.batch_size):
@@ -157,6 +170,7 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
             accepted += out.stats.accepted_per_forward.tolist()
             latency += out.stats.latency_s.tolist()
             windows.update(out.stats.windows)
+            decodes.append((dict(out.stats.shapes), dict(out.stats.chooser)))
             commits = None if commits is None or out.stats.commits is None else merge([commits, histogram(out.stats.commits)])
             counted = out.stats.extra.get("single_passes", out.stats.nfe - 1 if out.method == "ar" else None)
             single = None if counted is None or single is None else single + counted.tolist()  # AR: every pass
@@ -181,6 +195,7 @@ def _run_method(model, cfg: DecoderBenchConfig, method: str, sampling: SamplingC
     }
     if commits is not None:
         row[COMMITS_KEY] = commits
+    row["_decodes"] = decodes  # the shape chooser's report, once the speed-up is known (run_decoder_bench)
     return row
 
 
@@ -238,6 +253,41 @@ def _kernel_report(cfg: DecoderBenchConfig, model: LlamaGenGPT, batch_sizes: tup
     return run_kernel_bench(kcfg, progress=progress)
 
 
+def _chooser_and_roofline_stats(cfg: DecoderBenchConfig) -> tuple[WindowStats, WindowStats]:
+    """``(the WindowStats handed to every decode, the one the roofline calibrates)``: one and the same with
+    ``--cost-curve measured`` (the auto window's chooser starts from the calibration); with ``flat`` or a file the
+    decodes get the pinned curve (:func:`vispec.eval.bench.roofline.chooser_stats`) and the roofline a WindowStats of
+    its own, which no chooser sees."""
+    pinned = roofline.chooser_stats(cfg.cost_curve)
+    if pinned is None:
+        stats = WindowStats()
+        return stats, stats
+    return pinned, WindowStats()
+
+
+def _warm_up_choosers(model, cfg: DecoderBenchConfig, methods: list[str], sampling, window_stats: WindowStats,
+                      progress) -> None:
+    """Untimed decodes per shape-choosing method (``auto``, ``sjd-pac:window=auto``) and batch size of the run, until
+    one no longer calibrates (at most :data:`CHOOSER_WARMUP_RUNS`): the first decodes at a batch size measure the shape
+    chooser's cost curve (each shape that fits the image for a few passes), which the timed run must not include (the
+    predicted speed-up leaves those passes out)."""
+    sizes = sorted({cfg.batch_size if cfg.num_images >= cfg.batch_size else cfg.num_images}
+                   | ({cfg.num_images % cfg.batch_size} - {0}))
+    for method in methods:
+        decoding = decoding_config(method, cfg.window)
+        if not roofline.chooses_shapes(decoding):
+            continue
+        progress(f"{method}: chooser warm-up (untimed) ...")
+        for size in sizes:
+            labels = (torch.arange(size) % _num_classes(model)).to(cfg.device)
+            for attempt in range(CHOOSER_WARMUP_RUNS):  # again while a decode still calibrated (a short image fits few shapes)
+                gens = [torch.Generator().manual_seed(cfg.seed * 100003 + (7 + attempt) * 1_000_003 + i) for i in range(size)]
+                out = decode(model, LlamaGenCondition(class_labels=labels), num_tokens=cfg.image_tokens, sampling=sampling,
+                             decoding=decoding, generator=gens, window_stats=window_stats)
+                if not out.stats.chooser.get("calibrated"):
+                    break
+
+
 def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> dict:
     """Run every method. One batch size: ``{"config": ..., "methods": {name: {...}}}``; a batch sweep
     (``batch_sizes`` or ``compile``): ``{"config": ..., "rows": [{...}, ...]}``, one row per batch size,
@@ -249,21 +299,25 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> 
     if cfg.sweep:
         return _run_sweep(cfg, progress, partial)
     model = build_model(cfg)
-    window_stats = WindowStats()  # window="auto": measurements of this model, kept across its decodes
+    # window="auto" and the shape chooser: measurements of this model, kept across its decodes (--cost-curve flat or a
+    # file: a pinned curve, and the roofline calibrates a WindowStats of its own)
+    window_stats, roof_stats = _chooser_and_roofline_stats(cfg)
     sampling = _sampling(cfg)
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))  # AR is the baseline
     # warm-up (allocator, kernels), not timed
     decode(model, LlamaGenCondition(class_labels=torch.zeros(1, dtype=torch.long, device=cfg.device)),
            num_tokens=min(cfg.image_tokens, 2 * cfg.window), sampling=sampling, decoding=DecodingConfig.parse("sjd", window=cfg.window))
-    key, cpu_stats = _calibrate(model, cfg, methods, cfg.batch_size, False, sampling, window_stats, progress)
+    key, cpu_stats = _calibrate(model, cfg, methods, cfg.batch_size, False, sampling, roof_stats, progress)
+    _warm_up_choosers(model, cfg, methods, sampling, window_stats, progress)
     results = {}
     for method in methods:
         progress(f"running {method} ...")
         results[method] = _run_method(model, cfg, method, sampling, window_stats)
         if partial:
-            partial({"config": _base_config(cfg, model, methods), "methods": dict(results)})
+            partial({"config": _base_config(cfg, model, methods),
+                     "methods": {m: {k: v for k, v in r.items() if k != "_decodes"} for m, r in results.items()}})
     ar = results["ar"]
-    curve = roofline.curve_entry(window_stats, cpu_stats, key, cfg.image_tokens // 2, cfg.batch_size, False)
+    curve = roofline.curve_entry(roof_stats, cpu_stats, key, cfg.image_tokens // 2, cfg.batch_size, False)
     ar_passes = sum(ar["windows_total"].values())
     for res in results.values():
         res["step_compression"] = ar["nfe"] / res["nfe"]
@@ -271,6 +325,7 @@ def run_decoder_bench(cfg: DecoderBenchConfig, progress=print, partial=None) -> 
         res["speedup_cpu"] = ar["cpu_s"] / res["cpu_s"]
         res.update(roofline.roofline_fields(res["windows_total"], ar_passes, curve["relative_cost"], curve["relative_cost_cpu"],
                                             res["speedup"], res["speedup_cpu"], roofline.tokens_per_pass(cfg.image_tokens, res["nfe"])))
+        res.update(roofline.chooser_fields(res.pop("_decodes"), res["speedup"]))
     result = {"config": _base_config(cfg, model, methods), "methods": {m: results[m] for m in methods if m in cfg.methods or m == "ar"},
               "roofline": _roofline_config(cfg, methods, [curve])}
     if cfg.kernels:
@@ -308,6 +363,7 @@ class _Contender:
         self.windows: Counter = Counter()
         self.last_windows: dict = {}
         self.commits: Optional[list[int]] = []  # over the timed rounds; None: a decode did not count them
+        self.decodes: list[tuple[dict, dict]] = []  # over the timed rounds: (stats.shapes, stats.chooser) per decode
         self.compiles_in_timed = 0
 
     def decode_batch(self, lo: int):
@@ -342,6 +398,7 @@ class _Contender:
             self.steps.append(sum(out.stats.windows.values()))
             self.windows.update(out.stats.windows)
             self.last_windows = dict(sorted(out.stats.windows.items(), reverse=True))
+            self.decodes.append((dict(out.stats.shapes), dict(out.stats.chooser)))
             if self.commits is not None:
                 self.commits = None if out.stats.commits is None else merge([self.commits, histogram(out.stats.commits)])
 
@@ -365,7 +422,7 @@ def _median(xs: list[float]) -> float:
 
 def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
     model = build_model(cfg)
-    window_stats = WindowStats()  # window="auto": measurements of this model, kept across its decodes
+    window_stats, roof_stats = _chooser_and_roofline_stats(cfg)  # the choosers' measurements, the roofline's curve
     sampling = _sampling(cfg)
     methods = list(dict.fromkeys(("ar",) + tuple(cfg.methods)))
     settings = (False, True) if cfg.compile else (False,)
@@ -391,15 +448,17 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
         images = batch * math.ceil(max(batch, cfg.num_images) / batch)
         contenders = [_Contender(model, cfg, m, c, batch, images, sampling, window_stats) for c in settings for m in methods]
         # the cost curve first: the auto window's chooser starts from it, the roofline report reads it
-        calibration = {c: _calibrate(model, cfg, methods, batch, c, sampling, window_stats, progress) for c in settings}
+        calibration = {c: _calibrate(model, cfg, methods, batch, c, sampling, roof_stats, progress) for c in settings}
         warmup = {}
         for con in contenders:  # warm-up and compilation, untimed: again while a run still compiles something
             progress(f"B={batch}: warm-up {con.method}{' (compiled)' if con.compiled else ''} ...")
             warmup[con] = []
-            for _ in range(WARMUP_RUNS):
+            # the shape chooser: also while a run still measured its cost curve (a short image fits few shapes per decode)
+            for _ in range(CHOOSER_WARMUP_RUNS if roofline.chooses_shapes(con.decoding) else WARMUP_RUNS):
                 graphs = compiled_graph_count()
-                warmup[con].append(con.run()[0])
-                if compiled_graph_count() == graphs:
+                seconds, outs, _ = con.run()
+                warmup[con].append(seconds)
+                if compiled_graph_count() == graphs and not any(out.stats.chooser.get("calibrated") for out in outs):
                     break
         progress(f"B={batch}: {cfg.rounds} timed round(s) of {len(contenders)} contenders, {images} image(s) each ...")
         for _ in range(cfg.rounds):  # interleaved: A B C ... A B C ...
@@ -412,7 +471,7 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
         ar = {c.compiled: c for c in contenders if c.method == "ar"}
         curve = {}
         for c, (key, cpu_stats) in calibration.items():
-            curve[c] = roofline.curve_entry(window_stats, cpu_stats, key, cfg.image_tokens // 2, batch, c)
+            curve[c] = roofline.curve_entry(roof_stats, cpu_stats, key, cfg.image_tokens // 2, batch, c)
             # AR's own step (its rounds over its passes, the prefill included): c(1) is the speculative decoder's
             # one-row step, which costs something else; the bounds compare with AR's measured step (roofline)
             per_round = sum(ar[c].windows.values()) / max(len(ar[c].round_s), 1)
@@ -445,6 +504,9 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
                                            roofline.tokens_per_pass(cfg.image_tokens, nfe),
                                            roofline.ar_step_ratio(curve[con.compiled]) if con.method != "ar" else (1.0, 1.0)),
                 **({COMMITS_KEY: con.commits} if con.commits is not None else {}),
+                "tokens_per_forward": cfg.image_tokens / nfe,
+                "single_token_passes": share(con.commits, 1) if con.commits else float("nan"),
+                **roofline.chooser_fields(con.decodes, speedup),
             })
         if partial:
             partial(snapshot())
@@ -493,6 +555,9 @@ def format_table(result: dict) -> str:
     main = format_sweep_table(result) if "rows" in result else _format_methods_table(result)
     note = result.get("config", {}).get("model_note")  # an inflated model: whose logits, at which cost
     parts = [main]
+    chooser = format_chooser(result)
+    if chooser:
+        parts.append(chooser)
     if "roofline" in result:
         parts.append(format_roofline(result))
     if commits:
@@ -504,17 +569,26 @@ def format_table(result: dict) -> str:
     return (f"model: {note}\n" if note else "") + "\n\n".join(parts)
 
 
+def _rows_of(result: dict) -> list[dict]:
+    """The sweep's rows, or the one-batch-size run's methods as rows (eager, their speed-up from latency)."""
+    if "rows" in result:
+        return result["rows"]
+    batch = result.get("config", {}).get("batch_size", 1)
+    return [{**r, "method": m, "batch_size": batch, "compile": False, "speedup_vs_ar": r.get("speedup"),
+             "speedup_vs_ar_cpu": r.get("speedup_cpu")} for m, r in result["methods"].items()]
+
+
+def format_chooser(result: dict) -> str:
+    """The shape chooser's table (:func:`vispec.eval.bench.roofline.format_chooser_table`) of either mode; empty when no
+    row ran the chooser (or SJD-PAC's fixed shape)."""
+    return roofline.format_chooser_table(_rows_of(result), result.get("config", {}).get("cost_curve", "measured"))
+
+
 def format_roofline(result: dict) -> str:
     """The roofline table of either mode (:func:`vispec.eval.bench.roofline.format_roofline_table`), and with
     ``--cuda-graphs`` the graphs inductor ran without a CUDA graph."""
     roof = result["roofline"]
-    if "rows" in result:
-        rows = result["rows"]
-    else:
-        batch = result["config"]["batch_size"]
-        rows = [{**r, "method": m, "batch_size": batch, "compile": False, "speedup_vs_ar": r["speedup"],
-                 "speedup_vs_ar_cpu": r["speedup_cpu"]} for m, r in result["methods"].items()]
-    text = format_roofline_table(rows, roof["curves"], roof["at"])
+    text = format_roofline_table(_rows_of(result), roof["curves"], roof["at"])
     if "cuda_graphs" in result:
         skips = result["cuda_graphs"]["cudagraph_skips"]
         text += (f"\nCUDA graphs (torch.compile mode {result['cuda_graphs']['mode']}): inductor ran compiled graphs without "

@@ -74,10 +74,20 @@ Tokens committed per pass (:mod:`vispec.eval.bench.commits`): each method's row 
 passes of its batched run (every image; the prefill is no pass) per number of tokens committed, a list indexed by
 that number; its ``1-token`` column is the share of passes committing one token, and a second table gives the
 shares in log2 bins with the mean tokens per pass (:func:`speed_fid_plot` draws them too, ``<stem>.commits.png``).
+
+Shape chooser (``auto``, ``sjd-pac:window=auto``; :mod:`vispec.decoding.shapes`), as ``vispec bench decoders`` reports
+it (:func:`vispec.eval.bench.roofline.chooser_fields`): a method's row gets ``shapes``, ``predicted_speedup``,
+``measured_speedup`` (its batch-1 ``speedup``), ``prediction_error``, ``chooser_calibrations`` and ``tokens_per_forward``
+from its batch-1 latency decodes; a throughput row the same from its timed rounds (measured: ``speedup_vs_ar``), with
+``tokens_per_forward`` and ``single_token_passes``. The pipelines' per-image stats do not carry a decode's shapes, so
+those runs read them from :func:`vispec.decoding.decode`'s outputs (:func:`_recording_decodes`). A chooser table
+follows the main table (and the throughput table). ``--cost-curve flat`` or a cost-curve file pins the curve the
+pipeline's choosers see (:func:`vispec.eval.bench.roofline.chooser_stats`) and calibrates the roofline's apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -294,6 +304,41 @@ def format_kept_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _recording_decodes(sink: list):
+    """While active, every :func:`vispec.decoding.decode` (the pipelines import it when they decode) appends its
+    ``(stats.shapes, stats.chooser)`` to ``sink``: a pipeline's per-image stats do not carry the shapes of its batch."""
+    import vispec.decoding as decoding
+
+    real = decoding.decode
+
+    def recorded(*args, **kwargs):
+        out = real(*args, **kwargs)
+        sink.append((dict(out.stats.shapes), dict(out.stats.chooser)))
+        return out
+
+    decoding.decode = recorded
+    try:
+        yield sink
+    finally:
+        decoding.decode = real
+
+
+def _pin_cost_curve(pipe, cost_curve: str):
+    """``--cost-curve``: the WindowStats the roofline calibrates. ``measured``: the pipeline's own (its choosers start
+    from the calibration); ``flat`` or a file: the pipeline's choosers get the pinned curve
+    (:func:`vispec.eval.bench.roofline.chooser_stats`) and the roofline a WindowStats they never see."""
+    import weakref
+
+    from vispec.decoding.windows import WindowStats
+
+    pinned = roofline.chooser_stats(cost_curve)
+    if pinned is None:
+        return pipe.window_stats()
+    pipe._window_stats = (weakref.ref(pipe.transformer), pinned)  # what pipe.window_stats() returns for this transformer
+    return WindowStats()
+
+
 def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = print,
                     partial: Optional[Callable[[dict], None]] = None, progress_bar: Optional[bool] = None) -> Optional[dict]:
     """Run the benchmark (module docstring) on the task of ``cfg.model`` (class- or text-to-image, from its
@@ -316,6 +361,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     cfg.device = str(workers.device)  # under torchrun on CUDA: this process's GPU
     task = load_task(cfg)  # checks the folder and the options before loading
     pipe = task.pipe
+    roof_stats = _pin_cost_curve(pipe, cfg.cost_curve)
     methods = expand_methods(("ar",) + tuple(cfg.methods), cfg.lantern_k, cfg.lantern_delta)
     for method in methods:  # validate names (and build LANTERN tables) before hours of work
         task.check_method(method)
@@ -341,6 +387,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
     total += sum(n * (1 + cfg.rounds) * sum(1 for c in settings for m in methods if not (c and m in skipped))
                  for n in sweep_images.values())
     results: dict[str, dict] = {}
+    chooser_decodes: dict[str, list] = {}  # per method: its batch-1 decodes' (shapes, chooser)
     real_stats: dict = {}
     throughput: list[dict] = []
     curves: list[dict] = []  # the roofline's cost curves, one per batch size and compile setting
@@ -376,12 +423,24 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
             row: dict = {}
             latency_peak = 0.0
             if not reseed and main:  # alone: the other processes wait at the barrier below
-                with PeakMemory(cfg.device) as memory:
+                if roofline.chooses_shapes(DecodingConfig.parse(method, base=getattr(pipe, "decoding_config", None))):
+                    # untimed: the first decode at a batch size measures the shape chooser's cost curve
+                    say(f"{method}: chooser warm-up (untimed) ...")
+                    from vispec.eval.bench.decoders import CHOOSER_WARMUP_RUNS
+
+                    for attempt in range(CHOOSER_WARMUP_RUNS):  # again while a decode still calibrated
+                        with _recording_decodes([]) as warm:
+                            task.generate(decoding, conditions[:1], seeds[:1], 1)
+                        if not any(chooser.get("calibrated") for _, chooser in warm):
+                            break
+                with PeakMemory(cfg.device) as memory, _recording_decodes(chooser_decodes.setdefault(method, [])):
                     say(f"{method}: batch-1 latency on {cfg.latency_images} images ...")
                     _, stats1, _ = task.generate(decoding, conditions[: cfg.latency_images], seeds[: cfg.latency_images], 1,
                                                  tick=bar.update)
                 latency_peak = memory.peak_mb
                 row["nfe"] = sum(s["nfe"] for s in stats1) / len(stats1)
+                if any(shapes for shapes, _ in chooser_decodes[method]):
+                    row["tokens_per_forward"] = sum(s["tokens_per_forward"] for s in stats1) / len(stats1)
                 row["latency_s"] = sum(s["latency_s"] for s in stats1) / len(stats1)
                 row["images_per_s_batch1"] = 1.0 / row["latency_s"]
             if not reseed:
@@ -413,7 +472,8 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
                 partial(snapshot())
 
         for batch in batch_sizes:
-            throughput += _throughput_rows(task, cfg, methods, settings, skipped, batch, sweep_images[batch], say, bar, curves)
+            throughput += _throughput_rows(task, cfg, methods, settings, skipped, batch, sweep_images[batch], say, bar, curves,
+                                           roof_stats)
             if partial:
                 partial(snapshot())
 
@@ -427,6 +487,7 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
         row["speedup"] = ar["latency_s"] / row["latency_s"]
         row["speedup_batched"] = row["images_per_s"] / ar["images_per_s"]
         row["speedup_vs_compression"] = row["speedup"] / row["step_compression"]
+        row.update(roofline.chooser_fields(chooser_decodes.get(method, []), row["speedup"]))
         for metric in task.noise_metrics:
             deviation = row[metric] - noise[f"{metric}_mean"]
             sd = noise[f"{metric}_sd"]
@@ -443,43 +504,56 @@ def run_image_bench(cfg: ImageBenchConfig, progress: Callable[[str], None] = pri
 
 
 def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: tuple[bool, ...], skipped: list[str],
-                     batch: int, images: int, say: Callable[[str], None], bar, curves: Optional[list] = None) -> list[dict]:
+                     batch: int, images: int, say: Callable[[str], None], bar, curves: Optional[list] = None,
+                     roof_stats=None) -> list[dict]:
     """One batch size of the throughput sweep (module docstring): warm-up, interleaved timed rounds, one row
     per method and compile setting (``task``: :class:`vispec.eval.bench.image_tasks.ImageTask`), with the roofline
-    columns where the task's model has a cost curve (appended to ``curves``)."""
+    columns where the task's model has a cost curve (appended to ``curves``; ``roof_stats``: the WindowStats the
+    roofline calibrates, default the pipeline's) and the shape chooser's keys where its decodes report shapes."""
     import statistics
 
-    from vispec.eval.bench.decoders import WARMUP_RUNS, compiled_graph_count
+    from vispec.eval.bench.decoders import CHOOSER_WARMUP_RUNS, WARMUP_RUNS, compiled_graph_count
 
     conditions = task.conditions(images)
     seeds = [cfg.seed * SEED_STRIDE + i for i in range(images)]
     contenders = [(m, c) for c in settings for m in methods if not (c and m in skipped)]
     name = lambda m, c: f"{m}{' (compiled)' if c else ''}"  # noqa: E731
     # the cost curve first (class-to-image): the auto window's chooser starts from it, the roofline report reads it
+    roof_stats = task.pipe.window_stats() if roof_stats is None else roof_stats
     calibration = {c: cal for c in settings if c in {k for _, k in contenders}
-                   if (cal := _calibrate(task, cfg, methods, batch, c, say)) is not None}
+                   if (cal := _calibrate(task, cfg, methods, batch, c, say, roof_stats)) is not None}
     passes: dict = {con: [] for con in contenders}  # per timed round: the batches' passes (max NFE - 1 of each batch)
 
+    last_decodes: list = []  # (shapes, chooser) of the last run's decodes
+
     def run(method: str, compiled: bool, timed: bool = False) -> float:
-        _, stats, wall = task.generate(method, conditions, seeds, batch, compile=compiled, tick=bar.update)
+        with _recording_decodes([]) as decodes:
+            _, stats, wall = task.generate(method, conditions, seeds, batch, compile=compiled, tick=bar.update)
+        last_decodes[:] = decodes
         if timed:
             passes[(method, compiled)] += [max(s["nfe"] for s in stats[lo: lo + batch]) - 1 for lo in range(0, len(stats), batch)]
             nfes[(method, compiled)] += [s["nfe"] for s in stats]
+            timed_stats[(method, compiled)] += stats
+            chooser_decodes[(method, compiled)] += decodes
         return wall
 
     nfes: dict = {con: [] for con in contenders}
+    timed_stats: dict = {con: [] for con in contenders}  # every image's stats of the timed rounds
+    chooser_decodes: dict = {con: [] for con in contenders}  # (shapes, chooser) of every decode of the timed rounds
 
     warmup: dict = {}
     for con in contenders:  # warm-up and compilation, untimed: again while a run still compiled a graph
         say(f"B={batch}: warm-up {name(*con)} ...")
         warmup[con] = []
-        for attempt in range(WARMUP_RUNS):
+        # the shape chooser: also while a run still measured its cost curve (a short image fits few shapes per decode)
+        chooses = roofline.chooses_shapes(DecodingConfig.parse(con[0], base=getattr(task.pipe, "decoding_config", None)))
+        for attempt in range(CHOOSER_WARMUP_RUNS if chooses else WARMUP_RUNS):
             if attempt:
                 bar.total += images
                 bar.refresh()
             graphs = compiled_graph_count()
             warmup[con].append(run(*con))
-            if compiled_graph_count() == graphs:
+            if compiled_graph_count() == graphs and not any(chooser.get("calibrated") for _, chooser in last_decodes):
                 break
     say(f"B={batch}: {cfg.rounds} timed round(s) of {len(contenders)} contenders, {images} image(s) each ...")
     round_s: dict = {con: [] for con in contenders}
@@ -492,7 +566,7 @@ def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: 
             round_s[con].append(run(*con, timed=True))
             round_cpu_s[con].append(time.process_time() - start_cpu)
             compiles[con] += compiled_graph_count() - graphs
-    curve_of = {c: roofline.curve_entry(task.pipe.window_stats(), cpu, key, task.pipe.transformer.num_image_tokens // 2,
+    curve_of = {c: roofline.curve_entry(roof_stats, cpu, key, task.pipe.transformer.num_image_tokens // 2,
                                         batch, c) for c, (key, cpu) in calibration.items()}
     if curves is not None:
         curves.extend(curve_of.values())
@@ -516,15 +590,22 @@ def _throughput_rows(task, cfg: ImageBenchConfig, methods: list[str], settings: 
         if compiled in curve_of:
             rows[-1].update(_roofline_fields(task, method, curve_of[compiled], passes[(method, compiled)],
                                              passes[("ar", compiled)], nfes[(method, compiled)], speedup, speedup_cpu))
+        mine = timed_stats[(method, compiled)]
+        if mine and all("tokens_per_forward" in s for s in mine):
+            rows[-1]["tokens_per_forward"] = sum(s["tokens_per_forward"] for s in mine) / len(mine)
+        if mine:
+            rows[-1]["single_token_passes"] = single_token_share(mine)
+        rows[-1].update(roofline.chooser_fields(chooser_decodes[(method, compiled)], speedup))
         say(f"B={batch} {name(method, compiled)}: {rows[-1]['images_per_s']:.2f} img/s, "
             f"{rows[-1]['speedup_vs_ar']:.2f}x AR{' (compiled)' if compiled else ''}")
     return rows
 
 
-def _calibrate(task, cfg: ImageBenchConfig, methods: list[str], batch: int, compiled: bool, say: Callable[[str], None]):
+def _calibrate(task, cfg: ImageBenchConfig, methods: list[str], batch: int, compiled: bool, say: Callable[[str], None],
+               stats=None):
     """The cost curve of a class-to-image pipeline's transformer at ``batch`` slots (:mod:`vispec.eval.bench.roofline`),
-    into the pipeline's own window statistics (its chooser's); ``None`` for models without a LlamaGen decode (their
-    rows get no roofline columns)."""
+    into ``stats`` (default: the pipeline's own window statistics, its chooser's); ``None`` for models without a LlamaGen
+    decode (their rows get no roofline columns)."""
     from vispec.decoding.windows import window_set
     from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 
@@ -539,8 +620,9 @@ def _calibrate(task, cfg: ImageBenchConfig, methods: list[str], batch: int, comp
     labels = (torch.arange(batch) % int(model.config.num_classes)).to(pipe.device)
     sampling = pipe.decoding_config.sampling(guidance_scale=cfg.guidance_scale, temperature=cfg.temperature, top_k=cfg.top_k,
                                              top_p=cfg.top_p)
-    return roofline.calibrate(model, LlamaGenCondition(class_labels=labels), model.num_image_tokens, pipe.window_stats(),
-                              windows, roofline.calibration_spec(methods), compile=compiled, sampling=sampling, seed=cfg.seed)
+    return roofline.calibrate(model, LlamaGenCondition(class_labels=labels), model.num_image_tokens,
+                              pipe.window_stats() if stats is None else stats, windows, roofline.calibration_spec(methods),
+                              compile=compiled, sampling=sampling, seed=cfg.seed)
 
 
 def _roofline_fields(task, method: str, curve: dict, passes: list[int], ar_passes: list[int], nfes: list[float],
@@ -616,6 +698,11 @@ def format_image_table(result: dict) -> str:
                  f"(+-{noise['clip_score_interval']:.2f})")
     lines.append(line)
     lines.append(_task_class(result).describe_real(real))
+    chooser = roofline.format_chooser_table(
+        [{**r, "method": name, "batch_size": 1, "compile": False} for name, r in result["methods"].items()],
+        result["config"].get("cost_curve", "measured"), title="shape chooser (batch-1 latency runs)")
+    if chooser:
+        lines += ["", chooser]
     budget = format_budget_table(result)
     if budget:
         lines += ["", budget]
@@ -675,6 +762,9 @@ def format_throughput_table(result: dict) -> str:
     if result.get("roofline"):
         lines += ["", roofline.format_roofline_table(rows, result["roofline"]["curves"], result["roofline"]["at"],
                                                      title="throughput roofline")]
+    chooser = roofline.format_chooser_table(rows, config.get("cost_curve", "measured"), title="throughput shape chooser")
+    if chooser:
+        lines += ["", chooser]
     return "\n".join(lines)
 
 

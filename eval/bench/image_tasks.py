@@ -230,7 +230,7 @@ class ClassImageTask(ImageTask):
         """``sd`` and ``gad`` run their drafter rounds eagerly (:func:`vispec.decoding.decode`)."""
         from vispec.decoding import DecodingConfig
 
-        return DecodingConfig.parse(method).strategy in ("ar", "sjd", "mc-sjd", "sjd-pac")
+        return DecodingConfig.parse(method).strategy in ("ar", "sjd", "mc-sjd", "sjd-pac", "auto")
 
     def conditions(self, n: int) -> Tensor:
         return torch.arange(n) % self.num_classes

@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Hashable, Optional
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Hashable, Optional, Sequence
 
 import torch
 
@@ -184,6 +186,12 @@ def _cell(value: Optional[float], fmt: str, width: int) -> str:
     return f"{value:{fmt}}".rjust(width)
 
 
+def _percent(value: Optional[float], fmt: str, width: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return f"{'-':>{width}}"
+    return f"{100 * value:{fmt}}%".rjust(width)
+
+
 def format_roofline_table(rows: list[dict], curves: list[dict], at: int, title: str = "roofline") -> str:
     """The roofline table (module docstring): per row tokens per pass, relative cost, bound, measured speed-up and
     its share of the bound, on the wall clock and the CPU clock; the cost curves above it."""
@@ -205,4 +213,158 @@ def format_roofline_table(rows: list[dict], curves: list[dict], at: int, title: 
             f"{_cell(100 * r['roofline_fraction'] if r.get('roofline_fraction') is not None else None, '.0f', 6)} "
             f"{_cell(r.get('roofline_bound_cpu'), '.2f', 9)} {_cell(r.get('speedup_vs_ar_cpu'), '.2f', 9)} "
             f"{_cell(100 * r['roofline_fraction_cpu'] if r.get('roofline_fraction_cpu') is not None else None, '.0f', 10)}")
+    return "\n".join(lines)
+
+
+# ---- the cost curve the choosers see (--cost-curve) --------------------------------------------------------------
+#
+# ``measured`` (the default): the bench hands decodes the WindowStats its roofline calibration fills, and the shape
+# chooser of ``auto`` measures (or loads from this machine's cache) its own curve. ``flat`` or a cost-curve file: the
+# decodes get a :class:`PinnedStats`, whose curve no measurement changes (a measured step time mixed into a flat or
+# GPU-recorded curve would make whatever ran look cheap), and the roofline calibrates a WindowStats of its own.
+
+
+class _FixedSamples(list):
+    """A cost label's step times that no measurement extends."""
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def extend(self, values: Any) -> None:
+        pass
+
+    def __delitem__(self, index: Any) -> None:
+        pass
+
+
+class _FixedCosts(dict):
+    """One cost key's step times of a pinned curve: the curve's labels, and ``fallback`` for every other label (flat:
+    1.0, so every window costs the same; a file: infinite, so what it has no cost for is never chosen)."""
+
+    def __init__(self, costs: dict, fallback: list):
+        super().__init__({label: _FixedSamples(samples) for label, samples in costs.items()})
+        self.fallback = _FixedSamples(fallback)
+
+    def get(self, label: Any, default: Any = None) -> list:
+        samples = dict.get(self, label)
+        return self.fallback if samples is None else samples
+
+    def setdefault(self, label: Any, default: Any = None) -> list:
+        return self.get(label)
+
+
+@dataclass
+class PinnedStats(WindowStats):
+    """A :class:`~vispec.decoding.windows.WindowStats` whose every cost key holds ``starting_costs`` and nothing else:
+    the choosers read them (no calibration, no cache file read or written) and their measurements are dropped.
+    Acceptance rates are kept as usual."""
+
+    fallback: tuple = ()
+
+    def costs(self, key: Hashable) -> dict:
+        if key not in self.step_costs:
+            self.step_costs[key] = _FixedCosts(self.starting_costs, list(self.fallback))
+        return self.step_costs[key]
+
+
+def flat_costs() -> dict:
+    """Every shape's cost label (``ar``, ``chain:L``, ``tree:L`` of :func:`vispec.decoding.shapes.candidate_shapes`)
+    and every window ``1, 2, 4, ..., 64`` of the window chooser at 1.0 seconds."""
+    from vispec.decoding.shapes import candidate_shapes
+    from vispec.decoding.windows import window_set
+
+    labels = sorted({shape.cost_label for shape in candidate_shapes(64, 3, 3, every_tree=True)})
+    return {**{label: [(0, 1.0)] for label in labels}, **{window: [(0, 1.0)] for window in window_set(64)}}
+
+
+def chooser_stats(cost_curve: str) -> Optional[WindowStats]:
+    """The WindowStats a bench hands its decodes under ``--cost-curve``: None for ``measured`` (the bench's own, which
+    its roofline calibration fills), else a :class:`PinnedStats` of the flat curve or of the file's
+    (:func:`vispec.eval.bench.configs.read_cost_curve`)."""
+    if cost_curve == "measured":
+        return None
+    if cost_curve == "flat":
+        return PinnedStats(starting_costs=flat_costs(), fallback=((0, 1.0),))
+    from vispec.eval.bench.configs import read_cost_curve
+
+    return PinnedStats(starting_costs=read_cost_curve(cost_curve), fallback=((0, math.inf),))
+
+
+def cost_curve_note(cost_curve: str) -> str:
+    """What the chooser table says of the curve the choosers saw."""
+    if cost_curve == "measured":
+        return "measured on this machine (the first auto decode calibrates it, or it is read from the step-costs cache)"
+    if cost_curve == "flat":
+        return ("FLAT (--cost-curve flat: every shape and window costs the same); predicted speed-ups are relative to "
+                "that curve, not to this machine's")
+    return (f"from {cost_curve} (--cost-curve; pinned, shapes it has no cost for are never chosen); predicted speed-ups "
+            f"are relative to that curve, not to this machine's")
+
+
+# ---- the shape chooser's report ------------------------------------------------------------------------------------
+
+
+def chooses_shapes(config: Any) -> bool:
+    """Whether a :class:`~vispec.decoding.DecodingConfig`'s decodes run the shape chooser (``auto``,
+    ``sjd-pac:window=auto``)."""
+    return config.strategy == "auto" or (config.strategy == "sjd-pac" and config.window == "auto")
+
+
+def chooser_fields(decodes: Sequence[tuple[dict, dict]], measured: Optional[float]) -> dict:
+    """A row's shape-chooser keys from its decodes' ``(stats.shapes, stats.chooser)``; empty when no decode reported
+    shapes. ``shapes``: passes per shape label, summed (most used first); ``predicted_speedup``: the mean of the
+    decodes' predictions (those without one ignored; None if none has one); ``measured_speedup``: the row's speed-up
+    over AR (``measured``); ``prediction_error``: predicted / measured - 1 (None where either is unknown);
+    ``chooser_calibrations``: decodes that measured the cost curve (their passes were the calibration's)."""
+    shapes: Counter = Counter()
+    predicted: list[float] = []
+    calibrations = 0
+    reported = False
+    for passes, chooser in decodes:
+        reported = reported or bool(passes)
+        shapes.update(passes or {})
+        value = (chooser or {}).get("predicted_speedup")
+        if value is not None and math.isfinite(value):
+            predicted.append(float(value))
+        calibrations += bool((chooser or {}).get("calibrated"))
+    if not reported:
+        return {}
+    mean = sum(predicted) / len(predicted) if predicted else None
+    known = measured is not None and math.isfinite(measured) and measured > 0
+    return {"shapes": dict(sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))), "predicted_speedup": mean,
+            "measured_speedup": measured if known else None,
+            "prediction_error": mean / measured - 1 if mean is not None and known else None,
+            "chooser_calibrations": calibrations}
+
+
+def shapes_text(shapes: dict, top: int = 3) -> str:
+    """The most used shapes with their share of passes, e.g. ``chain 16 62%, tree 64 K3 D3 30%, ar 8%``."""
+    total = sum(shapes.values()) or 1
+    common = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    return ", ".join(f"{label} {100 * n / total:.0f}%" for label, n in common) + (", ..." if len(shapes) > top else "")
+
+
+def format_chooser_table(rows: list[dict], cost_curve: str, title: str = "shape chooser") -> str:
+    """One line per row that reports shapes (:func:`chooser_fields`): predicted and measured speed-up over AR, the
+    error, tokens per forward, the share of single-token passes, the roofline share and the top shapes; empty when no
+    row has shapes."""
+    rows = [r for r in rows if "shapes" in r]
+    if not rows:
+        return ""
+    width = max([16] + [len(r["method"]) for r in rows])
+    head = (f"{title}: cost curve {cost_curve_note(cost_curve)}. predicted: the chooser's speed-up over AR's passes on "
+            f"that curve (mean over decodes); measured: wall clock over AR, same compile setting; error = predicted / "
+            f"measured - 1 (beyond 10% on a quiet machine with the measured curve: the cost model is wrong)")
+    header = (f"{'B':>3} {'method':<{width}} {'mode':<8} {'predicted':>9} {'measured':>8} {'error':>6} {'tok/fwd':>7} "
+              f"{'1-token':>7} {'% roof':>6}  shapes (share of passes)")
+    lines = [head, header, "-" * len(header)]
+    for r in rows:
+        line = (f"{r['batch_size']:>3} {r['method']:<{width}} {'compiled' if r.get('compile') else 'eager':<8} "
+                f"{_cell(r.get('predicted_speedup'), '.2f', 9)} {_cell(r.get('measured_speedup'), '.2f', 8)} "
+                f"{_percent(r.get('prediction_error'), '+.0f', 6)} {_cell(r.get('tokens_per_forward'), '.2f', 7)} "
+                f"{_percent(r.get('single_token_passes'), '.1f', 7)} {_percent(r.get('roofline_fraction'), '.0f', 6)}  "
+                f"{shapes_text(r['shapes'])}")
+        if r.get("chooser_calibrations"):
+            line += f"  [{r['chooser_calibrations']} decode(s) calibrated the curve]"
+        lines.append(line)
     return "\n".join(lines)

@@ -11,7 +11,9 @@ import torch
 
 from helpers import tiny_gpt
 from vispec.decoding import decode
-from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, GSDRule, LanternRule, build_rule, codebook_neighbors
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, GSDRule, LanternRule
+from vispec.decoding.neighbors import codebook_neighbors
+from vispec.decoding.rules import build_rule
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
 

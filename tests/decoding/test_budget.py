@@ -15,7 +15,9 @@ from scipy.optimize import linprog
 
 from helpers import tiny_gpt
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule, codebook_neighbors
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule
+from vispec.decoding.neighbors import codebook_neighbors
+from vispec.decoding.rules import build_rule
 from vispec.decoding.budget import BudgetRule, BudgetVerification
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig

@@ -8,7 +8,8 @@ import torch
 from helpers import tiny_gpt
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.pac import pac_layout, tree_layout
+from vispec.decoding.pac import tree_layout
+from vispec.decoding.shapes import candidate_shapes
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.sampling import SamplingConfig
@@ -49,8 +50,11 @@ def test_spec_defaults_names_and_errors():
 
 def test_smaller_windows_drop_the_deepest_levels():
     """window="auto" runs windows 1, 2, 4, ...: each holds the deepest tree that fits (K = 3: 1, 4, 13 slots)."""
-    shapes = {w: (pac_layout(w, 3, 3).levels, pac_layout(w, 3, 3).main) for w in (1, 2, 4, 8, 16, 64)}
-    assert shapes == {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 6), 16: (3, 6), 64: (3, 54)}
+    shapes = {s.rows: (s.levels if s.is_tree else 1, s.main) for s in candidate_shapes(64, 3, 3, every_tree=False)}
+    assert shapes == {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 6), 16: (3, 6), 32: (3, 22), 64: (3, 54)}
+    for shape in candidate_shapes(64, 3, 3, every_tree=False):  # the decoder's layout agrees with the shape
+        layout = tree_layout(shape.rows, shape.branching, shape.levels)
+        assert (layout.main, layout.width) == (shape.main, shape.rows)
     assert DecodingConfig.parse("sjd-pac:window=auto").largest_window == 64
 
 
@@ -58,8 +62,8 @@ def test_smaller_windows_drop_the_deepest_levels():
 def test_auto_windows_switch_layouts_and_keep_the_batch_independence(model, spec):
     """Chosen per pass: with one-pass blocks and costs that favour no window, the chooser moves between layouts
     (chains, shallow and full trees); the passes of every window add up, and the histogram accounts for them."""
-    stats = WindowStats(starting_costs={1: [(0, 1.0)], 2: [(0, 1.2)], 4: [(0, 1.4)], 8: [(0, 1.6)], 16: [(0, 1.8)]},
-                        settings=ChooserSettings(block=1, settle=0, maturity=10**9, margin=0.0))
+    costs = {"ar": [(0, 1.0)], "chain:2": [(0, 1.2)], "tree:4": [(0, 1.4)], "tree:8": [(0, 1.6)], "tree:16": [(0, 1.8)]}
+    stats = WindowStats(starting_costs=costs, settings=ChooserSettings(block=1, margin=0.0))
     out = _run(model, spec, labels=LABELS * 2, seeds=range(10), window_stats=stats)
     assert len(out.stats.windows) > 1 and sum(out.stats.windows.values()) == int(out.stats.nfe.max()) - 1
     assert out.stats.commits.sum(1).tolist() == (out.stats.nfe - 1).tolist()

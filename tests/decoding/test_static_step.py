@@ -9,7 +9,8 @@ from typing import Optional
 import pytest
 import torch
 
-from vispec.decoding import decode, decode_ar
+from vispec.decoding import DecodingConfig, decode, decode_ar
+from vispec.decoding.shapes import Shape, candidate_shapes
 from vispec.decoding.windows import ChooserSettings, WindowChooser, WindowStats, cost_key, predict_cost, window_set
 from vispec.models.llamagen_gpt import LlamaGenCondition
 from vispec.profiling import HostSyncCounter
@@ -325,13 +326,67 @@ def test_window_measurements_belong_to_their_owner():
     assert pipe.window_stats() is not first and not pipe.window_stats().step_costs
 
 
+def _shape_stats(script: tuple, block: int = 1) -> WindowStats:
+    """Shape-chooser measurements with flat costs, running ``script``'s shapes in turn (vispec.decoding.shapes)."""
+    labels = {s.cost_label for s in candidate_shapes(64, 3, 3, every_tree=True)}
+    return WindowStats(starting_costs={label: [(0, 1.0)] for label in labels},
+                       settings=ChooserSettings(block=block, shape_script=script))
+
+
+TREES_AND_CHAINS = (Shape(8, 2, 3), Shape(4), Shape(16, 3, 3), Shape(2), Shape(8, 3, 2))
+
+
+@pytest.mark.parametrize("spec", ["sjd-pac:window=16", "auto"])
+def test_one_read_back_per_tree_step(spec):
+    """SJD-PAC's tree passes read back once: the committed counts, with the ranks the shape chooser counts in the
+    same transfer."""
+    model = _model()
+    stats = _shape_stats(TREES_AND_CHAINS) if spec == "auto" else None
+    with HostSyncCounter() as syncs:
+        out = _run(model, spec, window_stats=stats)
+    steps = sum(out.stats.windows.values())
+    assert syncs.by_name["tolist"] == steps
+    assert syncs.total - steps <= 8 + 5
+
+
+def test_auto_ar_passes_read_nothing_back_but_at_block_ends():
+    model = _model()
+    with HostSyncCounter() as syncs:
+        out = _run(model, "auto", requests=2, num_tokens=16, window_stats=_shape_stats((Shape(1),), block=8))
+    assert out.stats.shapes == {"ar": 15}
+    assert syncs.by_name["tolist"] == 1 + 1  # the first block's end (pass 8), and the pass where the samples finish
+
+
+def test_auto_whole_decodes_go_to_ar_where_no_shape_pays(monkeypatch):
+    """A measured pool of rejections and wide shapes 100x AR's cost: the decode runs as plain AR, tokens equal."""
+    import vispec.decoding.pac as pac
+    from vispec.decoding.shapes import ShapeRates
+
+    handed = []
+    monkeypatch.setattr(pac, "decode_ar", lambda *args: handed.append(1) or decode_ar(*args))
+    model = _model()
+    labels = {s.cost_label for s in candidate_shapes(64, 3, 3, every_tree=True)}
+    stats = WindowStats(starting_costs={label: [(0, 1.0 if label == "ar" else 100.0)] for label in labels},
+                        settings=ChooserSettings(recheck=10))
+    rates = ShapeRates()
+    rates.main[..., 1] = 50.0  # 50 tries at every depth of every window class, no hit
+    config = DecodingConfig.parse("auto")
+    stats.shape_rates[(config.coupling, config.init, repr(SAMPLING))] = rates
+    out = _run(model, "auto", requests=2, num_tokens=16, window_stats=stats)
+    assert handed == [1] and out.stats.shapes == {"ar": 15} and out.method == "auto"
+    assert torch.equal(out.tokens, _run(model, "ar", requests=2, num_tokens=16).tokens)
+
+
 @pytest.mark.slow
 def test_compiled_steps_are_fullgraph_and_match_eager():
     """float64 weights: the compiled graph's rounding cannot flip a sampled token, so tokens are equal."""
     model = _model(torch.float64)
-    for spec in ("ar", "mc-sjd-maximal:window=2"):
-        eager = _run(model, spec, requests=3, num_tokens=8)
-        compiled = _run(model, spec, requests=3, num_tokens=8, compile=True)  # fullgraph=True: a graph break raises
+    for spec in ("ar", "mc-sjd-maximal:window=2", "auto"):
+        script = (Shape(8, 2, 3), Shape(1), Shape(4), Shape(4, 3, 2))  # trees, a chain and AR, switching every pass
+        stats = (lambda: _shape_stats(script)) if spec == "auto" else (lambda: None)
+        eager = _run(model, spec, requests=3, num_tokens=8, window_stats=stats())
+        compiled = _run(model, spec, requests=3, num_tokens=8, compile=True,  # fullgraph=True: a graph break raises
+                        window_stats=stats())
         assert torch.equal(eager.tokens, compiled.tokens), spec
         assert torch.equal(eager.stats.nfe, compiled.stats.nfe), spec
 

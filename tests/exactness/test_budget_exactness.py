@@ -21,7 +21,7 @@ from scipy import stats
 import vispec.decoding.budget as budget_module
 from chi_square import ALPHA, pooled_cells, required_samples
 from helpers import exact_conditionals, tiny_gpt
-from vispec.decoding.acceptance import build_rule
+from vispec.decoding.rules import build_rule
 from vispec.decoding.speculative import MAXIMAL, verify_window
 from vispec.kernels.target import window_target
 from vispec.sampling import SamplingConfig

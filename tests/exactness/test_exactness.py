@@ -31,6 +31,7 @@ from scipy import stats
 import vispec.kernels.verify as verify_module
 from vispec.decoding import DecodingConfig, decode
 from vispec.decoding.pac import tree_layout
+from vispec.decoding.shapes import Shape
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.kernels.verify import Drafts, accept_reference, noise_race, sample_reference
 from vispec.models.llamagen_gpt import LlamaGenCondition
@@ -104,49 +105,63 @@ def _residual_from_target(p, q):
 AUTO_COSTS = {1: [(0, 1.0)], 2: [(0, 1.5)], 4: [(0, 2.4)], 8: [(0, 4.0)], 16: [(0, 7.0)]}
 
 
-# nearly flat costs: wide windows pay, so SJD-PAC's chooser also runs its windows of 4 and 8 slots (trees of depth 2)
-FLAT_COSTS = {1: [(0, 1.0)], 2: [(0, 1.05)], 4: [(0, 1.1)], 8: [(0, 1.15)], 16: [(0, 1.2)]}
+# the shape chooser's costs (by cost label, vispec.decoding.shapes): nearly flat, so wide shapes pay; as the samples
+# near their 6 tokens the widest useful window shrinks, and the chooser moves between trees and chains of 8, 4 and 2
+# rows, which of them by the rates the committed history shows
+SHAPE_COSTS = {"ar": [(0, 1.0)], "chain:2": [(0, 1.05)], "chain:4": [(0, 1.1)], "tree:4": [(0, 1.12)], "chain:8": [(0, 1.15)],
+               "tree:8": [(0, 1.17)]}
+# SJD-PAC's windows and shapes, forced in turn (one pass each): trees of both widths and depths, chains, AR
+SHAPE_SCRIPT = (Shape(4, 3, 2), Shape(1), Shape(8, 2, 3), Shape(2), Shape(8, 3, 2), Shape(4, 2, 2), Shape(8))
 
 
-def _switch_every_pass(costs: Optional[dict] = None) -> WindowStats:
+def _switch_every_pass(costs: Optional[dict] = None, script: tuple = ()) -> WindowStats:
     """Fixed step costs (the returned measurements start from them; default :data:`AUTO_COSTS`), fresh acceptance
-    tables and one-pass blocks: the chooser decides every pass from the acceptance it has seen so far."""
-    return WindowStats(starting_costs=costs or AUTO_COSTS, settings=ChooserSettings(block=1, settle=0, maturity=10**9, margin=0.0))
+    tables and one-pass blocks: the chooser decides every pass from the acceptance it has seen so far (or, with
+    ``script``, runs those shapes in turn)."""
+    return WindowStats(starting_costs=costs or AUTO_COSTS,
+                       settings=ChooserSettings(block=1, settle=0, maturity=10**9, margin=0.0, shape_script=script))
 
 
 def sample_adaptive(model, method: str, n: int, seed: int, max_batch_size=None,
                     window_stats: Optional[WindowStats] = None) -> tuple[torch.Tensor, dict]:
-    """Like :func:`sample_sequences` but with the spec's own window (``auto``) and optional streaming."""
+    """Like :func:`sample_sequences` but with the spec's own window (``auto``) and optional streaming; returns the
+    passes per window (per shape for the shape-choosing decoders)."""
     condition = LlamaGenCondition(class_labels=torch.full((n,), CLASS_LABEL, dtype=torch.long))
     out = decode(model, condition, num_tokens=NUM_TOKENS, sampling=SAMPLING, decoding=method,
                  generator=torch.Generator().manual_seed(seed), grid_width=3, max_batch_size=max_batch_size,
                  window_stats=window_stats)
-    return out.tokens, out.stats.windows
+    return out.tokens, out.stats.shapes or out.stats.windows
 
 
-@pytest.mark.parametrize("method,max_batch_size", [("sjd-random:window=auto", None), ("mc-sjd-maximal:window=auto", None),
-                                                   ("mc-sjd-gumbel:window=auto", 300), ("sjd-horizontal:window=3", 257),
-                                                   ("sjd-pac:window=auto", 600), ("sjd-pac-gumbel:window=auto", 300)])
-def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size):
-    """Windows chosen per pass from running acceptance, and requests streamed through fewer slots, stay exact."""
+@pytest.mark.parametrize("method,max_batch_size,script", [
+    ("sjd-random:window=auto", None, ()), ("mc-sjd-maximal:window=auto", None, ()), ("mc-sjd-gumbel:window=auto", 300, ()),
+    ("sjd-horizontal:window=3", 257, ()), ("sjd-pac:window=auto", 600, ()), ("sjd-pac-gumbel:window=auto", 300, ()),
+    ("auto", None, ()), ("auto-gumbel", 600, ()), ("auto", None, SHAPE_SCRIPT)])
+def test_adaptive_windows_and_streaming_match_exact_joint(setup, method, max_batch_size, script):
+    """Windows (shapes: AR, chains, trees) chosen per pass from running acceptance or forced to change every pass, and
+    requests streamed through fewer slots, stay exact."""
     model, joint, n = setup
-    stats = _switch_every_pass(FLAT_COSTS if method.startswith("sjd-pac") else None)
+    shapes = method.startswith(("sjd-pac", "auto"))
+    stats = _switch_every_pass(SHAPE_COSTS if shapes else None, script)
     tokens, windows = sample_adaptive(model, method, n, seed=4321, max_batch_size=max_batch_size, window_stats=stats)
     statistic, p_value, tv = chi_square_vs_exact(tokens, joint, model.image_vocab_size)
-    print(f"\n{method} (slots {max_batch_size or n}): n={n} chi2={statistic:.1f} p={p_value:.4f} TV={tv:.4f} windows={windows}")
+    print(f"\n{method} (slots {max_batch_size or n}{', scripted' if script else ''}): n={n} chi2={statistic:.1f} "
+          f"p={p_value:.4f} TV={tv:.4f} passes={windows}")
     if "auto" in method:
         assert len(windows) > 1, "the chooser never switched windows; the test would not cover adaptive windows"
-    if method.startswith("sjd-pac"):
-        assert any(w >= 4 for w in windows), "no pass ran a tree (windows of 4 slots and more hold one)"
+    if shapes:
+        assert any(label.startswith("tree") for label in windows), "no pass ran a tree"
+    if method.startswith("auto"):
+        assert len(windows) >= 3 and any(label.startswith("chain") for label in windows), windows
     assert p_value > ALPHA, f"{method} deviates from the exact AR joint (p={p_value:.2e}, TV={tv:.4f})"
 
 
-@pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal", "sd", "mc-sjd-maximal:window=auto"])
+@pytest.mark.parametrize("method", ["sjd-horizontal", "mc-sjd-maximal", "sd", "mc-sjd-maximal:window=auto", "auto"])
 def test_negative_control_fails(setup, method, monkeypatch):
     model, joint, n = setup
     monkeypatch.setattr(verify_module, "residual_weights", _residual_from_target)  # the one exact residual
     if "auto" in method:
-        stats = _switch_every_pass()
+        stats = _switch_every_pass(SHAPE_COSTS if method == "auto" else None)
         tokens, _ = sample_adaptive(model, method, n, seed=1234, window_stats=stats)
     else:
         tokens, _ = sample_sequences(model, method, n, seed=1234)

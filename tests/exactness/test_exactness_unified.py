@@ -34,7 +34,8 @@ import torch
 from scipy import stats
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.acceptance import AcceptanceConfig, LuminaRule, build_rule
+from vispec.decoding.acceptance import AcceptanceConfig, LuminaRule
+from vispec.decoding.rules import build_rule
 from vispec.models.unified import ImageLayout, UnifiedTokenModel
 from vispec.models.unified_families import chameleon_backbone
 from vispec.sampling import SamplingConfig, warp_logits

@@ -146,3 +146,28 @@ def test_no_private_name_crosses_a_module_border(tmp_path):
     bad.parent.mkdir(parents=True)
     bad.write_text("from vispec.dllm.loop import _secret\n")
     assert private_imports(tmp_path) == ["vispec/bad.py:1 imports private vispec.dllm.loop._secret"]
+
+
+def module_cycles(root: pathlib.Path, folder: str) -> list[list[str]]:
+    """Import cycles between the modules of ``folder`` (e.g. ``vispec/decoding``; its ``__init__`` left out: it
+    imports the modules to re-export their names), imports inside functions included."""
+    base = root / folder
+    package = ".".join(pathlib.Path(folder).parts)
+    modules = {f"{package}.{p.stem}": p for p in sorted(base.glob("*.py")) if p.stem != "__init__"}
+    graph = {name: {m for _, m in imports(path) if m in modules and m != name} for name, path in modules.items()}
+    return _cycles(graph)
+
+
+def test_decoding_modules_import_each_other_one_way():
+    """e.g. acceptance -> budget -> acceptance was a circle: the rule builder now lives in rules.py, above both."""
+    cycles = module_cycles(ROOT, "vispec/decoding")
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_module_cycles_are_found(tmp_path):
+    """Negative control: two modules that import each other (one inside a function) are a cycle."""
+    folder = tmp_path / "vispec" / "decoding"
+    folder.mkdir(parents=True)
+    (folder / "a.py").write_text("from vispec.decoding.b import x\n")
+    (folder / "b.py").write_text("def f():\n    from vispec.decoding import a\n")
+    assert module_cycles(tmp_path, "vispec/decoding")

@@ -14,6 +14,12 @@ import sys
 from vispec.cli.args import add_config_args, config_from_args
 from vispec.cli.paths import check_output_file
 
+COST_CURVE_HELP = ("the step-cost curve the shape chooser (auto, sjd-pac:window=auto) and the auto window price passes "
+                   "by: measured (this machine's, calibrated or read from the step-costs cache), flat (every shape and "
+                   "window costs the same: what the chooser picks where a wide window costs what a narrow one does) or "
+                   "PATH, a cost-curve JSON file as vispec keeps them in $VISPEC_CACHE_DIR/step-costs (e.g. recorded on a "
+                   "GPU); flat and PATH are pinned (no measurement changes them) and the predicted speed-ups are then "
+                   "relative to that curve (default: measured)")
 DECODER_HELP = {
     "model": "named GPT config (GPT-mini, GPT-B, GPT-L, ...), randomly initialised, tiny-c2i (the embedded trained model), "
              "or tiny-c2i@GPT-L: tiny-c2i inflated to a GPT config's size (its logits at that model's cost)",
@@ -32,6 +38,7 @@ DECODER_HELP = {
                    "the result counts the steps inductor ran without a graph",
     "kernels": "also run `vispec bench kernels` (verification and unmasking kernels, GB/s and % of peak HBM bandwidth) at "
                "the model's vocabulary, into the same JSON and table",
+    "cost_curve": COST_CURVE_HELP,
 }
 DISTRIBUTED_HELP = {
     "results_dir": "folder for every item's result, written as it finishes; a rerun with the same settings skips what "
@@ -66,6 +73,7 @@ IMAGE_HELP = {
                "rows only)",
     "rounds": "interleaved timing rounds of the throughput sweep (medians are reported)",
     "sweep_images": "images per measurement of the throughput sweep (rounded up to whole batches, at least one)",
+    "cost_curve": COST_CURVE_HELP,
     **DISTRIBUTED_HELP,
 }
 TEXT_HELP = {

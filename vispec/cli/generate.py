@@ -380,9 +380,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     image.add_argument("--height", type=int, default=None, help="text-to-image: pixels (default: the model's)")
     image.add_argument("--width", type=int, default=None, help="text-to-image: pixels (default: the model's)")
     image.add_argument("--decoding", default=None,
-                       help="ar, sjd[-init], mc-sjd[-coupling], sd, optionally +budget[:delta=..] (within a TV budget), "
-                            "+lantern[:k=..,delta=..] or +gsd (lossy); "
-                            "default: the pipeline's")
+                       help="ar, sjd[-init], mc-sjd[-coupling], sjd-pac, auto (each pass AR, a chain or a tree, whichever is "
+                            "fastest here; exact), sd, gad, iad, optionally :window=..|auto and +budget[:delta=..] (within a "
+                            "TV budget), +lantern[:k=..,delta=..] or +gsd (lossy); default: the pipeline's")
     image.add_argument("--seed", type=int, default=0)
     image.add_argument("--num-images", type=int, default=1)
     image.add_argument("--guidance-scale", type=float, default=None)

@@ -12,7 +12,8 @@ from typing import Any, Optional, Union
 
 import torch
 
-from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, build_rule
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule
+from vispec.decoding.rules import build_rule
 from vispec.decoding.ar import decode_ar
 from vispec.decoding.common import DecodeJob, condition_size
 from vispec.decoding.config import DecodingConfig, split_specs
@@ -50,7 +51,7 @@ def decode(
     """Generate ``num_tokens`` image tokens per sample with the chosen decoder.
 
     ``decoding``: a :class:`DecodingConfig` or a spec such as ``"ar"``, ``"sjd-vertical"``,
-    ``"mc-sjd:window=8"``, ``"sjd-pac"`` or ``"mc-sjd+lantern:k=100,delta=0.1"`` (:mod:`vispec.decoding.config`).
+    ``"mc-sjd:window=8"``, ``"sjd-pac"``, ``"auto"`` (every pass's shape chosen by cost: :mod:`vispec.decoding.shapes`) or ``"mc-sjd+lantern:k=100,delta=0.1"`` (:mod:`vispec.decoding.config`).
     ``sampling``: the target distribution (default: ``decoding``'s sampling settings).
     ``processors``: per-position logits processors (:mod:`vispec.processors`), applied after the
     model's own ``position_processors`` (a unified-token model's forced end-of-row token).
@@ -106,7 +107,7 @@ def decode(
         return decode_sd(model, drafter, condition, job, config, rule)
     if config.strategy == "gad":
         return decode_gad(model, drafter, condition, job, config, rule)
-    if config.strategy == "sjd-pac":
+    if config.strategy in ("sjd-pac", "auto"):
         return decode_pac(model, condition, job, config, rule, window_stats)
     return decode_sjd(model, condition, job, config, rule, window_stats)
 
@@ -115,7 +116,7 @@ def check_source(source: Optional[torch.Tensor], config: DecodingConfig, conditi
                  model: Any) -> Optional[torch.Tensor]:
     """``source`` as ``[B, num_tokens]`` int64, checked: given exactly when ``config`` drafts
     from it (``init="source"``), one row per sample, ids in ``[-1, V)``."""
-    uses = config.init == "source" and config.strategy in ("sjd", "mc-sjd", "sjd-pac")
+    uses = config.init == "source" and config.strategy in ("sjd", "mc-sjd", "sjd-pac", "auto")
     if source is None:
         if uses:
             raise ValueError(f"decoding {config.name!r} drafts from a source image (init='source'): give source=[B, "

@@ -1,7 +1,8 @@
 """Acceptance rules for speculative verification: exact, LANTERN, GSD and Lumina-mGPT 2.0's SJD (all three lossy).
 
 The budgeted rule, lossy within a TV budget per verification whatever the draft, builds on these and lives in
-:mod:`vispec.decoding.budget`; :func:`build_rule` builds it too.
+:mod:`vispec.decoding.budget`; :func:`vispec.decoding.rules.build_rule` builds every rule (this module imports
+neither, so the imports point one way: acceptance <- budget <- rules).
 
 A rule decides, for a draft ``x ~ q`` checked against the target ``p`` of its position, whether
 ``x`` is kept (with a uniform ``u``), and what the rejected position samples from instead. The
@@ -42,7 +43,7 @@ per-codebook cache, :mod:`vispec.decoding.neighbors`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -51,7 +52,6 @@ from vispec.checks import check_int, check_number
 from vispec.kernels import verify
 from vispec.kernels.philox import Stream
 from vispec.kernels.target import Target
-from vispec.decoding.neighbors import NeighborTables, codebook_neighbors
 from vispec.kernels.verify import Drafts, SampleRequest
 from vispec.sampling import SamplingConfig, warp_logits
 
@@ -469,55 +469,6 @@ class LuminaRule(AcceptanceRule):
         rejected = (q64 - accepted_mass).sum(-1, keepdim=True)
         out = accepted_mass + rejected * self.rejection_distribution(p64, q64, sampling)
         return 0.5 * (out - p64).abs().sum(-1)
-
-
-TensorSource = Union[None, Tensor, Callable[[], Tensor]]
-"""A tensor, or a function returning it (called only by the rule that needs it)."""
-
-
-def build_rule(config: Union[None, str, AcceptanceConfig, AcceptanceRule], *, codebook: TensorSource = None,
-               embeddings: TensorSource = None, neighbors: Optional[Tensor] = None,
-               tables: Optional[NeighborTables] = None) -> AcceptanceRule:
-    """The rule for ``config`` (a built rule is returned as it is): where every decoder and pipeline builds one.
-
-    The budgeted rule (:mod:`vispec.decoding.budget`) needs the codebook only with ``neighbors``. LANTERN needs the VQ ``codebook`` ``[V, D]`` or a precomputed ``neighbors`` table; with ``tables`` the
-    codebook's table comes from that cache (:class:`vispec.decoding.neighbors.NeighborTables`, computed once
-    per codebook). GSD needs the AR model's input token ``embeddings`` ``[V, D]``; Lumina-mGPT 2.0's rule
-    needs nothing. ``codebook`` and ``embeddings`` may be functions, called only when the rule needs them
-    (a pipeline's weights may have to be materialised first)."""
-    if isinstance(config, AcceptanceRule):
-        return config
-    config = AcceptanceConfig.parse(config)
-    if config.rule == "budget":
-        from vispec.decoding.budget import BudgetRule  # it builds on this module
-
-        k = config.budget_neighbors
-        if k and neighbors is None:
-            neighbors = _neighbor_table(f"'budget' with neighbors={k}", codebook, tables, k, False)
-        return BudgetRule(config, neighbors)
-    if config.rule == "lantern":
-        if neighbors is None:
-            neighbors = _neighbor_table("'lantern'", codebook, tables, config.lantern_k, config.lantern_normalize)
-        if config.lantern_k > neighbors.shape[1]:
-            raise ValueError(f"lantern_k={config.lantern_k} exceeds the neighbour table's {neighbors.shape[1]} columns")
-        return LanternRule(config, neighbors)
-    if config.rule == "gsd":
-        weights = embeddings() if callable(embeddings) else embeddings
-        if weights is None:
-            raise ValueError("acceptance 'gsd' needs the AR model's input token embeddings")
-        return GSDRule(config, weights)
-    if config.rule == "lumina":
-        return LuminaRule(config)
-    return AcceptanceRule(config)
-
-
-def _neighbor_table(rule: str, codebook: TensorSource, tables: Optional[NeighborTables], k: int, normalize: bool) -> Tensor:
-    """``[V, k]`` nearest codebook entries for ``rule`` (its name, for the error): from ``tables`` when given."""
-    book = codebook() if callable(codebook) else codebook
-    if book is None:
-        raise ValueError(f"acceptance {rule} needs the tokenizer's codebook (a VQ model with quantize.embedding), "
-                         "or a precomputed neighbour table")
-    return tables.table(book, k, normalize) if tables is not None else codebook_neighbors(book, k, normalize)
 
 
 TV_SAMPLES_PER_STEP = 4

@@ -5,14 +5,15 @@ benchmarks)::
 
     spec    := variant [":" option ("," option)*] ["+" rule [":" rule-option ("," rule-option)*]]
     variant := "ar" | "sjd" ["-random" | "-horizontal" | "-vertical" | "-source"] | "mc-sjd" ["-maximal" | "-gumbel"]
-             | "sjd-pac" ["-maximal" | "-gumbel"] | "sd" | "gad" | "gsd" | "iad"
+             | "sjd-pac" ["-maximal" | "-gumbel"] | "auto" ["-maximal" | "-gumbel"] | "sd" | "gad" | "gsd" | "iad"
              ("gsd" is short for "sjd+gsd", "iad" for "sjd-source": drafts copied from a source image)
     option  := key "=" value, key in window, init, coupling, tree_width, tree_depth, passes, groups, guidance_scale,
                temperature, top_k, top_p, cfg_interval
     rule    := "exact" | "budget" | "lantern" | "gsd" | "lumina"  (options: vispec.decoding.acceptance.AcceptanceConfig)
 
 e.g. ``"mc-sjd"``, ``"sjd-vertical:window=8"``, ``"mc-sjd+budget:delta=0.1"``, ``"mc-sjd+lantern:k=100,delta=0.1"``, ``"sd:window=3"``,
-``"sjd-pac:window=64,tree_width=3,tree_depth=3"`` (SJD-PAC's published setting), ``"gad:passes=4"`` (GAD's block
+``"sjd-pac:window=64,tree_width=3,tree_depth=3"`` (SJD-PAC's published setting), ``"auto"`` (each pass AR, an MC-SJD
+chain or an SJD-PAC tree, whichever the machine's cost curve and the decode's acceptance favour), ``"gad:passes=4"`` (GAD's block
 drafted in 4 drafter forwards, each group conditioned on the drafts left of it).
 :attr:`DecodingConfig.name` writes a config back in this grammar with only its non-default settings,
 so ``DecodingConfig.parse(config.name) == config``; :attr:`DecodingConfig.method` is the same
@@ -38,9 +39,10 @@ from vispec.checks import check_int
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule
 from vispec.sampling import SamplingConfig
 
-STRATEGIES = ("ar", "sjd", "mc-sjd", "sjd-pac", "sd", "gad")
+STRATEGIES = ("ar", "sjd", "mc-sjd", "sjd-pac", "auto", "sd", "gad")
 INITS = ("random", "horizontal", "vertical", "source")
-COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sjd-pac": ("maximal", "gumbel"), "sd": ("none",),
+COUPLINGS = {"ar": ("none",), "sjd": ("none",), "mc-sjd": ("maximal", "gumbel"), "sjd-pac": ("maximal", "gumbel"),
+             "auto": ("maximal", "gumbel"), "sd": ("none",),
              "gad": ("none",)}
 DEFAULT_WINDOW = 16
 SD_DEFAULT_WINDOW = 5  # draft-model decoding: the pending token plus 4 drafted tokens per target forward
@@ -61,7 +63,8 @@ OPTION_TYPES = {"window": _window, "init": str, "coupling": str, "tree_width": i
 TREE_KEYS = ("tree_width", "tree_depth")
 GAD_KEYS = ("passes", "groups")
 SAMPLING_KEYS = ("guidance_scale", "temperature", "top_k", "top_p", "cfg_interval")
-SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical|-source], mc-sjd[-maximal|-gumbel], sjd-pac[-maximal|-gumbel], sd, gad, gsd or iad, "
+SPEC_HELP = ("ar, sjd[-random|-horizontal|-vertical|-source], mc-sjd[-maximal|-gumbel], sjd-pac[-maximal|-gumbel], "
+             "auto[-maximal|-gumbel], sd, gad, gsd or iad, "
              "optionally followed by "
              "':key=value,...' (window, init, coupling, tree_width, tree_depth, passes, groups, sampling settings) and '+rule' (exact, "
              "budget[:delta=..,decay=..,end=..,neighbors=..], lantern[:k=..,delta=..], gsd[:half_width=..], lumina)")
@@ -120,7 +123,10 @@ class DecodingConfig(PipelineComponent):
 
     Args:
         strategy: ``"ar"`` (one token per forward), ``"sjd"`` (Speculative Jacobi Decoding,
-            arXiv 2410.01699), ``"mc-sjd"`` (coupled SJD, arXiv 2510.24211) or ``"sd"``
+            arXiv 2410.01699), ``"mc-sjd"`` (coupled SJD, arXiv 2510.24211), ``"sjd-pac"`` (SJD-PAC's token trees,
+            arXiv 2603.18599), ``"auto"`` (each pass's shape, AR, an MC-SJD chain or an SJD-PAC tree of at most
+            ``tree_width`` and ``tree_depth``, chosen by expected tokens per second: :mod:`vispec.decoding.shapes`;
+            exact; its window is always ``"auto"``) or ``"sd"``
             (draft-model speculative decoding, Leviathan et al. 2023: a drafter GPT proposes
             ``window - 1`` tokens, the target verifies them in one forward).
         window: Jacobi window ``L`` (pending token plus ``L - 1`` drafts); ``>= 1``, or ``"auto"`` for sjd and
@@ -180,9 +186,12 @@ class DecodingConfig(PipelineComponent):
         strategy, window = self.strategy, self.window
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if strategy == "auto" and window != AUTO_WINDOW:
+            raise ValueError(f"decoding 'auto' chooses every pass's window itself: window must be 'auto' (or left out), "
+                             f"got {window!r}; for a fixed window name its decoder, e.g. 'sjd-pac:window={window}'")
         if window != AUTO_WINDOW:
             check_int("window", window, minimum=1, hint=" or 'auto' (chosen per pass by cost)")
-        if window == AUTO_WINDOW and strategy not in ("sjd", "mc-sjd", "sjd-pac"):
+        if window == AUTO_WINDOW and strategy not in ("sjd", "mc-sjd", "sjd-pac", "auto"):
             raise ValueError(f"window='auto' applies to sjd, mc-sjd and sjd-pac, not {strategy!r}; give an integer window")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
@@ -192,8 +201,8 @@ class DecodingConfig(PipelineComponent):
         rule = AcceptanceConfig.parse(self.acceptance)
         check_int("tree_width", self.tree_width, minimum=1)
         check_int("tree_depth", self.tree_depth, minimum=1)
-        if strategy != "sjd-pac" and (self.tree_width, self.tree_depth) != (3, 3):
-            raise ValueError(f"tree_width and tree_depth apply to sjd-pac, not {strategy!r}")
+        if strategy not in ("sjd-pac", "auto") and (self.tree_width, self.tree_depth) != (3, 3):
+            raise ValueError(f"tree_width and tree_depth apply to sjd-pac and auto, not {strategy!r}")
         check_int("passes", self.passes, minimum=1)
         if self.groups not in GAD_GROUPS:
             raise ValueError(f"groups must be one of {GAD_GROUPS}, got {self.groups!r}")
@@ -202,13 +211,14 @@ class DecodingConfig(PipelineComponent):
         if strategy == "gad" and self.passes > max(window - 1, 1):
             raise ValueError(f"passes={self.passes} exceeds gad's {window - 1} drafts per block (window {window}): each "
                              f"pass drafts at least one token; use passes <= {max(window - 1, 1)}")
-        if strategy == "sjd-pac":
+        if strategy in ("sjd-pac", "auto"):
             if self.largest_window < self.tree_size:
                 raise ValueError(f"sjd-pac's window must hold its tree of {self.tree_size} slots (tree_width "
                                  f"{self.tree_width}, tree_depth {self.tree_depth}), got {window!r}"
                                  + (f" (the largest window 'auto' picks is {AUTO_LARGEST_WINDOW})" if window == AUTO_WINDOW else ""))
             if not rule.lossless:
-                raise ValueError(f"sjd-pac verifies its tree with the exact rule only, got acceptance {rule.name!r}")
+                raise ValueError(f"{strategy!r} verifies with the exact rule only (its trees have no lossy rule), got "
+                                 f"acceptance {rule.name!r}")
         if strategy == "ar" and not rule.lossless:
             raise ValueError(f"acceptance {rule.name!r} needs a speculative decoder (sjd, mc-sjd, sd, gad), not 'ar'")
         object.__setattr__(self, "coupling", coupling)  # stored resolved and canonical, so equal configs compare equal
@@ -254,7 +264,8 @@ class DecodingConfig(PipelineComponent):
 
     def _label(self, sampling_keys: tuple[str, ...]) -> str:
         variant = {"ar": "ar", "sd": "sd", "gad": "gad", "sjd": "iad" if self.init == "source" else f"sjd-{self.init}", "mc-sjd": f"mc-sjd-{self.coupling}",
-                   "sjd-pac": "sjd-pac" if self.coupling == "maximal" else f"sjd-pac-{self.coupling}"}[self.strategy]
+                   "sjd-pac": "sjd-pac" if self.coupling == "maximal" else f"sjd-pac-{self.coupling}",
+                   "auto": "auto" if self.coupling == "maximal" else f"auto-{self.coupling}"}[self.strategy]
         values, defaults = self.settings(), DecodingConfig.parse(variant).settings()
         keys = ("window",) + (("init",) if self.strategy != "sjd" else ()) + TREE_KEYS + GAD_KEYS + sampling_keys
         options = [f"{k}={values[k]!r}" if isinstance(values[k], float) else f"{k}={values[k]}" for k in keys
@@ -289,14 +300,14 @@ class DecodingConfig(PipelineComponent):
         if _default_window(strategy) != _default_window(settings.get("strategy", "sjd")):  # another window scale
             settings["window"] = _default_window(strategy)
         settings.update(strategy=strategy, coupling=None, acceptance=rule.strip() or "exact")
-        if strategy != "sjd-pac":  # a tree belongs to sjd-pac: another strategy parsed over its config drops it
+        if strategy not in ("sjd-pac", "auto"):  # a tree belongs to sjd-pac: another strategy parsed over its config drops it
             for key in TREE_KEYS:
                 settings.pop(key, None)
         if strategy != "gad":  # likewise gad's passes
             for key in GAD_KEYS:
                 settings.pop(key, None)
         if suffix:
-            settings["coupling" if strategy in ("mc-sjd", "sjd-pac") else "init"] = suffix
+            settings["coupling" if strategy in ("mc-sjd", "sjd-pac", "auto") else "init"] = suffix
         settings.update(_parse_options(value, options))
         try:
             return cls(**{**settings, **overrides})
@@ -326,15 +337,16 @@ class DecodingConfig(PipelineComponent):
 
 
 def _default_window(strategy: str) -> int:
-    return {"sd": SD_DEFAULT_WINDOW, "gad": GAD_DEFAULT_WINDOW, "sjd-pac": PAC_DEFAULT_WINDOW}.get(strategy, DEFAULT_WINDOW)
+    return {"sd": SD_DEFAULT_WINDOW, "gad": GAD_DEFAULT_WINDOW, "sjd-pac": PAC_DEFAULT_WINDOW,
+            "auto": AUTO_WINDOW}.get(strategy, DEFAULT_WINDOW)
 
 
 def _variant(value: str, label: str) -> tuple[str, str]:
     """``(strategy, suffix)`` of a variant label: ``"mc-sjd-gumbel"`` -> ``("mc-sjd", "gumbel")``."""
-    for strategy in ("mc-sjd", "sjd-pac", "sjd", "sd", "gad", "ar"):
+    for strategy in ("mc-sjd", "sjd-pac", "sjd", "sd", "gad", "ar", "auto"):
         if label == strategy:
             return strategy, ""
-        if label.startswith(strategy + "-") and strategy in ("mc-sjd", "sjd-pac", "sjd"):
+        if label.startswith(strategy + "-") and strategy in ("mc-sjd", "sjd-pac", "sjd", "auto"):
             return strategy, label[len(strategy) + 1:]
     raise ValueError(f"unknown decoding {value!r}; expected {SPEC_HELP}")
 

@@ -6,7 +6,7 @@ draft in the VQ latent space (:class:`vispec.decoding.acceptance.LanternRule`). 
 vectors), keyed by the codebook's content (:func:`codebook_key`): a retrained or swapped tokenizer never
 reuses another's table. Tables keep at least :data:`MAX_STORED_NEIGHBORS` columns (LANTERN's default
 ``k``), so every smaller ``k`` slices the same table. A pipeline owns one cache and every rule it builds
-goes through it (:func:`vispec.decoding.acceptance.build_rule`).
+goes through it (:func:`vispec.decoding.rules.build_rule`).
 """
 
 from __future__ import annotations

@@ -75,11 +75,13 @@ from torch import Tensor
 from vispec.decoding.acceptance import AcceptanceRule
 from vispec.decoding.ar import decode_ar
 from vispec.decoding.common import DecodeJob, condition_size, resolve_grid_width, start_decoding
-from vispec.decoding.compiled import compiled
+from vispec.decoding.compiled import announce_compile, compiled
 from vispec.decoding.config import AUTO_WINDOW, DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens, source_rows
 from vispec.decoding.speculative import MAXIMAL, Coupling, RaggedBatch, verify_window
-from vispec.decoding.windows import WindowChooser, WindowStats, cost_key
+from vispec.decoding.shapes import Shape, ShapeChooser, candidate_shapes
+from vispec.decoding.sjd import SJDStep, single_token_step, sjd_step
+from vispec.decoding.windows import WindowStats, cost_key, load_step_costs
 from vispec.kernels import race
 from vispec.kernels.multi_verify import rrs
 from vispec.kernels.philox import Stream
@@ -147,13 +149,6 @@ def tree_layout(window: int, branching: int, levels: int) -> TreeLayout:
                       torch.tensor([d == levels - 1 and any(p) for p, d in zip(order, depth)]))
 
 
-def pac_layout(window: int, branching: int, levels: int) -> TreeLayout:
-    """The layout of a ``window``-slot pass of a decode whose tree has ``levels`` D: the tree loses its deepest
-    levels until it fits (``window="auto"`` runs windows from 1 up; K = 1 or D = 1 is a chain)."""
-    fits = [d for d in range(1, levels + 1) if sum(branching ** k for k in range(d)) <= window]
-    return tree_layout(window, branching, max(fits))
-
-
 #: the main path under MC-SJD's Gumbel coupling: next drafts by Gumbel-max with noise fixed per position (the
 #: GUMBEL stream, draw 0); every rejected row still gets its residual sample, since the path may end at any
 #: main row the chain rejected (its residual is the committed token there). Every row samples ``P``, not only
@@ -172,6 +167,7 @@ class PACStep:
     rule: AcceptanceRule
     tree: TreeLayout  # this pass's window
     levels: int  # the decode's D (siblings are kept for every level of the largest tree)
+    branching: int  # the decode's K (siblings are drawn for the widest tree; a narrower one uses the first ones)
     coupling: Coupling  # the main path's: MAXIMAL (the paper's continuation) or PAC_GUMBEL
     init: str
     grid_width: int
@@ -207,11 +203,10 @@ def sibling_law(q: Tensor, old_q: Callable[[], Tensor]) -> Tensor:
 def _draw_siblings(step: PACStep, batch: RaggedBatch, q: Tensor, main_tokens: Tensor, count: Tensor) -> Tensor:
     """``[B, D-1, K-1]`` next pass's siblings (token + 1; 0: none): for depth ``d``, a Gumbel-top-(K-1) draw
     from ``q[:, d-1]`` without the main draft ``main_tokens[:, d-1]``, keyed by (position, SIBLING, pass)."""
-    tree = step.tree
     batch_size, vocab = q.shape[0], q.shape[-1]
     levels = max(step.levels - 1, 1)
-    siblings = max(tree.branching - 1, 1)
-    if step.levels == 1 or tree.branching == 1:
+    siblings = max(step.branching - 1, 1)
+    if step.levels == 1 or step.branching == 1:
         return torch.zeros(batch_size, levels, siblings, dtype=torch.long, device=q.device)
     depth = torch.arange(1, step.levels, device=q.device)
     weights = q[:, : step.levels - 1].to(torch.float64)  # [B, D-1, V]
@@ -223,7 +218,7 @@ def _draw_siblings(step: PACStep, batch: RaggedBatch, q: Tensor, main_tokens: Te
     draws = batch.nfe[:, None].expand(-1, step.levels - 1).reshape(rows)
     noise = race.exponentials_for(seeds, positions.reshape(rows), torch.full_like(seeds, int(Stream.SIBLING)), draws, vocab)
     keys = weights.reshape(rows, vocab) / noise.to(torch.float64)
-    top, index = keys.topk(tree.branching - 1, dim=-1)  # decreasing: a sequential draw without replacement
+    top, index = keys.topk(step.branching - 1, dim=-1)  # decreasing: a sequential draw without replacement
     valid = (top > 0).view(batch_size, step.levels - 1, -1) & ((depth - 1)[None, :] < count[:, None])[..., None]
     return torch.where(valid, index.view(batch_size, step.levels - 1, -1) + 1, 0)
 
@@ -355,6 +350,10 @@ def pac_step(step: PACStep, batch: RaggedBatch, longest: Optional[int]) -> Tenso
 
     batch.state["side_ids"] = _draw_siblings(step, batch, sibling_law(next_q, old_q), first_drafts, count)
     batch.state["draft_count"], batch.state["draft_q"] = count, next_q
+    if "path_rank" in batch.state:  # for the shape chooser: the rank accepted on the committed path at each tree depth
+        at_depth = torch.arange(1, batch.state["path_rank"].shape[1] + 1, device=device)
+        ranks = rank[path.gather(1, at_depth.clamp(max=width - 1).expand(batch_size, -1))]
+        batch.state["path_rank"] = torch.where((at_depth[None, :] <= e[:, None]) & live[:, None], ranks, -1)
     return target.status
 
 
@@ -364,29 +363,32 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     """Decode ``job.num_tokens`` tokens per sample with SJD-PAC (module docstring); ``decoding.window`` slots
     per pass, ``decoding.tree_width`` and ``decoding.tree_depth`` shape the tree. ``stats.extra
     ["single_passes"]`` counts each sample's passes that committed one token (the paper's headline figure),
-    ``stats.commits`` the passes by tokens committed. With ``window="auto"`` each pass's window comes from
-    :class:`~vispec.decoding.windows.WindowChooser` over 1, 2, 4, ..., 64 (:func:`pac_layout`: smaller windows
-    hold shallower trees; ``window_stats``: its measurements, kept by the caller), and a decode its
-    measurements give to AR runs :func:`~vispec.decoding.ar.decode_ar`."""
-    if decoding.strategy != "sjd-pac":
-        raise ValueError(f"decode_pac needs strategy 'sjd-pac', got {decoding.strategy!r}")
+    ``stats.commits`` the passes by tokens committed.
+
+    With ``window="auto"`` (and for ``decoding="auto"``) each pass's shape comes from
+    :class:`~vispec.decoding.shapes.ShapeChooser`: AR, or a window of 2, 4, ..., 64 rows holding the deepest tree of
+    ``tree_width`` that fits (``"auto"``: any chain, or any tree up to ``tree_width`` and ``tree_depth``), by expected
+    committed tokens per second; ``window_stats``: its measurements, kept by the caller; ``stats.shapes`` the passes
+    per shape, ``stats.chooser`` its predicted speed-up over AR's passes. A decode its measurements give to AR runs
+    :func:`~vispec.decoding.ar.decode_ar`."""
+    if decoding.strategy not in ("sjd-pac", "auto"):
+        raise ValueError(f"decode_pac needs strategy 'sjd-pac' or 'auto', got {decoding.strategy!r}")
     if not rule.lossless:
         raise ValueError(f"sjd-pac verifies its tree with the exact rule only, got {rule.config.name!r}")
-    auto = decoding.window == AUTO_WINDOW
-    stats = WindowStats() if auto and window_stats is None else window_stats
-    largest, width, depth = decoding.largest_window, decoding.tree_width, decoding.tree_depth
-    tree = tree_layout(largest, width, depth)
-
-    def chooser_for(slots: int) -> WindowChooser:
-        return WindowChooser(largest, stats, cost_key(model, slots, job.compile), tokens_key=decoding.name, slots=slots,
-                             chain=lambda window: pac_layout(window, width, depth).main)
-
-    if auto:
-        slots = min(condition_size(condition), job.max_batch_size or condition_size(condition))
-        if chooser_for(slots).prefers_ar(job.num_tokens):  # no window beats AR here (exact either way)
-            out = decode_ar(model, condition, job)
-            out.method = decoding.method
-            return out
+    width, depth = decoding.tree_width, decoding.tree_depth
+    vocab = getattr(model, "image_vocab_size", None)
+    if isinstance(vocab, int) and width > vocab:
+        raise ValueError(f"tree_width={width} exceeds the model's {vocab} image tokens: a node's candidates are distinct "
+                         f"tokens, so tree_width must be at most {vocab}")
+    chooser = _shape_chooser(model, condition, job, decoding, window_stats) if decoding.window == AUTO_WINDOW else None
+    if chooser is not None and chooser.prefers_ar():  # no shape beats AR here (exact either way)
+        out = decode_ar(model, condition, job)
+        out.method = decoding.method
+        out.stats.shapes = {"ar": sum(out.stats.windows.values())}
+        return out
+    largest = decoding.largest_window
+    tree = tree_layout(largest, width, depth) if decoding.strategy == "sjd-pac" else tree_layout(largest, 1, 1)
+    levels = max(depth, tree.levels)
     grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width, decoding.init)
     start = start_decoding(model, condition, job, window=largest, grid_width=grid_width)
     q_dtype = torch.float64 if start.logits.cond.dtype == torch.float64 else torch.float32
@@ -394,34 +396,90 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     state = {
         "draft_count": zeros,  # valid drafts at positions n .. n + draft_count - 1 (on the main path)
         "draft_q": torch.zeros(start.batch, max(tree.main - 1, 1), start.vocab, dtype=q_dtype, device=start.device),
-        "side_ids": torch.zeros(start.batch, max(tree.levels - 1, 1), max(tree.branching - 1, 1), dtype=torch.long,
+        "side_ids": torch.zeros(start.batch, max(levels - 1, 1), max(width - 1, 1), dtype=torch.long,
                                 device=start.device),  # siblings of the main draft at depth d (token + 1; 0: none)
         "single_passes": zeros.clone(),
     }
+    if chooser is not None:
+        state["path_rank"] = torch.full((start.batch, max(levels - 1, 1)), -1, dtype=torch.long, device=start.device)
     batch = RaggedBatch(start, job, job.num_tokens, largest, caches={"target": (model, start.state)}, state=state,
                         reported=("single_passes",), fixed=job.compile)
-    chooser = chooser_for(start.batch) if auto else None
     coupling = PAC_COUPLINGS[decoding.coupling]
-    steps = {}  # per window
+    steps: dict[Shape, PACStep] = {}
     run = compiled(pac_step) if job.compile else pac_step
+    run_single = compiled(single_token_step) if job.compile else single_token_step
+    run_chain = compiled(sjd_step) if job.compile else sjd_step
+    chains: dict[Shape, SJDStep] = {}
+    single = SJDStep(model, job, rule, coupling, decoding.init, grid_width, start.vocab, 1, None)
+    fixed_shape = Shape(largest, width, depth) if chooser is None else None
     used: dict[int, int] = {}
+    shapes: dict[str, int] = {}
     while batch.running:
         need = batch.widths(largest)
-        window = chooser.choose(need, batch.longest(), batch.live_count, batch.remaining()) if chooser else largest
-        if window not in steps:
-            steps[window] = PACStep(model, job, rule, pac_layout(window, width, depth).to(start.device), tree.levels, coupling,
-                                    decoding.init, grid_width, start.vocab)
-        before = [(n, i >= 0) for n, i in zip(batch.n_host, batch.ids_host)]
-        status = run(steps[window], batch, None if job.compile else batch.longest())
-        after = batch.sync(status)
-        used[window] = used.get(window, 0) + 1
+        shape = fixed_shape or chooser.choose(batch.n_host, batch.ids_host, need, batch.longest())
+        if shape.is_ar:
+            if job.compile:
+                announce_compile("the one-token step", (single_token_step, start.batch))
+            status = run_single(single, batch, 1, None if job.compile else batch.longest())
+            synced = (chooser is not None and chooser.must_sync()) or batch.finishing_next()
+            before = list(zip(batch.n_host, batch.ids_host))
+            after = batch.sync(status) if synced else batch.advance(status)
+            ranks = None
+        elif chooser is not None and not shape.is_tree and coupling is MAXIMAL:
+            # a chain is MC-SJD's maximal coupling, whose own step gives the same tokens for less work than the tree
+            # step with a one-level tree (tests/decoding/test_pac.py); it draws no siblings, so none are kept
+            if shape not in chains:
+                chains[shape] = SJDStep(model, job, rule, MAXIMAL, decoding.init, grid_width, start.vocab, shape.rows, None)
+            if job.compile:
+                announce_compile(f"the MC-SJD step ({shape.label})", (sjd_step, start.batch, shape))
+            before = list(zip(batch.n_host, batch.ids_host))
+            status = run_chain(chains[shape], batch, shape.rows, None if job.compile else batch.longest())
+            batch.state["side_ids"] = torch.zeros_like(batch.state["side_ids"])
+            after, synced, ranks = batch.sync(status), True, None
+        else:
+            if shape not in steps:
+                steps[shape] = PACStep(model, job, rule, device_layout(shape.rows, shape.branching, shape.levels, start.device),
+                                       levels, width, coupling, decoding.init, grid_width, start.vocab)
+            if job.compile:
+                announce_compile(f"the SJD-PAC step ({shape.label})", (pac_step, start.batch, shape))
+            before = list(zip(batch.n_host, batch.ids_host))
+            status = run(steps[shape], batch, None if job.compile else batch.longest())
+            synced = True
+            probe = batch.state.get("path_rank") if chooser is not None and shape.is_tree else None
+            after = batch.sync(status, probe=probe)
+            ranks = None if probe is None else batch.probe_host
+        used[shape.rows] = used.get(shape.rows, 0) + 1
+        shapes[shape.label] = shapes.get(shape.label, 0) + 1
         if chooser is not None:
-            live = [(n, a) for (n, is_live), a in zip(before, after) if is_live]
-            main = steps[window].tree.main
-            chooser.record(window, [a - n - 1 for n, a in live], [min(main, job.num_tokens - n) for n, _ in live])
+            chooser.record(shape, before, after, ranks, synced)
         edited = batch.report(job.callback)
         if edited is not None:  # drafts and siblings made from the old tokens are dropped
             batch.state["draft_count"] = torch.where(edited < job.num_tokens, 0, batch.state["draft_count"])
     out = batch.output(decoding.method, None)
     out.stats.windows = used
+    out.stats.shapes = shapes
+    if chooser is not None:
+        chooser.finish(model)
+        out.stats.chooser = {"predicted_speedup": chooser.predicted_speedup(), "calibrated": chooser.calibrated}
     return out
+
+
+def _shape_chooser(model: SpeculativeARModel, condition: Any, job: DecodeJob, decoding: DecodingConfig,
+                   window_stats: Optional[WindowStats]) -> ShapeChooser:
+    """The shape chooser of an auto decode (:mod:`vispec.decoding.shapes`): its candidates, its cost key (SJD-PAC's
+    steps on this device, dtype, batch slots and compile setting; the cost curve loaded from this machine's cache
+    where the caller's ``window_stats`` has none) and its pooled rates (per spec)."""
+    stats = WindowStats() if window_stats is None else window_stats
+    slots = min(condition_size(condition), job.max_batch_size or condition_size(condition))
+    key = ("shapes",) + tuple(cost_key(model, slots, job.compile))
+    load_step_costs(stats, model, key)
+    shapes = candidate_shapes(decoding.largest_window, decoding.tree_width, decoding.tree_depth,
+                              every_tree=decoding.strategy == "auto")
+    rates_key = (decoding.coupling, decoding.init, repr(job.sampling))  # what acceptance depends on besides the model
+    return ShapeChooser(shapes, stats, key, rates_key, slots, job.num_tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def device_layout(window: int, branching: int, levels: int, device: torch.device) -> TreeLayout:
+    """:func:`tree_layout` with its tensors on ``device``, made once per device and shape."""
+    return tree_layout(window, branching, levels).to(device)

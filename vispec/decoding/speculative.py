@@ -206,6 +206,7 @@ class RaggedBatch:
         self.caches = dict(caches)
         self.state = dict(state or {})
         self.step = 0
+        self.probe_host: list[list[int]] = []
         self.n_host, self.ids_host = [1] * slots, list(range(slots))  # host mirrors (-1: idle slot)
         # outputs, in the caller's batch order (on the device until the end: storing them reads nothing back)
         self._tokens = torch.zeros(requests, num_tokens, dtype=torch.long, device=device)
@@ -269,13 +270,21 @@ class RaggedBatch:
         self.accepted = self.accepted + m
         self.commits.scatter_add_(1, (m + 1)[:, None], self.live[:, None].long())
 
-    def sync(self, status: Optional[Tensor] = None) -> list[int]:
+    def sync(self, status: Optional[Tensor] = None, probe: Optional[Tensor] = None) -> list[int]:
         """The step's one read-back: committed counts (and the step's status) to the host; then finished
-        requests leave their slots. Returns the committed counts by slot as they were before that."""
+        requests leave their slots. Returns the committed counts by slot as they were before that.
+        ``probe``: an integer ``[slots, k]`` tensor read back in the same transfer, kept as :attr:`probe_host` (one
+        list per slot, before finished requests leave)."""
         if status is not None:
             self.status = torch.maximum(self.status, status)
-        values = torch.cat([self.n, self.status.view(1)]).tolist()
-        raise_status(int(values[-1]))
+        parts = [self.n, self.status.view(1)] + ([] if probe is None else [probe.reshape(-1).to(self.n.dtype)])
+        values = torch.cat(parts).tolist()
+        slots = self.n.shape[0]
+        raise_status(int(values[slots]))
+        if probe is not None:
+            width = probe.shape[1]
+            self.probe_host = [values[slots + 1 + b * width: slots + 1 + (b + 1) * width] for b in range(slots)]
+        values = values[: slots + 1]
         self.n_host = values[:-1]
         self.step += 1
         after = list(self.n_host)

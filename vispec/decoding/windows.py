@@ -98,6 +98,7 @@ class ChooserSettings:
     refresh: int = 64  # passes between re-measuring neighbours of the best window (doubles on each confirmation)
     recheck: int = 8  # of the decodes handed to AR (prefers_ar), every recheck-th runs the chooser instead
     script: tuple[int, ...] = ()  # calibration (:func:`calibrate_step_costs`): these windows in turn, ``block`` passes each
+    shape_script: tuple = ()  # the shape chooser (vispec.decoding.shapes.Shape): these shapes in turn, ``block`` passes each
 
     def __post_init__(self) -> None:
         for name in ("block", "samples", "maturity", "refresh", "recheck"):
@@ -109,6 +110,8 @@ class ChooserSettings:
             raise ValueError(f"ChooserSettings.margin must be >= 0 and near in [0, 1], got {self.margin!r}, {self.near!r}")
         if not isinstance(self.script, tuple) or any(not isinstance(w, int) or w < 1 for w in self.script):
             raise ValueError(f"ChooserSettings.script must be a tuple of windows >= 1, got {self.script!r}")
+        if not isinstance(self.shape_script, tuple) or any(not hasattr(s, "rows") for s in self.shape_script):
+            raise ValueError(f"ChooserSettings.shape_script must be a tuple of Shape, got {self.shape_script!r}")
 
 
 @dataclass
@@ -135,6 +138,7 @@ class WindowStats:
     all_accepted: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
     ar_handovers: dict[Hashable, int] = field(default_factory=dict)
     starting_costs: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    shape_rates: dict[Hashable, Any] = field(default_factory=dict)  # the shape chooser's pooled acceptance, by spec
     settings: ChooserSettings = field(default_factory=ChooserSettings)
     clock: Callable[[], float] = time.perf_counter  # seconds of a step: wall clock (time.process_time: CPU time)
 
@@ -192,6 +196,18 @@ def predict_cost(samples: list[tuple[int, float]], at: int, growth: float = 0.0)
     return statistics.median(t for _, t in samples) * (1 + growth * at) / (1 + growth * median_l)
 
 
+def hand_to_ar(stats: WindowStats, key: Hashable) -> bool:
+    """A chooser that found no window (shape) beating AR hands the decode to AR: count it under cost key ``key``, and
+    answer False (run the chooser after all, so its measurements stay fresh) every
+    :attr:`~ChooserSettings.recheck`-th time."""
+    handovers = stats.ar_handovers
+    handovers[key] = handovers.get(key, 0) + 1
+    if handovers[key] >= stats.settings.recheck:
+        handovers[key] = 0
+        return False
+    return True
+
+
 class WindowChooser:
     """Picks each pass's window (module docstring): :meth:`choose` before the pass, :meth:`record` after it.
 
@@ -204,17 +220,14 @@ class WindowChooser:
         slots: the batch slots; step times are recorded only while every slot is live (a batch that
             sheds finished samples runs cheaper passes near its end, which would flatter the windows that
             ran then, as tokens are counted per live sample).
-        chain: the most tokens a pass of a window can commit, for windows that hold token trees (SJD-PAC: its
-            main path, :func:`vispec.decoding.pac.pac_layout`). Then a wider window's side branches can add
-            tokens for samples that rejected a draft too, so its ceiling is the most it can commit.
+
+    (SJD-PAC's trees and the ``"auto"`` decoder choose among more shapes than windows:
+    :mod:`vispec.decoding.shapes`.)
     """
 
     def __init__(self, largest: int, stats: Optional[WindowStats] = None, key: Hashable = "", tokens_key: Hashable = None,
-                 clock: Optional[Callable[[], float]] = None, slots: Optional[int] = None,
-                 chain: Optional[Callable[[int], int]] = None):
+                 clock: Optional[Callable[[], float]] = None, slots: Optional[int] = None):
         self.windows, self.key, self.slots = window_set(largest), key, slots
-        self.chain = chain or (lambda window: window)
-        self.trees = chain is not None
         self._live = slots
         self.stats = WindowStats() if stats is None else stats
         self.clock = self.stats.clock if clock is None else clock
@@ -335,12 +348,7 @@ class WindowChooser:
         if max(measured, key=lambda w: scores[w]) != 1 or (
                 wider is not None and self._ceiling(widest, wider, num_tokens, at, growth) > scores[1]):
             return False
-        handovers = self.stats.ar_handovers
-        handovers[self.key] = handovers.get(self.key, 0) + 1
-        if handovers[self.key] >= self.settings.recheck:
-            handovers[self.key] = 0
-            return False
-        return True
+        return hand_to_ar(self.stats, self.key)
 
     def _score(self, window: int, need: int, at: int, growth: float) -> Optional[float]:
         rate = self.rate(window, need, at, growth, self._remaining)
@@ -352,9 +360,7 @@ class WindowChooser:
         ``window`` costs, and its ramp is taken as free."""
         share = self.all_accepted.get(window)
         share = 1.0 if window == 1 else (statistics.fmean(share) if share else 1.0)
-        tokens = min(self.expected_tokens(window) + share * (self.chain(wider) - self.chain(window)), need)
-        if self.trees:  # side branches help samples that rejected a draft as well: only the main path bounds it
-            tokens = min(max(self.chain(wider), self.expected_tokens(window)), need)
+        tokens = min(self.expected_tokens(window) + share * (wider - window), need)
         return tokens / self.cost(window, at, growth) / (1 + self.settings.margin)
 
     def _pick(self, candidates: list[int], need: int, at: int) -> int:
@@ -411,11 +417,10 @@ class WindowChooser:
                     _append(self.costs, window, (at, per_pass))
             self._warm.add(window)
             self._run, self._run_start = [], None
-        rows = self.chain(window)
-        full = [m + 1 for m, width in zip(num_accepted, widths) if width >= rows]  # samples not cut short by N
+        full = [m + 1 for m, width in zip(num_accepted, widths) if width >= window]  # samples not cut short by N
         if window > 1 and full and self._in_block > self._settle:
             _append(self.tokens, window, statistics.fmean(full))
-            _append(self.all_accepted, window, statistics.fmean(t == rows for t in full))
+            _append(self.all_accepted, window, statistics.fmean(t == window for t in full))
         elif window > 1 and full:
             _append(self.ramp, (self._from, window), statistics.fmean(full))
 
@@ -465,5 +470,89 @@ def relative_step_costs(stats: WindowStats, key: Hashable, at: int) -> dict[int,
     if not costs.get(1):
         return {}
     growth = cost_growth(costs)
-    seconds = {w: predict_cost(samples, at, growth) for w, samples in sorted(costs.items()) if samples}
+    # windows in order; a curve that also holds the shape chooser's labels (str) lists them after the windows
+    ordered = sorted(costs.items(), key=lambda item: (isinstance(item[0], str), item[0] if isinstance(item[0], int) else 0,
+                                                     str(item[0])))
+    seconds = {w: predict_cost(samples, at, growth) for w, samples in ordered if samples}
     return {w: s / seconds[1] for w, s in seconds.items()}
+
+
+# ---- the cost curve on disk: a second process on the same machine starts from it ----------------------------------
+
+
+def cost_cache_dir() -> Optional[str]:
+    """Where measured cost curves are kept: ``$VISPEC_CACHE_DIR`` (``off``: nowhere), else
+    ``$XDG_CACHE_HOME/vispec`` or ``~/.cache/vispec``; a folder ``step-costs`` below it."""
+    import os
+
+    root = os.environ.get("VISPEC_CACHE_DIR")
+    if root is not None and root.strip().lower() in ("off", "0", "none", ""):
+        return None
+    if root is None:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vispec")
+    return os.path.join(root, "step-costs")
+
+
+def machine_fingerprint(model: Any, key: Hashable) -> str:
+    """What a cost curve depends on: the model's architecture (its config and parameter count, not its weights), the
+    cost key (device, dtype, batch slots, compile setting, step kind), torch's version and threads, and the
+    processor. A hex digest, the cache file's name."""
+    import hashlib
+    import json
+    import platform
+
+    import torch
+
+    config = getattr(model, "config", None)
+    config = dict(config) if isinstance(config, dict) or hasattr(config, "items") else repr(config)
+    params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else 0
+    processor = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            processor = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), processor)
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        processor += " / " + torch.cuda.get_device_name()
+    text = json.dumps([type(model).__name__, config, params, repr(key), torch.__version__, torch.get_num_threads(),
+                       processor], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def load_step_costs(stats: WindowStats, model: Any, key: Hashable) -> bool:
+    """Fill ``stats``'s step times of cost key ``key`` from this machine's cache (:func:`cost_cache_dir`) where it
+    has none yet; whether anything was loaded. A missing or unreadable file loads nothing."""
+    import json
+    import os
+
+    folder = cost_cache_dir()
+    if folder is None or stats.costs(key):
+        return False
+    path = os.path.join(folder, machine_fingerprint(model, key) + ".json")
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+        costs = {label: [(int(at), float(t)) for at, t in samples] for label, samples in data["costs"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    stats.step_costs[key] = costs
+    return bool(costs)
+
+
+def save_step_costs(stats: WindowStats, model: Any, key: Hashable, *, minimum: int = 3) -> Optional[str]:
+    """Write the step times of cost key ``key`` (labels with at least ``minimum`` samples) to this machine's cache;
+    the file's path, None if caching is off or nothing was measured. Written atomically (a rename)."""
+    import json
+    import os
+    import tempfile
+
+    folder = cost_cache_dir()
+    costs = {str(label): samples for label, samples in stats.step_costs.get(key, {}).items() if len(samples) >= minimum}
+    if folder is None or not costs:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, machine_fingerprint(model, key) + ".json")
+    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as handle:
+        json.dump({"key": repr(key), "costs": costs}, handle)
+    os.replace(handle.name, path)
+    return path

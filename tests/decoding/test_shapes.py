@@ -1,0 +1,214 @@
+"""The shape chooser of ``decoding="auto"`` and ``"sjd-pac:window=auto"`` (vispec/decoding/shapes.py): its spec, its
+expected-token model, the rates it counts, its choices, its cost cache, and the decodes that run it. The joint-
+distribution certificate with shapes switching every pass is in tests/exactness/test_exactness.py."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_gpt
+
+from vispec.decoding import DecodingConfig, decode
+from vispec.decoding.shapes import (MAX_DEPTH, Shape, ShapeChooser, ShapeRates, calibration_shapes, candidate_shapes,
+                                    expected_tokens, window_class)
+from vispec.decoding.windows import ChooserSettings, WindowStats
+from vispec.models.llamagen_gpt import LlamaGenCondition
+from vispec.sampling import SamplingConfig
+
+SAMPLING = SamplingConfig(temperature=0.9, top_k=3, guidance_scale=2.0)
+LABELS = [0, 1, 2, 0, 1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_gpt(vocab_size=8, block_size=16, num_classes=3, class_dropout_prob=0.1)
+
+
+def _run(model, spec, labels=LABELS, seeds=None, **kwargs):
+    seeds = range(len(labels)) if seeds is None else seeds
+    return decode(model, LlamaGenCondition(class_labels=torch.tensor(labels)), num_tokens=16, sampling=SAMPLING,
+                  decoding=spec, generator=[torch.Generator().manual_seed(s) for s in seeds], grid_width=4, **kwargs)
+
+
+def _costs(**overrides) -> dict:
+    """Step costs by cost label: ``ar`` 1, everything else as given (default: flat, 1)."""
+    labels = {s.cost_label for s in candidate_shapes(64, 3, 3, every_tree=True)}
+    return {label: [(0, float(overrides.get(label.replace(":", "_"), 1.0)))] for label in labels}
+
+
+def test_spec_names_defaults_and_errors():
+    auto = DecodingConfig.parse("auto")
+    assert (auto.strategy, auto.window, auto.coupling, auto.tree_width, auto.tree_depth) == ("auto", "auto", "maximal", 3, 3)
+    assert auto.name == "auto" and DecodingConfig.parse(auto.name) == auto
+    small = DecodingConfig.parse("auto-gumbel:tree_width=2,tree_depth=2")
+    assert small.name == "auto-gumbel:tree_width=2,tree_depth=2" and DecodingConfig.parse(small.name) == small
+    assert DecodingConfig.parse("mc-sjd", base=auto).window == 16  # another strategy takes its own window back
+    for spec, words in [("auto:window=8", "window must be 'auto'"), ("auto+lantern:k=3", "'auto' verifies with the exact"),
+                        ("auto:tree_width=8", "the largest window 'auto' picks is 64"), ("auto:coupling=none", "coupling")]:
+        with pytest.raises(ValueError, match=words):
+            DecodingConfig.parse(spec)
+
+
+def test_candidates_and_one_calibration_shape_per_cost_label():
+    shapes = candidate_shapes(64, 3, 3, every_tree=True)
+    assert Shape(1) in shapes and all(Shape(w) in shapes for w in (2, 4, 8, 16, 32, 64))
+    assert Shape(4, 3, 2) in shapes and Shape(8, 2, 3) in shapes and Shape(16, 3, 3) in shapes
+    assert Shape(8, 3, 3) not in shapes  # 13 tree slots do not fit 8 rows
+    assert all(s.tree_slots <= s.rows for s in shapes)
+    labels = calibration_shapes(shapes)
+    assert len({s.cost_label for s in labels}) == len(labels) == 12  # ar, 6 chains, trees of 4 .. 64 rows
+    assert Shape(16, 3, 3) in labels and Shape(4, 3, 2) in labels  # the widest tree of its rows
+    assert Shape(16, 3, 3).main == 6 and Shape(16, 3, 3).label == "tree 16 K3 D3" and Shape(1).label == "ar"
+
+
+def test_expected_tokens_of_a_chain_is_the_geometric_sum():
+    """With the same rate ``a`` at every age: ``E[T] = 1 + a + ... + a^(W-1)``, cut at the rows a sample can use."""
+    a = 0.6
+    g = np.full((2, MAX_DEPTH), a)
+    s = np.zeros((2, MAX_DEPTH))
+    tokens = expected_tokens(Shape(8), g, s, np.array([8, 3]))
+    assert tokens == pytest.approx([sum(a ** d for d in range(8)), 1 + a + a * a])
+    assert expected_tokens(Shape(1), g, s, np.array([8, 3])).tolist() == [1.0, 1.0]
+
+
+def test_expected_tokens_of_a_tree_matches_a_simulation_of_its_model():
+    """Tree levels continue with any of K candidates (main rate a, siblings s_1, s_2 in turn); below the tree only an
+    all-main path continues. Monte Carlo of that process agrees with the closed form."""
+    a, s1, s2 = 0.55, 0.3, 0.2
+    shape = Shape(16, 3, 3)  # main path of 6: tree levels 1, 2, then a chain to depth 5
+    g = np.full((1, MAX_DEPTH), a)
+    s = np.zeros((1, MAX_DEPTH))
+    s[0, 1], s[0, 2] = s1, s2
+    rng = np.random.default_rng(0)
+    total, runs = 0, 200_000
+    for _ in range(runs):
+        tokens, main = 1, True
+        for depth in range(1, shape.main):
+            if depth < shape.levels:
+                hit_main = rng.random() < a
+                hit = hit_main or rng.random() < s1 or rng.random() < s2
+                main = main and hit_main
+            else:
+                hit = main and rng.random() < a
+            if not hit:
+                break
+            tokens += 1
+        total += tokens
+    assert expected_tokens(shape, g, s, np.array([16]))[0] == pytest.approx(total / runs, rel=0.01)
+
+
+def test_rates_are_kept_per_window_class_and_smoothed_down_the_depths():
+    """A wide window's drafts are refined more often, so its rates are its own; a depth seen twice, both rejected, does
+    not zero the rates below it; an unmeasured class borrows the nearest narrower one's."""
+    rates = ShapeRates()
+    rates.main[window_class(4), 1:4] = [30, 40]  # window 4: 3/4 accepted at depths 1-3
+    rates.main[window_class(16), 1:10] = [36, 40]  # window 16: 9/10
+    rates.main[window_class(16), 10] = [0, 2]  # depth 10 seen twice, both rejected
+    a, _ = rates.rates()
+    assert a[window_class(4), 1] == pytest.approx((30 + 4 * 0.5) / 44)
+    assert a[window_class(16), 9] > 0.85 and 0.5 < a[window_class(16), 10] < a[window_class(16), 9]
+    assert np.array_equal(a[window_class(8)], a[window_class(4)])  # not measured: window 4's
+    assert window_class(1) == 0 and window_class(2) == 1 and window_class(64) == 6 and window_class(5) == 3
+
+
+def _chooser(costs: dict, slots: int = 2, settings: ChooserSettings = ChooserSettings(block=1)) -> ShapeChooser:
+    stats = WindowStats(starting_costs=costs, settings=settings)
+    return ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), stats, "key", "spec", slots, 256)
+
+
+def _teach(chooser: ShapeChooser, rate: float, passes: int = 200, shape: Shape = Shape(64)) -> None:
+    """Feed the pool passes of ``shape`` whose committed paths accept each draft with probability ``rate``."""
+    rng = np.random.default_rng(1)
+    n = 1
+    for _ in range(passes):
+        chooser.choose([n, n], [0, 1], need=16, at=n)
+        e = 0
+        while e < shape.main - 1 and rng.random() < rate:
+            e += 1
+        chooser.record(shape, [(n, 0), (n, 1)], [n + e + 1] * 2, None, synced=False)
+        n = min(n + e + 1, 100)
+
+
+def test_flat_costs_pick_a_wide_shape_and_a_costly_window_hands_over_to_ar():
+    flat = _chooser(_costs())
+    _teach(flat, 0.8)
+    choice = flat.choose([10, 10], [0, 1], need=64, at=10)
+    assert choice.rows == 64  # the most expected tokens when every pass costs the same
+    costly = _chooser({label: [(0, 1.0 if label == "ar" else 10.0)] for label in _costs()})
+    _teach(costly, 0.5)
+    assert costly.choose([10, 10], [0, 1], need=64, at=10) == Shape(1)
+    assert costly.prefers_ar()  # a whole decode goes to AR
+
+
+def test_rates_count_committed_paths_only():
+    """A chain pass that commits 3 tokens (e = 2): depths 1, 2 accepted, depth 3 rejected; nothing past it counts. A
+    tree pass whose path took rank 2 at depth 1: the main draft and rank 1 rejected there, rank 2 accepted, and the
+    main drafts below a side node do not count."""
+    chooser = _chooser(_costs(), slots=1, settings=ChooserSettings(block=1, shape_script=(Shape(8), Shape(8, 3, 2))))
+    chooser.choose([1], [0], need=8, at=1)
+    chooser.record(Shape(8), [(1, 0)], [4], None, synced=False)
+    main = chooser.pool.main[window_class(8)]
+    assert np.allclose(main[1:5], [[1, 1], [1, 1], [0, 1], [0, 0]])
+    chooser.choose([4], [0], need=8, at=4)
+    chooser.record(Shape(8, 3, 2), [(4, 0)], [6], [[2]], synced=False)  # e = 1 through rank 2
+    main, kept = chooser.pool.main[window_class(8)], 0.995  # the first pass's counts have decayed once since
+    assert np.allclose(main[1], [kept, kept + 1])  # this pass's main draft at depth 1 rejected
+    assert chooser.pool.sibling[1].tolist() == pytest.approx([0, 1]) and chooser.pool.sibling[2].tolist() == pytest.approx([1, 1])
+    assert np.allclose(main[2], [kept, kept])  # depth 2 lay below a side node: only the first pass's test
+    hits, expected = chooser.sample_hits[0]
+    assert hits == 2 and expected > 0  # the sample's own accepted tests, and the pool's expectation of them
+
+
+def test_auto_decodes_report_shapes_and_their_prediction(model):
+    stats = WindowStats(starting_costs=_costs(chain_2=1.1, chain_4=1.2, tree_4=1.25, chain_8=1.4, tree_8=1.5,
+                                               chain_16=1.8, tree_16=1.9))
+    out = _run(model, "auto", labels=LABELS * 2, seeds=range(10), window_stats=stats)
+    passes = int(out.stats.nfe.max()) - 1
+    assert sum(out.stats.shapes.values()) == sum(out.stats.windows.values()) == passes
+    assert out.stats.commits.sum(1).tolist() == (out.stats.nfe - 1).tolist()
+    assert out.method == "auto" and bool((out.tokens >= 0).all()) and bool((out.tokens < 8).all())
+    assert out.stats.chooser["calibrated"] is False and out.stats.chooser["predicted_speedup"] > 0
+
+
+@pytest.mark.parametrize("spec", ["auto", "auto-gumbel"])
+def test_scripted_shapes_switch_every_pass_and_keep_outputs_independent_of_the_batch(model, spec):
+    """Forced to change shape every pass (AR, chains, trees of both widths), every sample still gets the tokens it
+    gets alone: the shapes depend on the script, the noise on the sample."""
+    script = (Shape(4, 2, 2), Shape(1), Shape(8, 2, 3), Shape(2), Shape(16, 3, 3), Shape(4, 3, 2), Shape(8))
+    runs = {}
+    for labels, seeds in [(LABELS, range(5)), ([LABELS[3]], [3])]:
+        stats = WindowStats(starting_costs=_costs(), settings=ChooserSettings(block=1, shape_script=script))
+        runs[len(labels)] = _run(model, spec, labels=labels, seeds=seeds, window_stats=stats)
+    batch, alone = runs[5], runs[1]
+    assert len(batch.stats.shapes) >= 5
+    assert torch.equal(alone.tokens[0], batch.tokens[3])
+
+
+def test_tree_width_above_the_vocabulary_is_refused_before_the_prefill(model, monkeypatch):
+    def no_prefill(*args, **kwargs):
+        raise AssertionError("prefill ran before the check")
+
+    monkeypatch.setattr(model, "prefill", no_prefill)
+    with pytest.raises(ValueError, match="tree_width=9 exceeds the model's 8 image tokens"):
+        _run(model, "sjd-pac:window=64,tree_width=9,tree_depth=2")
+
+
+def test_the_cost_curve_is_measured_once_and_kept_on_disk(tmp_path, monkeypatch, capsys):
+    """The first auto decodes on a machine calibrate (announced on stderr) and write the curve; once every shape is
+    measured, a decode with fresh measurements (a new process) loads it instead of measuring again."""
+    monkeypatch.setenv("VISPEC_CACHE_DIR", str(tmp_path))
+    model = tiny_gpt(vocab_size=8, block_size=64, num_classes=3)
+    calibrated = []
+    for _ in range(8):  # 12 shapes of 7 to 15 passes each: a 64-token decode measures some of them
+        out = decode(model, LlamaGenCondition(class_labels=torch.tensor(LABELS)), num_tokens=64, sampling=SAMPLING,
+                     decoding="auto", generator=[torch.Generator().manual_seed(s) for s in range(5)],
+                     window_stats=WindowStats())
+        calibrated.append(out.stats.chooser["calibrated"])
+    first_loaded = calibrated.index(False)
+    assert calibrated[0] is True and first_loaded <= 6 and not any(calibrated[first_loaded:])
+    assert "measuring this machine's step costs" in capsys.readouterr().err
+    files = os.listdir(tmp_path / "step-costs")
+    assert len(files) == 1 and files[0].endswith(".json")

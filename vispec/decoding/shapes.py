@@ -1,0 +1,482 @@
+r"""The shape of every pass, chosen by expected committed tokens per second: AR, an MC-SJD chain or an SJD-PAC tree.
+
+``decoding="auto"`` (and ``"sjd-pac:window=auto"``) run every pass through one of these shapes
+(:class:`Shape`), all on SJD-PAC's batch state (:mod:`vispec.decoding.pac`), so the decoder can switch between
+them from one pass to the next:
+
+* ``ar``: one row, the pending token alone; samples the next token as AR does
+  (:func:`vispec.decoding.sjd.single_token_step`) and drops the drafts;
+* ``chain L``: MC-SJD's maximal coupling over a chain of ``L`` rows (SJD-PAC's layout with a one-level tree);
+* ``tree L K D``: SJD-PAC's tree, ``K`` candidates per node on the ``D - 1`` levels below the pending token,
+  the main path continued as a chain to ``L`` slots (``M`` of them on the main path).
+
+**Expected tokens** (Sequoia, Chen et al. 2024, arXiv 2402.12374: a tree's expected accepted tokens from *measured*
+per-depth and per-rank acceptance rates). Let ``a_d`` be the probability that the main draft at depth ``d`` is accepted
+given the path reached depth ``d - 1``, and ``s_k`` that the ``k``-th sibling is accepted given the main draft and
+siblings ``1 .. k-1`` were rejected (recursive rejection sampling tests them in that order). A tree level ``d`` with
+``K`` candidates continues the path with ``A_d = 1 - (1 - a_d) prod_{k<K} (1 - s_k)``; below the tree only the main
+path continues, so
+
+    E[T] = 1 + sum_{d=1}^{min(D, M) - 1} prod_{j<=d} A_j + sum_{d=D}^{M-1} prod_{j<=d} a_j
+
+tokens are committed by a pass whose main path has ``M`` slots (the ``1``: the residual or bonus token; a chain is
+``K = 1``, AR is ``E[T] = 1``). A Jacobi draft is not a drafter's guess of fixed quality: it improves with every pass
+that recomputes it, and a rejection stales every draft after it (they were computed after the rejected token). So
+``a_d`` depends on the window the decode runs, not only on the depth: wide windows' drafts at depth ``d`` have been
+refined more often. The rates are therefore kept per *window class* (the rows ``L`` of the shapes that measured them:
+1, 2, 4, ..., 64), like Sequoia's acceptance vectors per tree size, and a shape is scored with its own class's rates
+(a class not yet measured borrows the nearest narrower one's: pessimistic, never flattering). Scores use the steady
+state a shape reaches after a few passes of itself; the chooser keeps a shape for a block of passes, so the ramp
+after a switch is amortised.
+
+**Rates** are counted from *committed history only*: after a pass, for each sample, the depths its committed path
+passed (accepted drafts) and the one where it ended (rejected: its token is the residual there), and at tree levels
+which rank was accepted (read back with the committed counts, one read per pass: ``state["path_rank"]``). Counts are
+pooled over the batch and over decodes (:class:`ShapeRates`, in the :class:`~vispec.decoding.windows.WindowStats` the
+caller keeps) and smoothed down the depths (depth ``d``'s rate is its counts with :data:`SHRINK` pseudo-observations
+of depth ``d - 1``'s smoothed rate, so a depth seen twice cannot zero a window's prospects). Per sample (a new
+request starts from none) the chooser keeps its accepted tests and the tests it expected to be accepted under the
+pooled rates; their ratio (shrunk towards 1) scales the sample's rates, so an easy image gets wider shapes than a
+hard one in the same batch.
+
+**Cost** of a pass: the cost curve ``t(B, L)`` of this model, batch slots, dtype, device and compile setting
+(:mod:`vispec.decoding.windows`: measured whole steps, robust lines in the cached length), one curve per cost label
+(``ar``, ``chain:L``, ``tree:L``: trees of the same rows share one); measured by the first decode on a machine
+(its first passes run each label in turn for a block: the calibration) and cached on disk
+(:func:`vispec.decoding.windows.load_step_costs`), so a second process starts from it.
+
+**Settling and exploring.** The first passes after a switch to another window class (:func:`settle_passes`) ramp
+from the old window's drafts and are not counted; and since a wider window's steady state shows only after it ran a
+while, every :attr:`~ChooserSettings.refresh` passes (the interval doubling each time) the next wider chain runs one
+block.
+
+**Choice.** At the start of each block (:attr:`ChooserSettings.block` passes) the chooser scores every candidate
+shape that fits, ``sum_b E_b[T] / t(B, L)`` over the live samples, and runs the best; a shape other than AR must
+beat AR, and any other shape the current one, by :attr:`ChooserSettings.margin` (no switch for a small gain: a
+switch to AR drops every draft).
+
+**Exactness.** The choice before a pass is a function of the committed history (tokens, the ranks accepted on
+committed paths, committed counts) and of step times, never of the noise of the pass about to run, nor of
+verification outcomes at positions that were not committed (those are correlated with the drafts carried over).
+Every shape's verification is exact given its drafts (SJD-PAC's argument, :mod:`vispec.decoding.pac`): each main
+draft is distributed as the ``q`` recorded with it given the window it came from, and the siblings are a draw
+without replacement from that ``q`` (drawn for the decode's widest tree; a pass with fewer siblings uses the first
+ones, a prefix of the same sequential draw); switching shapes only decides which drafts the next pass verifies and
+how many candidates each level gets. So the output is distributed as AR's whatever the choices.
+tests/exactness/test_exactness.py certifies it with the chooser forced to change shape every pass.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Hashable, Optional, Sequence
+
+import numpy as np
+
+from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_dir, cost_growth, hand_to_ar, save_step_costs,
+                                     window_set)
+
+SHRINK = 4.0  # pseudo-observations of the prior in a smoothed rate (module docstring)
+POOL_DECAY = 0.995  # the pooled counts decay per pass (a decode's acceptance drifts over the image)
+PRIOR_DRAFT, PRIOR_SIBLING = 0.5, 0.2  # rates before anything was measured
+MAX_DEPTH = 64
+CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """A pass's shape (module docstring): ``rows`` L, ``branching`` K, ``levels`` D (``K = 1`` or ``D = 1``: a
+    chain; ``L = 1``: AR)."""
+
+    rows: int
+    branching: int = 1
+    levels: int = 1
+
+    @property
+    def is_ar(self) -> bool:
+        return self.rows == 1
+
+    @property
+    def is_tree(self) -> bool:
+        return self.rows > 1 and self.branching > 1 and self.levels > 1
+
+    @property
+    def tree_slots(self) -> int:
+        return sum(self.branching ** d for d in range(self.levels)) if self.is_tree else 1
+
+    @property
+    def main(self) -> int:
+        """Slots on the main path (the pending token included)."""
+        return self.rows - (self.tree_slots - self.levels) if self.is_tree else self.rows
+
+    @property
+    def label(self) -> str:
+        """``ar``, ``chain 16``, ``tree 16 K3 D3``: how tables and histograms name it."""
+        if self.is_ar:
+            return "ar"
+        return f"tree {self.rows} K{self.branching} D{self.levels}" if self.is_tree else f"chain {self.rows}"
+
+    @property
+    def cost_label(self) -> str:
+        """The cost curve it is priced by: ``ar``, ``chain:L`` or ``tree:L`` (trees of equal rows share one)."""
+        return "ar" if self.is_ar else f"{'tree' if self.is_tree else 'chain'}:{self.rows}"
+
+
+def fits(rows: int, branching: int, levels: int) -> bool:
+    """Whether a tree of ``branching`` K and ``levels`` D fits in ``rows`` slots with a main path of ``D`` slots."""
+    return sum(branching ** d for d in range(levels)) <= rows
+
+
+def settle_passes(shape: Shape) -> int:
+    """Passes of a new window class that do not count towards its rates: its drafts ramp up from the last window's
+    (or from none) before the window's steady state shows (module docstring)."""
+    return 0 if shape.is_ar else 1 + shape.rows // 8
+
+
+def fitting_rows(need: int) -> int:
+    """The widest window worth running when the live samples can use at most ``need`` rows: the smallest of
+    ``1, 2, 4, ...`` that holds them (compiled steps come in those shapes)."""
+    return min((w for w in window_set(MAX_DEPTH) if w >= need), default=MAX_DEPTH)
+
+
+def candidate_shapes(largest: int, tree_width: int, tree_depth: int, *, every_tree: bool) -> list[Shape]:
+    """The shapes a chooser picks from: AR; for each window ``L`` of ``1, 2, 4, ..., largest``, the chain and
+    (``every_tree``) every tree with ``2 <= K <= tree_width``, ``2 <= D <= tree_depth`` that fits, or (not
+    ``every_tree``, ``sjd-pac:window=auto``) the deepest tree of ``tree_width`` that fits, a chain where none does."""
+    shapes = [Shape(1)]
+    for rows in window_set(largest)[1:]:
+        if every_tree:
+            shapes.append(Shape(rows))
+            shapes += [Shape(rows, k, d) for k in range(2, tree_width + 1) for d in range(2, tree_depth + 1)
+                       if fits(rows, k, d)]
+        else:
+            depth = max(d for d in range(1, tree_depth + 1) if fits(rows, tree_width, d))
+            shapes.append(Shape(rows, tree_width, depth) if tree_width > 1 and depth > 1 else Shape(rows))
+    return shapes
+
+
+def calibration_shapes(shapes: Sequence[Shape]) -> list[Shape]:
+    """One shape per cost label (module docstring): for trees, the one with the most tree slots."""
+    best: dict[str, Shape] = {}
+    for shape in shapes:
+        held = best.get(shape.cost_label)
+        if held is None or shape.tree_slots > held.tree_slots:
+            best[shape.cost_label] = shape
+    return sorted(best.values())
+
+
+# ---- acceptance rates -------------------------------------------------------------------------------------------
+
+
+def window_class(rows: int) -> int:
+    """The index of the window class of ``rows`` (0 for 1, 1 for 2, ... 6 for 64; module docstring)."""
+    return max(int(rows - 1).bit_length(), 0)
+
+
+CLASSES = window_class(MAX_DEPTH) + 1
+
+
+@dataclass
+class ShapeRates:
+    """Hit and try counts of committed-path acceptance (module docstring): ``main[c, d]`` for the main draft at depth
+    ``d`` in passes of window class ``c``, ``sibling[k]`` for rank ``k`` (index 0 unused). Arrays ``[..., 2]``:
+    (hits, tries)."""
+
+    main: np.ndarray = field(default_factory=lambda: np.zeros((CLASSES, MAX_DEPTH, 2)))
+    sibling: np.ndarray = field(default_factory=lambda: np.zeros((MAX_DEPTH, 2)))
+
+    def decay(self, factor: float) -> None:
+        self.main *= factor
+        self.sibling *= factor
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.main[..., 1].sum() >= 1)
+
+    def rates(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])``: per class, rates smoothed down the depths (module docstring);
+        a class with no tries takes the nearest narrower measured class's rates (the prior where none is)."""
+        a = np.empty((CLASSES, MAX_DEPTH))
+        for c in range(CLASSES):
+            hits, tries = self.main[c, :, 0], self.main[c, :, 1]
+            previous = PRIOR_DRAFT
+            for d in range(MAX_DEPTH):
+                previous = (hits[d] + SHRINK * previous) / (tries[d] + SHRINK)
+                a[c, d] = previous
+        seen = self.main[..., 1].sum(axis=1) > 0
+        for c in range(CLASSES):
+            if not seen[c]:
+                narrower = [k for k in range(c) if seen[k]]
+                if narrower:
+                    a[c] = a[narrower[-1]]
+        hits, tries = self.sibling[:, 0], self.sibling[:, 1]
+        s = (hits + SHRINK * PRIOR_SIBLING) / (tries + SHRINK)
+        return np.clip(a, 0.0, 0.99), np.clip(s, 0.0, 0.99)
+
+
+def expected_tokens(shape: Shape, main_rates: np.ndarray, sibling_rates: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """``E[T]`` per sample (module docstring) for ``main_rates [B, MAX_DEPTH]`` ``a_d`` (index ``d``; 0 unused),
+    ``sibling_rates [B, MAX_DEPTH]`` ``s_k`` and each sample's ``width [B]``: the rows it can still use
+    (``min(M, N - n)``)."""
+    if shape.is_ar:
+        return np.ones(main_rates.shape[0])
+    a = main_rates[:, 1:shape.main]  # depths 1 .. M - 1
+    reach = np.cumprod(a, axis=1)  # the main path reaches depth d
+    if shape.is_tree:  # tree levels 1 .. D - 1: any of K candidates continues the path
+        levels = min(shape.levels, shape.main) - 1
+        miss_siblings = np.prod(1.0 - sibling_rates[:, 1:shape.branching], axis=1)
+        tree = np.cumprod(1.0 - (1.0 - a[:, :levels]) * miss_siblings[:, None], axis=1)
+        reach = np.concatenate([tree, reach[:, levels:]], axis=1)
+    usable = np.arange(1, shape.main)[None, :] < width[:, None]
+    return 1.0 + (reach * usable).sum(axis=1)
+
+
+# ---- the chooser --------------------------------------------------------------------------------------------------
+
+
+class ShapeChooser:
+    """Picks each pass's shape (module docstring): :meth:`choose` before the pass, :meth:`record` after it.
+
+    Args:
+        shapes: the candidates (:func:`candidate_shapes`).
+        stats: measurements kept by the caller between decodes (costs under ``key``, pooled rates under ``spec``).
+        key: the cost key (device, dtype, slots, compile, and that the steps are SJD-PAC's).
+        spec: what acceptance depends on (the decoding spec's name).
+        slots: the batch slots; ``num_tokens``: ``N``.
+    """
+
+    def __init__(self, shapes: Sequence[Shape], stats: WindowStats, key: Hashable, spec: Hashable, slots: int,
+                 num_tokens: int):
+        usable = fitting_rows(num_tokens)  # no window wider than an image
+        self.shapes = [s for s in shapes if s.rows <= usable]
+        self.stats, self.key, self.slots, self.num_tokens = stats, key, slots, num_tokens
+        self.settings: ChooserSettings = stats.settings
+        self.costs = stats.costs(key)
+        self.pool = stats.shape_rates.setdefault(spec, ShapeRates())
+        self.sample_hits = np.zeros((slots, 2))  # per slot: (accepted tests, tests expected accepted under the pool)
+        self.ids = [-2] * slots  # the request each slot's counts belong to
+        self._pool_rates: Optional[tuple[np.ndarray, np.ndarray]] = None
+        self.current: Optional[Shape] = None
+        self.left = 0
+        self.history: list[Shape] = []
+        self.calibrating = [s for s in calibration_shapes(self.shapes) if not self.costs.get(s.cost_label)]
+        self.calibrated = bool(self.calibrating)  # this decode measures the cost curve (then saves it: finish)
+        if self.calibrated:
+            import sys
+
+            print(f"vispec: measuring this machine's step costs for {len(self.calibrating)} pass shapes (batch "
+                  f"{slots}); kept in {cost_cache_dir() or 'this WindowStats only (VISPEC_CACHE_DIR=off)'}",
+                  file=sys.stderr, flush=True)
+        self._growth: Optional[float] = None
+        self._calibrating_block = False
+        self._settle = 0  # passes left before this block's passes count towards the rates
+        self.passes = 0
+        self._explore_every = self.settings.refresh  # passes between runs of the next wider window (doubling)
+        self._next_explore = self.settings.refresh
+        self.predicted: list[tuple[float, float, float]] = []  # per pass: (expected tokens per live sample, cost, AR cost)
+        self._warm: set[str] = {label for label, samples in self.costs.items() if samples}
+        self._run: list[int] = []
+        self._run_start: Optional[float] = None
+        self._at = 0
+        self._live = slots
+        self.clock = stats.clock
+
+    # ---- estimates ------------------------------------------------------------------------------------------
+
+    def cost(self, shape: Shape, at: int) -> Optional[float]:
+        """Seconds of a pass of ``shape`` at ``at`` cached tokens: the median of its label's step times, each scaled to
+        ``at`` by the curve's relative growth per cached token (:func:`~vispec.decoding.windows.cost_growth`, fitted on
+        the label measured over the widest range; a label's own few samples would give wild lines)."""
+        samples = self.costs.get(shape.cost_label)
+        if not samples:
+            return None
+        growth = self._growth if self._growth is not None else cost_growth(self.costs)
+        return statistics.median(t / (1 + growth * length) for length, t in samples) * (1 + growth * at)
+
+    def pool_rates(self) -> tuple[np.ndarray, np.ndarray]:
+        """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per pass."""
+        if self._pool_rates is None:
+            self._pool_rates = self.pool.rates()
+        return self._pool_rates
+
+    def sample_factor(self, slots: Sequence[int]) -> np.ndarray:
+        """``[S]`` each sample's accepted tests over those the pool's rates expected, shrunk towards 1 (docstring)."""
+        counts = self.sample_hits[np.asarray(slots, dtype=int)]
+        return (counts[:, 0] + SHRINK) / (counts[:, 1] + SHRINK)
+
+    def rates(self, shape: Shape, slots: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(a [S, MAX_DEPTH], s [S, MAX_DEPTH])`` for a pass of ``shape``: its window class's pooled rates, scaled
+        by each sample's factor."""
+        a, s = self.pool_rates()
+        factor = self.sample_factor(slots)[:, None]
+        return np.clip(a[window_class(shape.rows)][None, :] * factor, 0.0, 0.99), np.clip(s[None, :] * factor, 0.0, 0.99)
+
+    def scores(self, live: Sequence[int], n_host: Sequence[int], at: int, need: int) -> dict[Shape, float]:
+        """Expected committed tokens per second of every candidate that fits and has a cost."""
+        left = np.array([self.num_tokens - n_host[b] for b in live])
+        out = {}
+        largest = fitting_rows(need)
+        for shape in self.shapes:
+            if shape.rows > largest:
+                continue
+            cost = self.cost(shape, at)
+            if cost is None:
+                continue
+            tokens = expected_tokens(shape, *self.rates(shape, live), np.minimum(left, shape.main))
+            out[shape] = float(tokens.sum()) / cost
+        return out
+
+    # ---- decisions ------------------------------------------------------------------------------------------
+
+    def prefers_ar(self) -> bool:
+        """Whether a whole decode should run as plain AR: every cost is measured, the pool has rates, and no shape
+        beats AR by the margin at mid-image (never while calibrating; every :attr:`~ChooserSettings.recheck`-th
+        such decode runs the chooser, so the rates stay fresh)."""
+        if self.calibrating or self.settings.shape_script or not self.pool.measured:
+            return False
+        n_host = [self.num_tokens // 2] * self.slots
+        scores = self.scores(range(self.slots), n_host, self.num_tokens // 2, self.num_tokens // 2)
+        ar = scores.get(Shape(1))
+        if ar is None or max(scores.values()) > ar * (1 + self.settings.margin):
+            return False
+        return hand_to_ar(self.stats, self.key)
+
+    def choose(self, n_host: Sequence[int], ids_host: Sequence[int], need: int, at: int) -> Shape:
+        """The shape of the next pass; ``n_host``/``ids_host``: the slots' committed counts and requests (-1:
+        idle), ``need``: the most rows any live sample can use, ``at``: the longest cached length."""
+        for b, request in enumerate(ids_host):
+            if request != self.ids[b]:  # a new request in this slot: its own counts start empty
+                self.ids[b] = request
+                self.sample_hits[b] = 0
+        live = [b for b, i in enumerate(ids_host) if i >= 0]
+        narrower = self.current is not None and self.current.rows > fitting_rows(need) and not self.settings.shape_script
+        if self.left <= 0 or self.current is None or narrower:
+            previous = self.current
+            self._calibrating_block = bool(self.calibrating) and not self.settings.shape_script
+            self.current = self._pick(live, n_host, need, at)
+            changed = previous is None or window_class(previous.rows) != window_class(self.current.rows)
+            self._settle = settle_passes(self.current) if changed and not self.settings.shape_script else 0
+            counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
+            self.left = self._settle + counted
+        self.left -= 1
+        self._settle -= 1
+        self.history.append(self.current)
+        self._at, self._live = at, len(live)
+        cost, ar_cost = self.cost(self.current, at), self.cost(Shape(1), at)
+        if cost is not None and ar_cost is not None and live:
+            left = np.array([self.num_tokens - n_host[b] for b in live])
+            tokens = expected_tokens(self.current, *self.rates(self.current, live), np.minimum(left, self.current.main))
+            self.predicted.append((float(tokens.mean()), cost, ar_cost))
+        if self._run_start is None:
+            self._run_start = self.clock()
+        return self.current
+
+    def _pick(self, live: list[int], n_host: Sequence[int], need: int, at: int) -> Shape:
+        if self.settings.shape_script:  # forced: the scripted shapes in turn, whatever the samples need (tests)
+            self._scripted = getattr(self, "_scripted", -1) + 1
+            return self.settings.shape_script[self._scripted % len(self.settings.shape_script)]
+        if not self.calibrating and self.passes >= self._next_explore and self.current is not None:
+            wider = [s for s in self.shapes if not s.is_tree and self.current.rows < s.rows <= fitting_rows(need)]
+            self._explore_every *= 2
+            self._next_explore = self.passes + self._explore_every
+            if wider:  # a wider window's steady state is only known after it ran a while: run the next one a block
+                return min(wider)
+        while self.calibrating:  # the first decode on a machine: each cost label for a block
+            shape = self.calibrating.pop(0)
+            if shape.rows <= fitting_rows(need):
+                return shape
+        self._growth = cost_growth(self.costs)
+        scores = self.scores(live, n_host, at, need)
+        if not scores:
+            return Shape(1)
+        best = max(scores, key=scores.get)
+        margin = 1 + self.settings.margin
+        ar = scores.get(Shape(1))
+        if ar is not None and not best.is_ar and scores[best] < ar * margin:
+            best = Shape(1)
+        current = self.current
+        if current is not None and current in scores and best != current and scores[best] < scores[current] * margin:
+            best = current
+        return best
+
+    def must_sync(self) -> bool:
+        """Whether the AR pass just chosen needs a read-back: its block ends, its cost label is still cold, or the
+        block calibrates (each pass timed on its own, so a slow one is a sample, not a run's share)."""
+        return self.left <= 0 or self.current.cost_label not in self._warm or self._calibrating_block
+
+    # ---- measurements ---------------------------------------------------------------------------------------
+
+    def record(self, shape: Shape, before: Sequence[tuple[int, int]], after: Sequence[int],
+               ranks: Optional[Sequence[Sequence[int]]], synced: bool) -> None:
+        """After a pass of ``shape``: ``before[b] = (n, request)`` per slot, ``after[b]`` the committed counts,
+        ``ranks[b][d - 1]`` the rank accepted on the committed path at tree depth ``d`` (-1 past its end; None for
+        AR and chain passes); ``synced``: the pass ended with a read-back (then the time since the last one is the
+        cost of the passes in between)."""
+        self._run.append(self._at)
+        label = shape.cost_label
+        if synced:
+            elapsed = self.clock() - self._run_start
+            if label in self._warm and self._live == self.slots:
+                per_pass = elapsed / len(self._run)
+                values = self.costs.setdefault(label, [])
+                values.extend((at, per_pass) for at in self._run)
+                del values[:-64]
+            self._warm.add(label)
+            self._run, self._run_start = [], None
+        self.passes += 1
+        self.pool.decay(POOL_DECAY)
+        if not shape.is_ar and self._settle < 0:  # a block's settling passes ramp from other drafts: not counted
+            expected = self.pool_rates()[0][window_class(shape.rows)]
+            for b, ((n, request), n_after) in enumerate(zip(before, after)):
+                if request >= 0:
+                    path = ranks[b] if ranks is not None and shape.is_tree else ()
+                    self._count(b, shape, n_after - n - 1, min(shape.main, self.num_tokens - n), path, expected)
+        self._pool_rates = None
+
+    def _count(self, b: int, shape: Shape, e: int, width: int, path: Sequence[int], expected: np.ndarray) -> None:
+        """Add sample ``b``'s committed path (depth ``e``, ranks ``path``) to the pool's counts and its own
+        (``expected``: the pool's rates of this pass's class, for the sample's factor)."""
+        main, sibling, mine = self.pool.main[window_class(shape.rows)], self.pool.sibling, self.sample_hits[b]
+        levels = shape.levels if shape.is_tree else 1
+        for d in range(1, min(e + 1, width - 1) + 1):
+            rank = path[d - 1] if d - 1 < len(path) and d < levels else 0
+            hit = d <= e and rank == 0
+            main[d, 1] += 1
+            main[d, 0] += hit
+            mine[0] += hit
+            mine[1] += expected[d]
+            if d < levels:  # siblings at a tree level: tested in rank order after the main draft
+                tried = shape.branching - 1 if (d > e or rank < 0) else rank
+                for k in range(1, tried + 1):
+                    sibling[k, 1] += 1
+                    sibling[k, 0] += d <= e and k == rank
+            if d <= e and rank > 0:  # the path left the main path: what follows says nothing of main drafts
+                return
+
+    def finish(self, model: object) -> Optional[str]:
+        """After the decode: keep the cost curve on this machine's disk (:func:`~vispec.decoding.windows.save_step_costs`)
+        if this decode measured it; the file's path, None if nothing was written."""
+        if not self.calibrated:
+            return None
+        return save_step_costs(self.stats, model, self.key)
+
+    # ---- reporting ------------------------------------------------------------------------------------------
+
+    def predicted_speedup(self) -> Optional[float]:
+        """Predicted speed-up over AR's passes of the same cost curve: ``sum E[T] c_AR / sum c`` over the passes
+        (``E[T]`` per live sample), None when costs were not known."""
+        if not self.predicted:
+            return None
+        tokens = sum(t * ar for t, _, ar in self.predicted)
+        return tokens / sum(c for _, c, _ in self.predicted)
+
+    def histogram(self) -> dict[str, int]:
+        """Passes per shape label."""
+        counts: dict[str, int] = {}
+        for shape in self.history:
+            counts[shape.label] = counts.get(shape.label, 0) + 1
+        return counts
+
+
+__all__ = ["Shape", "ShapeChooser", "ShapeRates", "calibration_shapes", "candidate_shapes", "expected_tokens", "fits"]
