@@ -34,7 +34,8 @@ continues the contender before it). Both sides sample the model's default target
 temperature 1, no top-k / top-p) unless ``--guidance-scale`` etc. say otherwise. A contender that fails (an unknown
 spec) is reported once and dropped; the others run on.
 
-Timing: every contender is warmed up first (compiles announced on stderr). Round ``r`` runs every contender once,
+Timing: every contender is warmed up first (compiles announced on stderr; a shape-choosing decoder, ``auto``, until
+its first calls have calibrated its cost curve, kept in the WindowStats each vispec contender keeps between calls). Round ``r`` runs every contender once,
 the order rotated by ``r``, on ``--images`` images in batches of the batch size; ``torch.manual_seed(seed + r)``
 before each (the official ``generate`` draws from the global RNG), vispec gets one seeded generator per image.
 Each run is timed by ``time.perf_counter`` (wall) and ``time.process_time`` (CPU time of this process, all
@@ -311,10 +312,13 @@ class Runner:
                 self.model = torch.compile(official, mode="reduce-overhead", fullgraph=True)
             else:  # gpt-fast: the per-token step
                 self.step = torch.compile(gen_mod.decode_one_token, mode="reduce-overhead", fullgraph=True)
+        self.window_stats, self.calibrating = None, False
         if not contender.official:
             from vispec.decoding import DecodingConfig
+            from vispec.decoding.windows import WindowStats
 
             DecodingConfig.parse(contender.spec)  # an unknown spec fails here, before any warm-up
+            self.window_stats = WindowStats()  # the choosers' measurements, kept between calls as a pipeline keeps them
 
     def run(self, labels, seeds: list[int]) -> float:
         import torch
@@ -338,7 +342,9 @@ class Runner:
         with torch.no_grad():
             out = decode(self.gpt, LlamaGenCondition(class_labels=labels), num_tokens=self.gpt.num_image_tokens,
                          sampling=SamplingConfig(**s), decoding=self.contender.spec,
-                         generator=[torch.Generator().manual_seed(i) for i in seeds], compile=self.contender.compiled)
+                         generator=[torch.Generator().manual_seed(i) for i in seeds], compile=self.contender.compiled,
+                         window_stats=self.window_stats)
+        self.calibrating = bool(out.stats.chooser.get("calibrated"))
         return float(out.stats.nfe.float().mean())
 
 
@@ -383,7 +389,9 @@ def run_batch_size(args, model_name: str, gpt, runners: dict, batch: int, failed
     for name in names:  # warm-up: compiles (each shape of a compiled contender)
         compiled = runners[name].contender.compiled
         print(f"[{model_name} b={batch}] warming up {name}" + (" (compiling)" if compiled else ""), file=sys.stderr)
-        for k in range(2 if compiled else 1):  # a second call shows a recompile on fresh caches
+        for k in range(8):  # a second call shows a recompile on fresh caches; auto calibrates its cost curve
+            if k >= (2 if compiled else 1) and not runners[name].calibrating:
+                break
             result = attempt(name, args.seed, 10**6 + k * images)
             if result is None:
                 break
