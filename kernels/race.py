@@ -39,6 +39,12 @@ same bits, so the setting only moves time, and :data:`DEFAULT` is eager: in a fr
 warm, on top of a 3 to 4 s call (tiny-c2i, tiny-t2i), while a later call saves between nothing and 0.7 s: a
 dozen calls or more before it pays, if ever (``samples/first_image.py``; ``samples/first_image.txt``). Long runs
 on CPU (benchmarks, large vocabularies) opt in with ``VISPEC_FUSED_NOISE=1`` or ``set_fused(True)``.
+
+Compiled decode steps (:func:`race` while ``torch.compile`` traces, on any device) need neither path: the Philox words
+are traced into the step's own graph (:func:`graph_uniforms`: step 1's overflow-free arithmetic, every operation
+exact, so inductor's code gives the eager bits; pinned by the tests) and one opaque op, ``vispec::race_uniforms``, runs
+the eager ``log`` and the race, whatever the setting. Before, the whole race was an opaque op that drew the noise eagerly
+by default: ~330 extra ATen ops per AR step, 8-10% of tiny-c2i's compiled step on CPU (``samples/ar_step_bench.py``).
 """
 
 from __future__ import annotations
@@ -279,12 +285,46 @@ def _(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tenso
 
 
 def race(weights: Tensor, seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
-    """:func:`keyed_race` for ``[R]`` key tensors, also inside ``torch.compile``d code: there it is an opaque
-    custom op (``vispec::keyed_race``), so inductor neither recompiles Philox (its int64 products would
-    overflow) nor swaps in its own ``log``, and compiled decode steps draw bit-identical noise."""
+    """:func:`keyed_race` for ``[R]`` key tensors, also inside ``torch.compile``d code: there the Philox words are
+    traced into the graph (:func:`graph_uniforms`, exact integer arithmetic) and only ``log`` and the race run
+    eagerly, in one opaque op (``vispec::race_uniforms``), so inductor never swaps in its own ``log`` and compiled
+    decode steps draw bit-identical noise."""
     if torch.compiler.is_compiling():
-        return torch.ops.vispec.keyed_race(weights, seeds, positions, streams, draws)
+        rows, vocab = weights.shape
+        if rows == 0 or vocab == 0:
+            return torch.ops.vispec.keyed_race(weights, seeds, positions, streams, draws)
+        return torch.ops.vispec.race_uniforms(weights, graph_uniforms(_keys(seeds, positions, streams, draws), vocab))
     return keyed_race(weights, seeds, positions, streams, draws)
+
+
+def graph_uniforms(keys: Tensor, vocab: int) -> Tensor:
+    """``[R, V]`` float32 uniforms in vocabulary order for the ``[4, R]`` keys of :func:`_keys`: bit-identical to
+    :func:`vispec.kernels.philox.uniforms` with ``vocab_size=V`` (entry ``v`` is word ``v % 4`` of the block
+    ``c0 = v // 4``). Written for tracing into a compiled graph: :func:`_uniform_blocks`' overflow-free Philox
+    (every step an exact integer op, the map to ``u`` exact in float32), so whatever code inductor generates gives
+    the same bits; only the ``log`` after it must stay eager (module docstring)."""
+    rows = keys.shape[1]
+    blocks = (vocab + 3) // 4
+    u = _uniform_blocks(keys, blocks).transpose(1, 2).reshape(rows, 4 * blocks)
+    return (u if vocab == 4 * blocks else u[:, :vocab]).contiguous()
+
+
+def _race_uniforms(weights: Tensor, u: Tensor) -> Tensor:
+    """The eager end of the exponential race: ``E = -log(u)`` by ATen's own ``log`` (the very kernel of
+    :func:`vispec.kernels.philox.exponentials`, on the same ``[R, V]`` layout), then :func:`sample_from_weights`."""
+    return sample_from_weights(weights, torch.log(u).neg_())
+
+
+# A bare library op, not ``torch.library.custom_op``: a compiled step calls it once per step, and custom_op's Python
+# wrapper costs ~40 us per call on CPU against ~5 us for a kernel the dispatcher calls directly.
+_LIBRARY = torch.library.Library("vispec", "FRAGMENT")
+_LIBRARY.define("race_uniforms(Tensor weights, Tensor u) -> Tensor")
+_LIBRARY.impl("race_uniforms", _race_uniforms, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("vispec::race_uniforms")
+def _(weights: Tensor, u: Tensor) -> Tensor:
+    return weights.new_empty(weights.shape[:1], dtype=torch.int64)
 
 
 @torch.library.custom_op("vispec::keyed_exponentials", mutates_args=())

@@ -286,3 +286,26 @@ def test_one_graph_serves_every_shape():
         assert torch.equal(race.keyed_race(weights, *keys), sample_from_weights(weights, race.eager_exponentials(*keys, vocab)))
     assert counters["stats"]["unique_graphs"] == before
     assert race.fused_enabled()
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 1024), (6, 16384 + 3)])
+def test_race_inside_a_compiled_graph_is_bit_identical(rows, vocab):
+    """Compiled decode steps trace the Philox words into their graph (static shapes, as the steps compile) and run
+    only ``log`` and the race eagerly (``vispec::race_uniforms``): the uniforms and the tokens are the eager ones,
+    for extreme keys and both weight dtypes."""
+    from vispec.kernels.philox import uniforms
+
+    seeds, positions, streams, draws = _keys(rows, seed=rows + vocab)
+    seeds[0] = -(2**63)  # every bit of both key words
+    words = torch.compile(lambda *k: race.graph_uniforms(torch.stack(k), vocab), dynamic=False, fullgraph=True)
+    assert torch.equal(words(seeds, positions, streams, draws),
+                       uniforms(seeds, positions[:, None], streams[:, None], draws, vocab_size=vocab)[:, 0])
+    sample = torch.compile(race.race, dynamic=False, fullgraph=True)
+    for dtype in (torch.float32, torch.float64):
+        weights = _weights(rows, vocab, dtype, seed=vocab)
+        expected = sample_from_weights(weights, race.eager_exponentials(seeds, positions, streams, draws, vocab))
+        with torch.profiler.profile() as prof:
+            got = sample(weights, seeds, positions, streams, draws)
+        assert torch.equal(got, expected)
+        ran = {e.name for e in prof.events()}
+        assert "vispec::race_uniforms" in ran and "vispec::keyed_race" not in ran  # the in-graph path ran

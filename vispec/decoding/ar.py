@@ -29,13 +29,19 @@ from vispec.protocol import SpeculativeARModel
 from vispec.sampling import raise_status
 
 
-def ar_step(model: SpeculativeARModel, state: Any, newest: Tensor, position: Tensor, seeds: Tensor, job: DecodeJob,
-            longest: Optional[int]) -> tuple[Tensor, Tensor]:
-    """Feed ``newest [B]`` (image token ``position - 1``), keep it, and sample token ``position [B]`` (draw
-    ``position``). Returns ``(tokens [B], status)``."""
-    logits = model.forward_window(state, newest[:, None], longest)
+def ar_step(model: SpeculativeARModel, state: Any, out: Tensor, position: Tensor, seeds: Tensor, status: Tensor,
+            job: DecodeJob, longest: Optional[int]) -> tuple[Tensor, Tensor]:
+    """One AR pass: feed the newest token ``out[b, position[b]]``, keep it, sample token ``position + 1`` (draw
+    ``position + 1``) into ``out`` in place. Returns ``(position + 1, the worse of status and this step's)``.
+
+    The whole pass is one compiled graph: the index bookkeeping (next position, reading the newest token, writing
+    the sampled one, the running status) is part of it, so a compiled decode loop runs no eager op per step."""
+    position = position + 1
+    logits = model.forward_window(state, out.gather(1, position[:, None] - 1), longest)
     model.rollback(state, torch.ones_like(position))
-    return sample_tokens(logits, position, position, seeds, job)
+    tokens, step_status = sample_tokens(logits, position, position, seeds, job)
+    out.scatter_(1, position[:, None], tokens[:, None])
+    return position, torch.maximum(status, step_status)
 
 
 @torch.no_grad()
@@ -63,11 +69,10 @@ def decode_ar(model: SpeculativeARModel, condition: Any, job: DecodeJob) -> Deco
         status = torch.maximum(status, wave_status)
         out = torch.empty(ids.shape[0], num_tokens, dtype=torch.long, device=device)
         out[:, 0] = wave
-        position = torch.zeros(ids.shape[0], dtype=torch.long, device=device)
+        mark_persistent(out)  # the step writes it in place
+        position = torch.zeros(ids.shape[0], dtype=torch.long, device=device)  # of the newest token
         for t in range(1, num_tokens):
-            position = position + 1
-            out[:, t], step_status = run(model, state, out[:, t - 1], position, seeds, job, None if job.compile else t - 1)
-            status = torch.maximum(status, step_status)
+            position, status = run(model, state, out, position, seeds, status, job, None if job.compile else t - 1)
             if job.callback is not None:  # step = forward passes after the prefill, as in SJD
                 done = committed_view(out, (slot_tokens <= t)[None, :].expand_as(out))
                 view = torch.full((requests, num_tokens), -1, dtype=torch.long, device=device)
