@@ -259,7 +259,6 @@ class ShapeChooser:
         self._pool_rates: Optional[tuple[np.ndarray, np.ndarray]] = None
         self.current: Optional[Shape] = None
         self.left = 0
-        self.history: list[Shape] = []
         self.calibrating = [s for s in calibration_shapes(self.shapes) if not self.costs.get(s.cost_label)]
         self.calibrated = bool(self.calibrating)  # this decode measures the cost curve (then saves it: finish)
         if self.calibrated:
@@ -361,7 +360,6 @@ class ShapeChooser:
             self.left = self._settle + counted
         self.left -= 1
         self._settle -= 1
-        self.history.append(self.current)
         self._at, self._live = at, len(live)
         cost, ar_cost = self.cost(self.current, at), self.cost(Shape(1), at)
         if cost is not None and ar_cost is not None and live:
@@ -470,13 +468,6 @@ class ShapeChooser:
             return None
         tokens = sum(t * ar for t, _, ar in self.predicted)
         return tokens / sum(c for _, c, _ in self.predicted)
-
-    def histogram(self) -> dict[str, int]:
-        """Passes per shape label."""
-        counts: dict[str, int] = {}
-        for shape in self.history:
-            counts[shape.label] = counts.get(shape.label, 0) + 1
-        return counts
 
 
 __all__ = ["Shape", "ShapeChooser", "ShapeRates", "calibration_shapes", "candidate_shapes", "expected_tokens", "fits"]
