@@ -21,7 +21,7 @@ demo: install
 	$(BIN)/vispec demo
 
 test: install
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n auto --dist worksteal tests
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n auto --dist worksteal --durations=30 tests
 
 bench: install
 	$(BIN)/vispec bench decoders --json bench-decoders.json

@@ -42,6 +42,9 @@ Each run is timed by ``time.perf_counter`` (wall) and ``time.process_time`` (CPU
 threads). Speed = official-compiled's time / the contender's, per round (official-eager's if official-compiled
 is not run or failed); the table gives the median over rounds
 (wall and CPU), seconds per image (median), forwards per image and step compression (image tokens / forwards).
+A shape-choosing contender (``auto``, ``window=auto``) also gets its passes per shape over the timed rounds, its
+chooser's predicted speed-up over AR (mean over its decodes) and the measured one (median over rounds of the vispec AR
+contender's time with the same compile setting, ``ar-compiled`` or ``ar-eager``, over its own).
 """
 
 from __future__ import annotations
@@ -313,6 +316,8 @@ class Runner:
             else:  # gpt-fast: the per-token step
                 self.step = torch.compile(gen_mod.decode_one_token, mode="reduce-overhead", fullgraph=True)
         self.window_stats, self.calibrating = None, False
+        self.shapes: dict[str, int] = {}  # passes per shape, and the chooser's predicted speed-ups over AR, since reset
+        self.predicted: list[float] = []
         if not contender.official:
             from vispec.decoding import DecodingConfig
             from vispec.decoding.windows import WindowStats
@@ -345,6 +350,10 @@ class Runner:
                          generator=[torch.Generator().manual_seed(i) for i in seeds], compile=self.contender.compiled,
                          window_stats=self.window_stats)
         self.calibrating = bool(out.stats.chooser.get("calibrated"))
+        for label, passes in (out.stats.shapes or {}).items():
+            self.shapes[label] = self.shapes.get(label, 0) + passes
+        if out.stats.chooser.get("predicted_speedup") is not None:
+            self.predicted.append(out.stats.chooser["predicted_speedup"])
         return float(out.stats.nfe.float().mean())
 
 
@@ -399,6 +408,8 @@ def run_batch_size(args, model_name: str, gpt, runners: dict, batch: int, failed
 
     names = [n for n in names if n not in failed]
     per = {n: {"wall_s": [], "cpu_s": [], "nfe": []} for n in names}
+    for name in names:  # the chooser's figures of the timed rounds only
+        runners[name].shapes, runners[name].predicted = {}, []
     for r in range(args.rounds):
         live = [n for n in names if n not in failed]
         order = live[r % len(live):] + live[: r % len(live)] if live else []
@@ -431,6 +442,15 @@ def run_batch_size(args, model_name: str, gpt, runners: dict, batch: int, failed
             row["speed_cpu_rounds"] = [b / x for b, x in zip(base["cpu_s"], p["cpu_s"])]
             row["speed_wall"] = statistics.median(row["speed_wall_rounds"])
             row["speed_cpu"] = statistics.median(row["speed_cpu_rounds"])
+        runner = runners[name]
+        if (runner.shapes and any(label != "ar" for label in runner.shapes)) or runner.predicted:
+            row["shapes"] = dict(sorted(runner.shapes.items(), key=lambda kv: (-kv[1], kv[0])))
+            row["predicted_speedup"] = statistics.fmean(runner.predicted) if runner.predicted else None
+            ar = per.get("ar-compiled" if c.compiled else "ar-eager")
+            if ar is not None and len(ar["wall_s"]) == len(p["wall_s"]):  # over vispec AR of the same compile setting
+                row["measured_speedup"] = statistics.median(a / x for a, x in zip(ar["wall_s"], p["wall_s"]))
+                if row["predicted_speedup"] is not None:
+                    row["prediction_error"] = row["predicted_speedup"] / row["measured_speedup"] - 1
         rows[name] = row
     return {"model": model_name, "batch_size": batch, "images": images, "rounds": args.rounds, "baseline": baseline,
             "load_avg_start": list(load_start), "load_avg_end": list(load_end), "contenders": rows}
@@ -453,6 +473,14 @@ def print_table(result: dict, note: Optional[str]) -> None:
                  else f"{'-':>10} {'-':>9}")
         print(f"  {name:<{width}} {row['s_per_image_wall']:>10.3f} {row['s_per_image_cpu']:>10.3f} {speed} "
               f"{row['forwards_per_image']:>8.1f} {row['step_compression']:>7.2f}x")
+    for name, row in result["contenders"].items():
+        if "shapes" in row:
+            predicted, measured = row.get("predicted_speedup"), row.get("measured_speedup")
+            figures = (f"predicted {predicted:.2f}x" if predicted is not None else "predicted -") + (
+                f", measured {measured:.2f}x ({row['prediction_error']:+.0%})" if "prediction_error" in row
+                else f", measured {measured:.2f}x" if measured is not None else "")
+            passes = ", ".join(f"{label} {n}" for label, n in row["shapes"].items())
+            print(f"  {name}: shapes (passes) {passes}; speed-up over vispec AR: {figures}")
     if result["baseline"]:
         print(f"  speed = {result['baseline']} time / contender time, median of per-round ratios")
     else:

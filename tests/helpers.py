@@ -46,6 +46,24 @@ def tiny_gpt(
     return model.eval()
 
 
+TREE_SAMPLING = SamplingConfig(temperature=0.9, top_k=3, guidance_scale=2.0)  # the SJD-PAC / shape-chooser tests
+TREE_LABELS = [0, 1, 2, 0, 1]
+
+
+def tree_gpt() -> LlamaGenGPT:
+    """The 8-token, 16-position model the SJD-PAC and shape-chooser tests decode (3 classes, CFG dropout)."""
+    return tiny_gpt(vocab_size=8, block_size=16, num_classes=3, class_dropout_prob=0.1)
+
+
+def tree_decode(model: LlamaGenGPT, spec, labels=TREE_LABELS, seeds=None, **kwargs):
+    """Decode 16 tokens (a 4-wide grid) per label with ``spec``, one seeded generator per sample."""
+    from vispec.decoding import decode
+
+    seeds = range(len(labels)) if seeds is None else seeds
+    return decode(model, LlamaGenCondition(class_labels=torch.tensor(labels)), num_tokens=16, sampling=TREE_SAMPLING,
+                  decoding=spec, generator=[torch.Generator().manual_seed(s) for s in seeds], grid_width=4, **kwargs)
+
+
 @torch.no_grad()
 def exact_joint(model: LlamaGenGPT, class_label: int, num_tokens: int, sampling: SamplingConfig) -> tuple[Tensor, Tensor]:
     """All ``V ** num_tokens`` sequences and their exact AR probabilities (float64), by enumeration."""

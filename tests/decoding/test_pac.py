@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_gpt
+from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 
-from vispec.decoding import DecodingConfig, decode
+from vispec.decoding import DecodingConfig
 from vispec.decoding.pac import tree_layout
 from vispec.decoding.shapes import candidate_shapes
 from vispec.decoding.windows import ChooserSettings, WindowStats
-from vispec.models.llamagen_gpt import LlamaGenCondition
-from vispec.sampling import SamplingConfig
 
-SAMPLING = SamplingConfig(temperature=0.9, top_k=3, guidance_scale=2.0)
-LABELS = [0, 1, 2, 0, 1]
+SAMPLING, LABELS, _run = TREE_SAMPLING, TREE_LABELS, tree_decode
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_gpt(vocab_size=8, block_size=16, num_classes=3, class_dropout_prob=0.1)
-
-
-def _run(model, spec, labels=LABELS, seeds=None, **kwargs):
-    seeds = range(len(labels)) if seeds is None else seeds
-    return decode(model, LlamaGenCondition(class_labels=torch.tensor(labels)), num_tokens=16, sampling=SAMPLING,
-                  decoding=spec, generator=[torch.Generator().manual_seed(s) for s in seeds], grid_width=4, **kwargs)
+    return tree_gpt()
 
 
 def test_spec_defaults_names_and_errors():

@@ -9,28 +9,20 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_gpt
+from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.shapes import (MAX_DEPTH, Shape, ShapeChooser, ShapeRates, calibration_shapes, candidate_shapes,
-                                    expected_tokens, window_class)
+from vispec.decoding.shapes import (CALIBRATION_BLOCK, MAX_DEPTH, Shape, ShapeChooser, ShapeRates, calibration_shapes,
+                                    candidate_shapes, expected_tokens, window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
-from vispec.sampling import SamplingConfig
 
-SAMPLING = SamplingConfig(temperature=0.9, top_k=3, guidance_scale=2.0)
-LABELS = [0, 1, 2, 0, 1]
+SAMPLING, LABELS, _run = TREE_SAMPLING, TREE_LABELS, tree_decode
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_gpt(vocab_size=8, block_size=16, num_classes=3, class_dropout_prob=0.1)
-
-
-def _run(model, spec, labels=LABELS, seeds=None, **kwargs):
-    seeds = range(len(labels)) if seeds is None else seeds
-    return decode(model, LlamaGenCondition(class_labels=torch.tensor(labels)), num_tokens=16, sampling=SAMPLING,
-                  decoding=spec, generator=[torch.Generator().manual_seed(s) for s in seeds], grid_width=4, **kwargs)
+    return tree_gpt()
 
 
 def _costs(**overrides) -> dict:
@@ -212,3 +204,28 @@ def test_the_cost_curve_is_measured_once_and_kept_on_disk(tmp_path, monkeypatch,
     assert "measuring this machine's step costs" in capsys.readouterr().err
     files = os.listdir(tmp_path / "step-costs")
     assert len(files) == 1 and files[0].endswith(".json")
+
+
+def test_calibration_runs_every_shape_once_before_timing_any_and_times_ar_without_read_backs():
+    """The first decode on a machine runs one untimed pass of each cost label (compiling it), then a timed block of
+    each; an AR block reads back once, at its end (a read-back per pass would make AR look dearer than it runs); a
+    pass's cost is the clock from one read-back to the next, so the estimates are the passes' own."""
+    now = [0.0]
+    stats = WindowStats(clock=lambda: now[0])
+    chooser = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), stats, "k", "spec", slots=1, num_tokens=4096)
+    labels = [s.cost_label for s in calibration_shapes(chooser.shapes)]
+    seen, synced_passes, n = [], [], 0
+    while chooser.calibrating:
+        shape = chooser.choose([n], [0], 64, n)
+        synced = not shape.is_ar or chooser.must_sync()
+        now[0] += 0.001 * shape.rows * (1 + 3 * shape.is_tree)  # the pass's seconds on this clock
+        chooser.record(shape, [(n, 0)], [n + 1], None, synced)
+        seen.append(shape.cost_label)
+        synced_passes.append(synced)
+        n += 1
+    assert seen[: len(labels)] == labels and sorted(set(seen)) == sorted(labels)
+    timed_ar = [i for i in range(len(labels), len(seen)) if seen[i] == "ar"]
+    assert len(timed_ar) >= CALIBRATION_BLOCK and sum(synced_passes[i] for i in timed_ar) == 1
+    assert chooser.cost(Shape(1), 0) == pytest.approx(0.001)
+    assert chooser.cost(Shape(64), 0) == pytest.approx(0.064)
+    assert chooser.cost(Shape(16, 3, 3), 0) == pytest.approx(0.064)

@@ -385,6 +385,7 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         out = decode_ar(model, condition, job)
         out.method = decoding.method
         out.stats.shapes = {"ar": sum(out.stats.windows.values())}
+        out.stats.chooser = {"predicted_speedup": 1.0, "calibrated": False, "handed_to_ar": True}
         return out
     largest = decoding.largest_window
     tree = tree_layout(largest, width, depth) if decoding.strategy == "sjd-pac" else tree_layout(largest, 1, 1)

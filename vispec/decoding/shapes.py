@@ -53,7 +53,8 @@ block.
 **Choice.** At the start of each block (:attr:`ChooserSettings.block` passes) the chooser scores every candidate
 shape that fits, ``sum_b E_b[T] / t(B, L)`` over the live samples, and runs the best; a shape other than AR must
 beat AR, and any other shape the current one, by :attr:`ChooserSettings.margin` (no switch for a small gain: a
-switch to AR drops every draft).
+switch to AR drops every draft). An AR block is :data:`AR_BLOCKS` blocks long: AR passes measure no acceptance, so
+the scores would not change, and scoring every candidate costs a share of a one-token step.
 
 **Exactness.** The choice before a pass is a function of the committed history (tokens, the ranks accepted on
 committed paths, committed counts) and of step times, never of the noise of the pass about to run, nor of
@@ -68,6 +69,7 @@ tests/exactness/test_exactness.py certifies it with the chooser forced to change
 
 from __future__ import annotations
 
+import gc
 import statistics
 from dataclasses import dataclass, field
 from typing import Hashable, Optional, Sequence
@@ -81,6 +83,7 @@ SHRINK = 4.0  # pseudo-observations of the prior in a smoothed rate (module docs
 POOL_DECAY = 0.995  # the pooled counts decay per pass (a decode's acceptance drifts over the image)
 PRIOR_DRAFT, PRIOR_SIBLING = 0.5, 0.2  # rates before anything was measured
 MAX_DEPTH = 64
+AR_BLOCKS = 4  # an AR block is this many blocks long (module docstring, Choice)
 CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
 
 
@@ -261,13 +264,16 @@ class ShapeChooser:
         self.left = 0
         self.calibrating = [s for s in calibration_shapes(self.shapes) if not self.costs.get(s.cost_label)]
         self.calibrated = bool(self.calibrating)  # this decode measures the cost curve (then saves it: finish)
+        self.warming = list(self.calibrating)  # first one pass of each (compiles, first runs), then the timed blocks
+        self._collected = False
         if self.calibrated:
             import sys
 
             print(f"vispec: measuring this machine's step costs for {len(self.calibrating)} pass shapes (batch "
                   f"{slots}); kept in {cost_cache_dir() or 'this WindowStats only (VISPEC_CACHE_DIR=off)'}",
                   file=sys.stderr, flush=True)
-        self._growth: Optional[float] = None
+        self._curve: Optional[tuple[dict[str, tuple[float, float]], float]] = None  # costs' levels and growth (cost)
+        self._undecayed = 0  # passes whose decay of the pooled counts is not yet applied (record)
         self._calibrating_block = False
         self._settle = 0  # passes left before this block's passes count towards the rates
         self.passes = 0
@@ -284,14 +290,20 @@ class ShapeChooser:
     # ---- estimates ------------------------------------------------------------------------------------------
 
     def cost(self, shape: Shape, at: int) -> Optional[float]:
-        """Seconds of a pass of ``shape`` at ``at`` cached tokens: the median of its label's step times, each scaled to
-        ``at`` by the curve's relative growth per cached token (:func:`~vispec.decoding.windows.cost_growth`, fitted on
-        the label measured over the widest range; a label's own few samples would give wild lines)."""
-        samples = self.costs.get(shape.cost_label)
-        if not samples:
-            return None
-        growth = self._growth if self._growth is not None else cost_growth(self.costs)
-        return statistics.median(t / (1 + growth * length) for length, t in samples) * (1 + growth * at)
+        """Seconds of a pass of ``shape`` at ``at`` cached tokens: its label's median step time at its samples' median
+        cached length, scaled to ``at`` by the curve's relative growth per cached token ``g``, pooled over every label
+        (:func:`~vispec.decoding.windows.cost_growth`; a label's own few samples would give wild lines). Computed
+        once per change of the curve: the chooser asks every pass."""
+        if self._curve is None:
+            self._curve = {}, cost_growth(self.costs)
+        levels, growth = self._curve
+        if shape.cost_label not in levels:
+            samples = self.costs.get(shape.cost_label)
+            if not samples:
+                return None
+            levels[shape.cost_label] = statistics.median(t for _, t in samples), statistics.median(n for n, _ in samples)
+        seconds, length = levels[shape.cost_label]
+        return seconds * (1.0 + growth * at) / (1.0 + growth * length)
 
     def pool_rates(self) -> tuple[np.ndarray, np.ndarray]:
         """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per pass."""
@@ -348,26 +360,32 @@ class ShapeChooser:
             if request != self.ids[b]:  # a new request in this slot: its own counts start empty
                 self.ids[b] = request
                 self.sample_hits[b] = 0
+        if self._run_start is None:  # the decode's first pass (after a read-back, record restarts the clock)
+            self._run_start = self.clock()
         live = [b for b, i in enumerate(ids_host) if i >= 0]
         narrower = self.current is not None and self.current.rows > fitting_rows(need) and not self.settings.shape_script
         if self.left <= 0 or self.current is None or narrower:
             previous = self.current
             self._calibrating_block = bool(self.calibrating) and not self.settings.shape_script
+            warming = bool(self.warming) and self._calibrating_block
             self.current = self._pick(live, n_host, need, at)
             changed = previous is None or window_class(previous.rows) != window_class(self.current.rows)
-            self._settle = settle_passes(self.current) if changed and not self.settings.shape_script else 0
+            self._settle = settle_passes(self.current) if changed and not self.settings.shape_script and not warming else 0
             counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
+            counted = 1 if warming else counted
+            if self.current.is_ar and not self._calibrating_block and not self.settings.shape_script:
+                counted *= AR_BLOCKS  # AR passes count no acceptance, so the scores stay as they are: re-score seldom
             self.left = self._settle + counted
         self.left -= 1
         self._settle -= 1
         self._at, self._live = at, len(live)
         cost, ar_cost = self.cost(self.current, at), self.cost(Shape(1), at)
-        if cost is not None and ar_cost is not None and live:
+        if cost is not None and ar_cost is not None and live and self.current.is_ar:
+            self.predicted.append((1.0, cost, ar_cost))
+        elif cost is not None and ar_cost is not None and live:
             left = np.array([self.num_tokens - n_host[b] for b in live])
             tokens = expected_tokens(self.current, *self.rates(self.current, live), np.minimum(left, self.current.main))
             self.predicted.append((float(tokens.mean()), cost, ar_cost))
-        if self._run_start is None:
-            self._run_start = self.clock()
         return self.current
 
     def _pick(self, live: list[int], n_host: Sequence[int], need: int, at: int) -> Shape:
@@ -380,11 +398,18 @@ class ShapeChooser:
             self._next_explore = self.passes + self._explore_every
             if wider:  # a wider window's steady state is only known after it ran a while: run the next one a block
                 return min(wider)
-        while self.calibrating:  # the first decode on a machine: each cost label for a block
+        while self.warming:  # the first decode on a machine: one untimed pass of each cost label (compiles it) ...
+            shape = self.warming.pop(0)
+            if shape.rows <= fitting_rows(need):
+                return shape
+        if self.calibrating and not self._collected:
+            self._collected = True
+            gc.collect()  # ... then the compiles' garbage goes, not during a timed block (it slowed AR's by ~25%) ...
+            self._run_start = self.clock()
+        while self.calibrating:  # ... then each label for a timed block
             shape = self.calibrating.pop(0)
             if shape.rows <= fitting_rows(need):
                 return shape
-        self._growth = cost_growth(self.costs)
         scores = self.scores(live, n_host, at, need)
         if not scores:
             return Shape(1)
@@ -399,9 +424,9 @@ class ShapeChooser:
         return best
 
     def must_sync(self) -> bool:
-        """Whether the AR pass just chosen needs a read-back: its block ends, its cost label is still cold, or the
-        block calibrates (each pass timed on its own, so a slow one is a sample, not a run's share)."""
-        return self.left <= 0 or self.current.cost_label not in self._warm or self._calibrating_block
+        """Whether the AR pass just chosen needs a read-back: its block ends or its cost label is still cold (not every
+        pass while calibrating either: a read-back per pass would make AR look dearer than it runs)."""
+        return self.left <= 0 or self.current.cost_label not in self._warm
 
     # ---- measurements ---------------------------------------------------------------------------------------
 
@@ -420,17 +445,28 @@ class ShapeChooser:
                 values = self.costs.setdefault(label, [])
                 values.extend((at, per_pass) for at in self._run)
                 del values[:-64]
+                self._curve = None
             self._warm.add(label)
-            self._run, self._run_start = [], None
+            self._run = []
         self.passes += 1
-        self.pool.decay(POOL_DECAY)
+        self._undecayed += 1
         if not shape.is_ar and self._settle < 0:  # a block's settling passes ramp from other drafts: not counted
+            self._decay()
             expected = self.pool_rates()[0][window_class(shape.rows)]
             for b, ((n, request), n_after) in enumerate(zip(before, after)):
                 if request >= 0:
                     path = ranks[b] if ranks is not None and shape.is_tree else ()
                     self._count(b, shape, n_after - n - 1, min(shape.main, self.num_tokens - n), path, expected)
-        self._pool_rates = None
+            self._pool_rates = None
+        if synced:  # the next run's time starts here: the chooser's own work between passes is part of a pass's cost
+            self._run_start = self.clock()
+
+    def _decay(self) -> None:
+        """Apply the pooled counts' decay (:data:`POOL_DECAY` per pass) for the passes since the last counted one, at
+        once: passes that count nothing (AR, settling) leave the rates as they are, so nothing is recomputed."""
+        if self._undecayed:
+            self.pool.decay(POOL_DECAY ** self._undecayed)
+            self._undecayed = 0
 
     def _count(self, b: int, shape: Shape, e: int, width: int, path: Sequence[int], expected: np.ndarray) -> None:
         """Add sample ``b``'s committed path (depth ``e``, ranks ``path``) to the pool's counts and its own
@@ -455,6 +491,7 @@ class ShapeChooser:
     def finish(self, model: object) -> Optional[str]:
         """After the decode: keep the cost curve on this machine's disk (:func:`~vispec.decoding.windows.save_step_costs`)
         if this decode measured it; the file's path, None if nothing was written."""
+        self._decay()
         if not self.calibrated:
             return None
         return save_step_costs(self.stats, model, self.key)

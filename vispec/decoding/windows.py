@@ -177,12 +177,27 @@ def _line(samples: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
     return statistics.median(t for _, t in ordered) - slope * statistics.median(length for length, _ in ordered), slope
 
 
-def cost_growth(costs: dict[int, list[tuple[int, float]]]) -> float:
-    """Relative growth of step time per cached token, from the window whose samples span the most (0 if none spans
-    :data:`SPAN` positions)."""
-    spans = {w: max(L for L, _ in v) - min(L for L, _ in v) for w, v in costs.items() if v}
-    line = _line(costs[max(spans, key=spans.get)]) if spans else None
-    return line[1] / line[0] if line is not None and line[0] > 0 else 0.0
+def cost_growth(costs: dict[Hashable, list[tuple[int, float]]]) -> float:
+    """Relative growth ``g`` of step time per cached token (``t(L) = t(0) (1 + g L)``), pooled over every window's
+    samples: each sample's time over its window's median time against its cache length minus the window's median
+    length, through the robust line of :func:`_line`; that slope ``s`` is relative to the time at the median length
+    ``m`` (the samples' median of their windows' median lengths), so ``g = s / (1 - s m)``. 0 until the pooled lengths
+    span :data:`SPAN` positions. Pooling keeps one window's few, noisy samples from setting every window's slope."""
+    points: list[tuple[int, float]] = []
+    middles: list[float] = []
+    for samples in costs.values():
+        if len(samples) < 2:
+            continue
+        level = statistics.median(t for _, t in samples)
+        middle = statistics.median(length for length, _ in samples)
+        if level > 0:
+            points.extend((length - middle, t / level - 1.0) for length, t in samples)
+            middles.extend([middle] * len(samples))
+    line = _line(points) if points else None
+    if line is None:
+        return 0.0
+    slope, middle = line[1], statistics.median(middles)
+    return slope / max(1.0 - slope * middle, 0.1)
 
 
 def predict_cost(samples: list[tuple[int, float]], at: int, growth: float = 0.0) -> float:
