@@ -33,7 +33,9 @@ sorted by ``rho``; points with ``y_i < y_1 - 5`` (five points below the least pa
 knob for its curve.
 
 The reference row is LLaDA's own baseline: ``llada``, one token per step (``steps = gen_length``), no cache
-and **no** early stop, so the whole canvas is decoded as their ``generate()`` decodes it. Every other setting
+and **no** early stop, so the whole canvas is decoded as their ``generate()`` decodes it. It runs with the
+strategies x caches grid; with ``settings`` only when ``reference`` asks for it (at a long ``gen_length`` it is most of
+a run's time), and rows then have no ratios against it (a self-speculative row still has its stepwise twin's). Every other setting
 runs with ``early_stop_eos`` (default on: a row stops once an EOS is committed with no mask before it,
 filling the rest with EOS); early stop changes answers on some prompts (an EOS committed before earlier
 masks changes their context), so ``llada`` + ``none`` *with* early stop is a row of its own. Speed-ups are
@@ -124,6 +126,7 @@ class TextBenchConfig:
     filter_thresholds: tuple[float, ...] = ()  # learn2pd
     early_stop_eos: bool = True
     settings: tuple[str, ...] = ()  # "strategy[+rule...][@cache]"; when given, replaces the strategies x caches grid
+    reference: bool = False  # with settings: run LLaDA's baseline row too (it runs with the grid, whose ratios need it)
     filter_threshold: float = 0.96  # Learn2PD's acceptance τ
     prophet_thresholds: tuple[float, ...] = (7.5, 5.0, 2.5)
     delimiters: tuple[str, ...] = (".",)  # AdaBlock's delimiter tokens (tiny-mdlm's step separator)
@@ -331,7 +334,7 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     reference = ("llada", (), "none", False, None)  # LLaDA's baseline: one token per step, no cache, no early stop
     grid = ([parse_setting(t) for t in cfg.settings] if cfg.settings
             else [(s, (), c) for s in cfg.strategies for c in cfg.caches])
-    settings = [reference]
+    settings = [reference] if cfg.reference or not cfg.settings else []
     for strategy, rules, cache in grid:
         stepwise = tuple(r for r in rules if parse_rule(r, "settings")[0] != "ssd")
         for value in cfg.knob_values(strategy):
@@ -382,15 +385,18 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     if not workers.is_main:
         return None
     for row in runs:
-        base = next(r for r in runs if (r["task"], r["batch_size"]) == (row["task"], row["batch_size"]) and r["reference"])
-        row["nfe_reduction"] = base["nfe"] / row["nfe"]
-        # Fast-dLLM's speed-up is the ratio of tokens/s; the latency ratio also holds when outputs differ in length
-        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] > 0 else float("nan")
-        row["latency_speedup"] = base["latency_s"] / row["latency_s"]
+        base = next((r for r in runs if (r["task"], r["batch_size"]) == (row["task"], row["batch_size"])
+                     and r["reference"]), None)
+        if base is not None:  # not run: --settings without --reference
+            row["nfe_reduction"] = base["nfe"] / row["nfe"]
+            # Fast-dLLM's speed-up is the ratio of tokens/s; the latency ratio also holds when outputs differ in length
+            row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] > 0 else float("nan")
+            row["latency_speedup"] = base["latency_s"] / row["latency_s"]
         twin = _stepwise_twin(runs, row)
         if twin is not None:  # the share of problems whose text is the stepwise run's (1.0: exact, as it must be)
             row["identical"] = sum(a == b for a, b in zip(row["texts"], twin["texts"])) / len(row["texts"])
             row["stepwise_nfe"] = twin["nfe"]
+            row["stepwise_speedup"] = twin["latency_s"] / row["latency_s"]
     for row in runs:
         del row["texts"]
     config.update(temperature=0.0, baseline_steps=cfg.gen_length)
@@ -478,7 +484,7 @@ def format_text_table(result: dict) -> str:
     batch-invariance check; then AUP per task and policy."""
     header = (f"{'task':<11} {'strategy':<18} {'rules':<17} {'cache':<6} {'stop':<4} {'B':>3} {'strict':>7} {'flex':>6} "
               f"{'exact':>6} {'nfe':>7} {'NFE x':>6} {'canv':>6} {'tok/fwd':>7} {'tok/s':>8} {'speedup':>7} {'lat s':>7} "
-              f"{'cpu s':>7} {'same':>5} {'inv':>5} {'MB':>6}")
+              f"{'cpu s':>7} {'same':>5} {'vs sw':>5} {'inv':>5} {'MB':>6}")
     lines = [header, "-" * len(header)]
     for r in result["runs"]:
         cell = lambda k: f"{r[k]:.3f}" if k in r else "-"
@@ -488,16 +494,20 @@ def format_text_table(result: dict) -> str:
         n = max(1, round(r["wall_s"] / r["latency_s"])) if r.get("latency_s") else 1
         cpu = f"{r['cpu_s'] / n:.3f}" if "cpu_s" in r and r["batch_size"] == 1 else "-"
         same = f"{r['identical']:.2f}" if "identical" in r else "-"
+        ratio = lambda k, width: f"{r[k]:>{width}.2f}" if k in r else f"{'-':>{width}}"  # noqa: E731
         inv = f"{r['batch_invariant']:.2f}" if "batch_invariant" in r else "-"
         lines.append(f"{r['task']:<11} {strategy:<18} {rules:<17} {r['cache']:<6} {stop:<4} {r['batch_size']:>3} "
                      f"{cell('strict_match'):>7} {cell('flexible_extract'):>6} {cell('exact_match'):>6} {r['nfe']:>7.1f} "
-                     f"{r['nfe_reduction']:>6.2f} {r.get('canvases', r['nfe']):>6.1f} {r['tokens_per_forward']:>7.2f} "
-                     f"{r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f} {r['latency_s']:>7.3f} {cpu:>7} {same:>5} {inv:>5} "
+                     f"{ratio('nfe_reduction', 6)} {r.get('canvases', r['nfe']):>6.1f} {r['tokens_per_forward']:>7.2f} "
+                     f"{r['tokens_per_s']:>8.1f} {ratio('speedup', 7)} {r['latency_s']:>7.3f} {cpu:>7} {same:>5} "
+                     f"{ratio('stepwise_speedup', 5)} {inv:>5} "
                      f"{r['peak_mem_mb']:>6.0f}")
     lines.append("reference: llada, no cache, no early stop (LLaDA's baseline); stop EOS: early stop at EOS; "
                  "rules: eotp (end-of-text prediction), prophet (early commit), adablock (adaptive blocks), ssd=K "
                  "(exact self-speculation, K canvases per forward); canv: canvas rows forwarded per problem; cpu s: "
                  "CPU seconds per problem (B=1); same: share of problems whose text equals the setting without ssd; "
+                 "vs sw: its latency speed-up over that stepwise twin; NFE x, speedup: over the reference (- where "
+                 "--settings ran without --reference); "
                  "inv: share of problems whose text equals their batch-1 text; tok/s: generated tokens (prompt, "
                  "padding and EOS excluded) per second of the pipeline calls")
     throughput = format_throughput_table(result)

@@ -97,9 +97,10 @@ def test_user_errors_are_one_line(pipeline_folder, capsys, argv, words):
 
 
 def test_bench_text_settings_rules_and_plot(pipeline_folder, tmp_path, capsys):
-    """``--settings strategy+rule@cache`` replaces the grid; each rule reaches the decoder; the plot is written."""
+    """``--settings strategy+rule@cache`` replaces the grid; each rule reaches the decoder; ``--reference`` adds LLaDA's
+    baseline row (and the ratios against it); the plot is written."""
     path = tmp_path / "bench-rules.json"
-    assert main(["bench", "text", "--model", str(pipeline_folder), "--settings",
+    assert main(["bench", "text", "--model", str(pipeline_folder), "--reference", "--settings",
                  "llada+eotp,threshold+prophet+eotp@dual,threshold+adablock@prefix,threshold@dkv",
                  "--delimiters", "=", "--tasks", "arithmetic", "--num-problems", "2", "--batch-size", "2",
                  "--json", str(path)]) == 0
@@ -109,12 +110,13 @@ def test_bench_text_settings_rules_and_plot(pipeline_folder, tmp_path, capsys):
     names = [(r["strategy"], tuple(r["rules"]), r["cache"]) for r in runs if r["batch_size"] == 1]
     assert names == [("llada", (), "none"), ("llada", ("eotp",), "none"), ("threshold", ("prophet", "eotp"), "dual"),
                      ("threshold", ("adablock",), "prefix"), ("threshold", (), "dkv")]
-    assert all(1 <= r["nfe"] <= 32 for r in runs)
+    assert all(1 <= r["nfe"] <= 32 and r["nfe_reduction"] > 0 and r["latency_speedup"] > 0 for r in runs), runs
 
 
 def test_bench_text_self_speculation_rows(pipeline_folder, tmp_path, capsys):
     """``llada+ssd=4`` runs after its stepwise twin (added when not listed), with the same texts (``identical`` 1.0),
-    the twin's NFE beside its own, and the canvases it forwarded; ``ssd`` alone takes ``--draft-length``."""
+    the twin's NFE and its speed-up over the twin beside its own, and the canvases it forwarded; ``ssd`` alone takes
+    ``--draft-length``. Without ``--reference`` LLaDA's baseline row does not run (nor its ratios)."""
     from vispec.eval.bench.text import format_text_table
 
     path = tmp_path / "bench-ssd.json"
@@ -125,12 +127,13 @@ def test_bench_text_self_speculation_rows(pipeline_folder, tmp_path, capsys):
     runs = result["runs"]
     assert sorted({r["batch_size"] for r in runs}) == [1, 2, 3]
     names = [(r["strategy"], tuple(r["rules"]), r["early_stop_eos"]) for r in runs if r["batch_size"] == 1]
-    assert names == [("llada", (), False), ("llada", (), True), ("llada", ("ssd=4",), True), ("threshold", (), True),
+    assert names == [("llada", (), True), ("llada", ("ssd=4",), True), ("threshold", (), True),
                      ("threshold", ("ssd",), True)]
     for row in runs:
+        assert "speedup" not in row and "nfe_reduction" not in row
         if row["rules"]:
             assert row["identical"] == 1.0 and row["nfe"] <= row["stepwise_nfe"] and row["canvases"] >= row["nfe"]
-            assert row["cpu_s"] > 0
+            assert row["cpu_s"] > 0 and row["stepwise_speedup"] > 0
     table = format_text_table(result)
     assert "ssd=4" in table and " 1.00 " in table
 

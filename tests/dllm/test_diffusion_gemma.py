@@ -287,3 +287,22 @@ def test_refused_settings(model, settings, scheduler, message):
         DiffusionGemmaLM(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="sampler"):
         DiffusionGemmaRule(sampler="ddim")
+
+
+def test_early_stop_ends_a_finished_canvas_at_its_eos(model):
+    """``early_stop_eos``: the canvas that commits EOS keeps nothing after it (DiffusionGemma's ``generate`` pads there;
+    vispec writes EOS, as it does for masked models), and the row spends no forward on later canvases."""
+    lm = DiffusionGemmaLM(model)
+
+    def run(**options):
+        return decode(lm, IDS[:1], None, gen_length=2 * CANVAS, block_length=CANVAS,
+                      scheduler=DiffusionGemmaRule(max_denoising_steps=4), generator=[torch.Generator().manual_seed(3)],
+                      **options)
+
+    free = run()
+    eos = int(free.tokens[0, 2])
+    first = int((free.tokens[0] == eos).nonzero()[0])  # its first occurrence, in the first canvas
+    stopped = run(eos_token_id=eos, early_stop_eos=True)
+    assert torch.equal(stopped.tokens[0, : first + 1], free.tokens[0, : first + 1])
+    assert (stopped.tokens[0, first:] == eos).all() and not (free.tokens[0, first:] == eos).all()
+    assert stopped.stats.nfe[0] < free.stats.nfe[0]

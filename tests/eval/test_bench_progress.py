@@ -15,8 +15,8 @@ from vispec.kernels import compile_check
 
 
 def test_bench_text_bar_counts_the_problems_of_each_row(capsys):
-    cfg = text.TextBenchConfig(settings=("threshold",), tasks=("sort",), num_problems=3, batch_size=2, gen_length=8,
-                               block_length=8)  # short canvases: the bar is under test, not the answers
+    cfg = text.TextBenchConfig(settings=("threshold",), reference=True, tasks=("sort",), num_problems=3, batch_size=2,
+                               gen_length=8, block_length=8)  # short canvases: the bar is under test, not the answers
     lines = []
     result = text.run_text_bench(cfg, progress=lines.append, progress_bar=True)
     err = capsys.readouterr().err

@@ -18,7 +18,7 @@ def test_greedy_policies_are_batch_invariant_and_speed_is_generated_tokens():
     each problem the same text at batch 3 as alone; tokens/s is the problems' generated tokens over the pipeline
     calls' wall time; per-problem scores and AUP are reported."""
     cfg = TextBenchConfig(model="tiny-mdlm", settings=("threshold", "factor", "entropy", "contiguous", "threshold@dual"),
-                          tasks=("arithmetic",), num_problems=3, batch_sizes=(3,))
+                          reference=True, tasks=("arithmetic",), num_problems=3, batch_sizes=(3,))
     result = run_text_bench(cfg, progress=lambda line: None, progress_bar=False)
     runs = result["runs"]
     batched = [r for r in runs if r["batch_size"] == 3]

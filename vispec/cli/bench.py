@@ -82,6 +82,7 @@ TEXT_HELP = {
     "settings": "comma-separated strategy[+rule...][@cache] (rules eotp, prophet, adablock, ssd[=K]; e.g. learn2pd+eotp@dual, "
                 "llada+ssd=8); "
                 "replaces the --strategies x --cache grid",
+    "reference": "with --settings: run LLaDA's one-token baseline row too (the ratios NFE x and speedup need it)",
     "filter_threshold": "Learn2PD's acceptance threshold τ",
     "prophet_thresholds": "Prophet's top-2 logit-gap thresholds by progress thirds",
     "delimiters": "AdaBlock's delimiter tokens",

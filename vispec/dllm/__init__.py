@@ -16,7 +16,8 @@ after-step rules), :mod:`~vispec.dllm.infill` (mask tokens inside the prompt), :
 
 from vispec.dllm.blocks import AdaptiveBlocks
 from vispec.dllm.callback import StopDecoding
-from vispec.dllm.decode import check_decode_inputs, decode
+from vispec.dllm.checks import check_decode_inputs
+from vispec.dllm.decode import decode
 from vispec.dllm.loop import count_tokens
 from vispec.dllm.dream import DreamScheduler
 from vispec.dllm.editing import TokenEditingScheduler, from_block_refinement

@@ -212,19 +212,6 @@ class NoCache:
         state between steps (self-conditioning, drafts) take it here; masked models keep none."""
 
 
-def cache_class(model: Any, mode: str) -> type:
-    """The cache class of ``mode`` for ``model``: :data:`CACHE_CLASSES`, or for encoder/decoder canvas models with
-    uniform corruption (``model.uniform_corruption``, DiffusionGemma) their own (:mod:`vispec.dllm.uniform`)."""
-    classes = CACHE_CLASSES
-    if getattr(model, "uniform_corruption", False):
-        from vispec.dllm.uniform import CANVAS_CACHES  # it builds on this module's classes
-
-        classes = CANVAS_CACHES
-    if mode not in classes:
-        raise ValueError(f"cache={mode!r} is not available for {type(model).__name__} (its modes: {tuple(classes)})")
-    return classes[mode]
-
-
 class PrefixCache(NoCache):
     """``cache="prefix"`` (module docstring): later steps forward ``x[block_start:]`` against the cached prefix."""
 

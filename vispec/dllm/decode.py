@@ -30,7 +30,8 @@ convention (:mod:`vispec.outputs`, as the image half): ``guidance_scale = s`` mi
 ``cfg_scale = w`` (``ℓ = ℓ_u + (w + 1)(ℓ_c - ℓ_u)``, ``w = 0`` off) is ``guidance_scale = w + 1``: the
 same arithmetic, so LLaDA's ``cfg_scale=0.5`` and vispec's ``guidance_scale=1.5`` give the same tokens.
 ``early_stop_eos``: once a row commits EOS, its masked positions after that EOS become EOS and it
-spends no more forwards on them.
+spends no more forwards on them (a uniform-corruption model, DiffusionGemma, has no masks in a finished canvas:
+every position after its EOS becomes EOS, where its ``generate`` writes pad).
 
 Batching: all rows share the block index (so caches refresh together), but each row commits its own
 positions, keeps its own noise (Philox keyed by its seed, position and forward count) and leaves the
@@ -62,7 +63,7 @@ read-back per block) instead of leaving the canvas masked.
 
 The options are one frozen :class:`vispec.dllm.options.UnmaskingOptions`, checked once when built (``decode`` builds
 it from its keywords, or takes ``options=``); the checks that need the model run once, before the block loop
-(:func:`check_decode_inputs`).
+(:func:`vispec.dllm.checks.check_decode_inputs`).
 
 Model protocol: ``model(input_ids, attention_mask).logits`` (``[B, N, V]``) and ``model.config`` with
 ``mask_token_id`` (and ``eos_token_id``, ``eot_token_id``, ``vocab_size``, ``max_sequence_length``
@@ -78,15 +79,12 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from vispec.dllm.block_causal import BlockCausalLoop, check_block_causal, is_block_causal
-from vispec.dllm.caches import cache_class
-from vispec.dllm.editing import TokenEditingScheduler
-from vispec.dllm.infill import check_infill
+from vispec.dllm.block_causal import BlockCausalLoop, is_block_causal
+from vispec.dllm.checks import check_decode_inputs
 from vispec.dllm.loop import BlockLoop
 from vispec.dllm.speculative import SpeculativeLoop
 from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.schedulers import UnmaskingScheduler
-from vispec.dllm.tokens import TokenIds, config_id
 from vispec.dllm.uniform import SharedGenerator
 from vispec.kernels.philox import GeneratorArg, per_sample_seeds
 from vispec.outputs import DecodeOutput, StepCallback
@@ -186,62 +184,6 @@ def decode(
     loop = runner(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback, **extra)
     loop.run()
     return loop.output()
-
-
-def check_decode_inputs(model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], options: UnmaskingOptions,
-                 scheduler: UnmaskingScheduler) -> TokenIds:
-    """The checks of :func:`decode` that need the model, the prompts or the policy (the options checked themselves when
-    built); errors name the argument. Returns the mask, EOS and EoT ids (the options', else the model config's)."""
-    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
-        raise ValueError(f"input_ids must be a LongTensor [batch, prompt_length >= 1], got "
-                         f"{tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__}")
-    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
-        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
-    if not isinstance(scheduler, UnmaskingScheduler):
-        raise ValueError(f"scheduler must be an UnmaskingScheduler (vispec.dllm.SCHEDULERS), got {type(scheduler).__name__}")
-    block_causal = is_block_causal(model)
-    if not block_causal:
-        cache_class(model, options.cache).check_model(model)
-        if isinstance(scheduler, TokenEditingScheduler):
-            raise ValueError(f"the editing policy (TokenEditingScheduler, LLaDA2's M2T + T2T rule) needs a block-causal "
-                             f"model (LLaDA2 layout, vispec.models.llada2), got {type(model).__name__}; for LLaDA / "
-                             "Dream use strategy='threshold' (threshold commits) or 'llada' (a fixed quota per step)")
-    own_checks = getattr(model, "check_decode", None)  # a model's own limits (vispec.models.diffusion_gemma)
-    if own_checks is not None:
-        own_checks(input_ids, attention_mask, options, scheduler)
-    policy_checks = getattr(scheduler, "check_options", None)  # options a policy cannot honour (vispec.dllm.gemma_rule)
-    if policy_checks is not None:
-        policy_checks(options)
-    if options.compile and not hasattr(model, "compiled_core"):
-        raise ValueError(f"compile=True needs a model with static, compilable forwards (compiled_core), "
-                         f"got {type(model).__name__}")
-    mask_id = options.mask_token_id if options.mask_token_id is not None else config_id(model, "mask_token_id")
-    if mask_id is None:
-        raise ValueError("mask_token_id is needed (the model config has none)")
-    pad_id = config_id(model, "pad_token_id")
-    if pad_id is not None and pad_id == mask_id:
-        raise ValueError(f"the model's pad_token_id equals mask_token_id ({mask_id}); padding would read as masks")
-    if block_causal:
-        check_block_causal(model, input_ids, attention_mask, options, mask_id)
-    else:
-        check_infill(model, input_ids, attention_mask, options, scheduler, mask_id)  # prompt masks (vispec.dllm.infill)
-    context = config_id(model, "max_sequence_length")
-    if context is not None and input_ids.shape[1] + options.gen_length > context:
-        raise ValueError(f"prompt length {input_ids.shape[1]} + gen_length {options.gen_length} exceeds the model's "
-                         f"context of {context} tokens")
-    eos_id = options.eos_token_id if options.eos_token_id is not None else config_id(model, "eos_token_id")
-    eot_id = options.eot_token_id if options.eot_token_id is not None else config_id(model, "eot_token_id")
-    for name in ("early_stop_eos", "logits_eos_inf", "eotp"):
-        if getattr(options, name) and eos_id is None:
-            raise ValueError(f"{name} needs an eos_token_id (the model config has none)")
-    if options.confidence_eos_eot_inf and eos_id is None and eot_id is None:
-        raise ValueError("confidence_eos_eot_inf needs eos_token_id or eot_token_id")
-    if options.adaptive_block is not None:
-        options.adaptive_block.check_ids(config_id(model, "vocab_size"), mask_id)
-        if getattr(scheduler, "strategy", "") == "learn2pd":
-            raise ValueError("adaptive_block cannot run with the learn2pd policy: its filter reads exactly "
-                             "block_length confidences per block")
-    return TokenIds(mask_id, eos_id, eot_id)
 
 
 def shared_generator(generator: Any, model: Any, input_ids: Tensor, options: UnmaskingOptions,

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from vispec.dllm.blocks import AdaptiveBounds, FixedBlocks, to_canvas, window_tokens
-from vispec.dllm.caches import Guidance, NoCache, cache_class
+from vispec.dllm.cache_modes import cache_class
+from vispec.dllm.caches import Guidance, NoCache
 from vispec.dllm.callback import apply_edit, report_progress
 from vispec.dllm.eotp import EndOfText
 from vispec.dllm.options import UnmaskingOptions
@@ -154,6 +155,9 @@ class BlockLoop:
         self.nfe[rows] += 1
         if self.options.early_stop_eos:
             fill_after_eos(self.x, rows, P, self.ids.eos, self.ids.mask)
+            if getattr(self.model, "uniform_corruption", False):  # DiffusionGemma: a finished canvas ends at its EOS
+                finished = ~(window_tokens(self.x[rows, P:], index_, valid, filler=-1) == self.ids.mask).any(dim=1)
+                fill_after_eos(self.x, rows[finished], P, self.ids.eos, None)
         left = (self.x[rows, P:] == self.ids.mask).any(dim=1)
         if infill is not None:
             left |= infill.masked(self.x, self.ids.mask)[rows]
@@ -270,15 +274,20 @@ def decode_output(loop: Any, tokens: Tensor, labels: dict, extra: dict,
     return DecodeOutput(tokens=tokens, stats=stats, method=method, labels=labels, prompt_tokens=prompt_tokens)
 
 
-def eos_filled(canvas: Tensor, eos_id: int, mask_id: int) -> Tensor:
-    """Early stop on a canvas ``[R, L]``: masked positions after each row's first EOS become EOS."""
+def eos_filled(canvas: Tensor, eos_id: int, mask_id: Optional[int]) -> Tensor:
+    """Early stop on a canvas ``[R, L]``: masked positions after each row's first EOS become EOS (every position
+    after it with ``mask_id=None``: a uniform-corruption canvas that is finished, as DiffusionGemma's ``generate``
+    ends a canvas at its EOS)."""
     is_eos = canvas == eos_id
     after = is_eos.long().cumsum(dim=1) - is_eos.long() > 0  # strictly after the first EOS
-    return torch.where(after & (canvas == mask_id), torch.full_like(canvas, eos_id), canvas)
+    if mask_id is not None:
+        after &= canvas == mask_id
+    return torch.where(after, torch.full_like(canvas, eos_id), canvas)
 
 
-def fill_after_eos(x: Tensor, rows: Tensor, prompt_len: int, eos_id: int, mask_id: int) -> None:
-    """Early stop in place: masked positions after each of ``rows``' first committed EOS become EOS."""
+def fill_after_eos(x: Tensor, rows: Tensor, prompt_len: int, eos_id: int, mask_id: Optional[int]) -> None:
+    """Early stop in place: masked positions (all with ``mask_id=None``) after each of ``rows``' first committed EOS
+    become EOS."""
     x[rows, prompt_len:] = eos_filled(x[rows, prompt_len:], eos_id, mask_id)
 
 

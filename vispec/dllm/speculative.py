@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from vispec.dllm.caches import Guidance
+from vispec.dllm.checks import check_decode_inputs
 from vispec.dllm.loop import decode_output, eos_filled
 from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
 from vispec.dllm.callback import report_progress
@@ -317,7 +318,6 @@ def self_drafting_limit(model: Any, input_ids: Tensor, options: "UnmaskingOption
     ``speculative`` is ignored)."""
     from dataclasses import replace
 
-    from vispec.dllm.decode import check_decode_inputs
     from vispec.kernels.philox import per_sample_seeds
 
     options = replace(options, speculative=SelfSpeculation(1))

@@ -27,7 +27,7 @@ Two sources of randomness:
   exponential per entry of its ``[N, V]`` input whatever the probabilities are (an exponential race), which is what
   makes drawing for absent rows with placeholder probabilities consume the stream exactly as the references do.
 
-**The caches** (:data:`CANVAS_CACHES`; :func:`vispec.dllm.caches.cache_class` picks them for a model with
+**The caches** (:data:`CANVAS_CACHES`; :func:`vispec.dllm.cache_modes.cache_class` picks them for a model with
 ``uniform_corruption = True``) run an encoder/decoder canvas model: a causal encoder whose K/V cache holds the prompt
 and the finished canvases, and a decoder that denoises the current canvas against it (the protocol
 :data:`MODEL_PROTOCOL`, :class:`vispec.models.diffusion_gemma.DiffusionGemmaLM`). Per decode they keep the current
