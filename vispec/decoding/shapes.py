@@ -40,9 +40,13 @@ pooled rates; their ratio (shrunk towards 1) scales the sample's rates, so an ea
 hard one in the same batch.
 
 **Cost** of a pass: the cost curve ``t(B, L)`` of this model, batch slots, dtype, device and compile setting
-(:mod:`vispec.decoding.windows`: measured whole steps, robust lines in the cached length), one curve per cost label
-(``ar``, ``chain:L``, ``tree:L``: trees of the same rows share one); measured by the first decode on a machine
-(its first passes run each label in turn for a block: the calibration) and cached on disk
+(:mod:`vispec.decoding.windows`), one curve per cost label (``ar``, ``chain:L``, ``tree:L``: trees of the same rows
+share one): each label's median step time at its samples' median cached length, scaled along the cached length by a
+relative growth pooled over all labels. A sample is the clock from one read-back to the next over the passes in
+between (the step, the read-back and the chooser's bookkeeping: what a pass costs in this loop), less the time spent
+scoring candidates at a block start (the same for every shape; :meth:`ShapeChooser.predicted_speedup` adds it back).
+Measured by the first decodes on a machine (the calibration: one untimed pass of every label, which compiles it, then
+a timed block of each; an AR block reads back once, at its end) and cached on disk
 (:func:`vispec.decoding.windows.load_step_costs`), so a second process starts from it.
 
 **Settling and exploring.** The first passes after a switch to another window class (:func:`settle_passes`) ramp
@@ -286,6 +290,8 @@ class ShapeChooser:
         self._at = 0
         self._live = slots
         self.clock = stats.clock
+        self.pick_seconds = 0.0  # spent choosing (scoring candidates at block starts), this decode
+        self._run_picking = 0.0  # of it, in the current run
 
     # ---- estimates ------------------------------------------------------------------------------------------
 
@@ -368,7 +374,11 @@ class ShapeChooser:
             previous = self.current
             self._calibrating_block = bool(self.calibrating) and not self.settings.shape_script
             warming = bool(self.warming) and self._calibrating_block
+            picking = self.clock()
             self.current = self._pick(live, n_host, need, at)
+            picked = self.clock() - picking  # scoring every candidate: the chooser's, not the pass's (predicted_speedup)
+            self.pick_seconds += picked
+            self._run_picking += picked
             changed = previous is None or window_class(previous.rows) != window_class(self.current.rows)
             self._settle = settle_passes(self.current) if changed and not self.settings.shape_script and not warming else 0
             counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
@@ -439,7 +449,8 @@ class ShapeChooser:
         self._run.append(self._at)
         label = shape.cost_label
         if synced:
-            elapsed = self.clock() - self._run_start
+            elapsed = self.clock() - self._run_start - self._run_picking
+            self._run_picking = 0.0
             if label in self._warm and self._live == self.slots:
                 per_pass = elapsed / len(self._run)
                 values = self.costs.setdefault(label, [])
@@ -499,12 +510,14 @@ class ShapeChooser:
     # ---- reporting ------------------------------------------------------------------------------------------
 
     def predicted_speedup(self) -> Optional[float]:
-        """Predicted speed-up over AR's passes of the same cost curve: ``sum E[T] c_AR / sum c`` over the passes
-        (``E[T]`` per live sample), None when costs were not known."""
+        """Predicted speed-up over AR's passes of the same cost curve: ``sum E[T] c_AR / (sum c + choosing)`` over the
+        passes (``E[T]`` per live sample; choosing: the seconds spent scoring candidates, which a pass's measured cost
+        leaves out, so that a one-pass run at a block start does not look dearer than the shape runs), None when costs
+        were not known."""
         if not self.predicted:
             return None
         tokens = sum(t * ar for t, _, ar in self.predicted)
-        return tokens / sum(c for _, c, _ in self.predicted)
+        return tokens / (sum(c for _, c, _ in self.predicted) + self.pick_seconds)
 
 
 __all__ = ["Shape", "ShapeChooser", "ShapeRates", "calibration_shapes", "candidate_shapes", "expected_tokens", "fits"]
