@@ -79,7 +79,7 @@ from vispec.decoding.compiled import announce_compile, compiled
 from vispec.decoding.config import AUTO_WINDOW, DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens, source_rows
 from vispec.decoding.speculative import MAXIMAL, Coupling, RaggedBatch, verify_window
-from vispec.decoding.shapes import Shape, ShapeChooser, candidate_shapes
+from vispec.decoding.shapes import Shape, ShapeChooser, calibration_shapes, candidate_shapes
 from vispec.decoding.sjd import SJDStep, single_token_step, sjd_step
 from vispec.decoding.windows import WindowStats, cost_key, load_step_costs
 from vispec.kernels import race
@@ -367,8 +367,9 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
 
     With ``window="auto"`` (and for ``decoding="auto"``) each pass's shape comes from
     :class:`~vispec.decoding.shapes.ShapeChooser`: AR, or a window of 2, 4, ..., 64 rows holding the deepest tree of
-    ``tree_width`` that fits (``"auto"``: any chain, or any tree up to ``tree_width`` and ``tree_depth``), by expected
-    committed tokens per second; ``window_stats``: its measurements, kept by the caller; ``stats.shapes`` the passes
+    ``tree_width`` that fits (``"auto"``: any chain, or any tree up to ``tree_width`` and ``tree_depth``; with
+    ``compile=True`` one tree per window size, the widest-branching one, so no shape compiles after the calibration),
+    by expected committed tokens per second; ``window_stats``: its measurements, kept by the caller; ``stats.shapes`` the passes
     per shape, ``stats.chooser`` its predicted speed-up over AR's passes. A decode its measurements give to AR runs
     :func:`~vispec.decoding.ar.decode_ar`."""
     if decoding.strategy not in ("sjd-pac", "auto"):
@@ -476,6 +477,8 @@ def _shape_chooser(model: SpeculativeARModel, condition: Any, job: DecodeJob, de
     load_step_costs(stats, model, key)
     shapes = candidate_shapes(decoding.largest_window, decoding.tree_width, decoding.tree_depth,
                               every_tree=decoding.strategy == "auto")
+    if job.compile:  # one tree per window size: each further shape would compile (tens of seconds) mid-decode
+        shapes = calibration_shapes(shapes)
     rates_key = (decoding.coupling, decoding.init, repr(job.sampling))  # what acceptance depends on besides the model
     return ShapeChooser(shapes, stats, key, rates_key, slots, job.num_tokens)
 

@@ -414,8 +414,7 @@ class ShapeChooser:
                 return shape
         if self.calibrating and not self._collected:
             self._collected = True
-            gc.collect()  # ... then the compiles' garbage goes, not during a timed block (it slowed AR's by ~25%) ...
-            self._run_start = self.clock()
+            gc.collect()  # ... then the compiles' garbage goes, not during a timed block (counted as choosing) ...
         while self.calibrating:  # ... then each label for a timed block
             shape = self.calibrating.pop(0)
             if shape.rows <= fitting_rows(need):

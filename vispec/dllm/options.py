@@ -127,14 +127,15 @@ class UnmaskingOptions:
         if not isinstance(self.speculative, SelfSpeculation):
             raise ValueError(f"speculative must be None, a draft length (int) or a SelfSpeculation, got "
                              f"{type(self.speculative).__name__}")
-        approximate = [name for name, on in (("cache=" + repr(self.cache), self.cache != "none"), ("eotp", self.eotp),
+        approximate = [name for name, on in (("cache='dkv'", self.cache == "dkv"), ("eotp", self.eotp),
                                              ("early_commit", self.early_commit is not None),
                                              ("adaptive_block", self.adaptive_block is not None),
                                              ("compile", self.compile)) if on]
         if approximate:
             raise ValueError(f"speculative (exact self-speculative decoding) reproduces the stepwise run, which "
                              f"{', '.join(approximate)} would change (or, for compile, lanes change count forward to "
-                             f"forward); pass cache='none' and none of eotp, early_commit, adaptive_block, compile")
+                             f"forward); pass cache 'none', 'prefix' or 'dual' and none of eotp, early_commit, "
+                             f"adaptive_block, compile")
 
     @property
     def num_blocks(self) -> int:

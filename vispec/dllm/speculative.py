@@ -29,10 +29,21 @@ Exact for every policy whose step is a function of (logits, canvas, per-row step
 quota (``llada``; low-confidence or random remasking), Dream's schedule (:class:`~vispec.dllm.DreamScheduler`),
 threshold, factor, entropy bound, contiguous and Learn2PD's filter, each reproducing *its own* stepwise run. With
 ``early_stop_eos`` the EOS fill after each step is part of ``S``. Not combinable (they change which logits a step
-sees, so the result would not be any stepwise run's): the prefix / dual / dKV caches, end-of-text prediction,
-Prophet's early commit, AdaBlock, and ``compile=True`` (lanes change count forward to forward).
+sees, so the result would not be any stepwise run's): the dKV cache (its refresh points follow forwards, not
+steps), end-of-text prediction, Prophet's early commit, AdaBlock, and ``compile=True`` (lanes change count forward
+to forward).
 
-Cost: a forward over ``k`` canvases. ``nfe`` counts model calls (one per row per call, as SSD counts verification
+**Over a block cache** (``cache="prefix"`` or ``"dual"``, Fast-dLLM's caches; :mod:`vispec.dllm.caches`) the
+reference is the stepwise sampler *with that cache*: a block's first step is a full forward that also caches every
+position's K/V (the refresh), and its later steps forward only ``x[block_start:]`` (prefix) or the block (dual)
+against them. Its logits at step ``t`` are therefore ``f_c(x_t)``, a function of the canvas and of the cache made at
+the block's start, which every step of the block shares; so the argument above holds with ``f_c`` for ``f`` as long
+as a chain stays in its block. A chain ends where its canvas completes the block (the next step is the next block's
+refresh, which no draft can stand for); the verifying forward runs the ``k`` canvases' *spans* against the row's
+cache in one call per block in flight, so verifying ``k`` drafts costs ``k`` block-sized forwards, not ``k`` full
+ones; a lane whose exact canvas starts a new block runs the reference's own refresh forward before its next round.
+
+Cost: a forward over ``k`` canvases (their spans, over a block cache). ``nfe`` counts model calls (one per row per call, as SSD counts verification
 forwards); ``stats.extra["canvases"]`` counts the canvas rows forwarded (the compute), ``stats.extra["steps"]``
 the reference steps taken (the stepwise run's NFE). Each row keeps its own chain and noise; rows leave the
 forwards when they finish, so a row's tokens are those it gets alone, and equal to the stepwise run's.
@@ -118,6 +129,8 @@ class SpeculativeLoop:
         self.finished_at = torch.full((batch,), float("nan"), dtype=torch.float64)
         self.reported = torch.zeros_like(self.tokens, dtype=torch.bool)  # decided at the last callback
         self.masks: Optional[tuple] = None
+        self.cached = options.cache in ("prefix", "dual")  # logits are then each lane's block's, [R, Lb, V]
+        self.kv: Any = None  # over a block cache: every row's K/V from its current block's refresh (2B rows guided)
         self.nan = torch.zeros((), dtype=torch.bool, device=device)
         self.calls, self.interrupted, self.start_time = 0, False, time.perf_counter()
 
@@ -151,7 +164,10 @@ class SpeculativeLoop:
         index = lanes.block[:, None] * self.block_length + self.offsets  # [R, Lb] the block's positions
         if source is None:
             source = torch.arange(index.shape[0], device=index.device)
-        block_logits = logits[source[:, None], index]  # [R, Lb, V]: only the block is gathered
+        if self.cached:  # the logits are already the lanes' blocks' (a chain stays in its block)
+            block_logits = logits[source]
+        else:
+            block_logits = logits[source[:, None], index]  # [R, Lb, V]: only the block is gathered
         if self.options.logits_eos_inf:
             block_logits[..., self.ids.eos] = float("-inf")
         sample = lanes.canvas.gather(1, index)
@@ -176,7 +192,65 @@ class SpeculativeLoop:
         ids = torch.cat([self.prompt[lanes.row], lanes.canvas], dim=1)
         mask = None if self.key_mask is None else self.key_mask[lanes.row]
         ids, mask = self.guidance.inputs(ids, mask)
-        logits = self.guidance.mix(self.model(ids, attention_mask=mask).logits[:, self.prompt_len:])
+        return self._checked(self.guidance.mix(self.model(ids, attention_mask=mask).logits[:, self.prompt_len:]))
+
+    def refresh(self, lanes: Lanes) -> Tensor:
+        """Over a block cache: the reference's block-start forward for ``lanes`` (one per row, each at step 0 of its
+        block): a full forward that caches every position's K/V for their rows (kept in :attr:`kv`, replacing the
+        rows' previous block's), returning ``[R, Lb, V]`` logits of each lane's block."""
+        ids = torch.cat([self.prompt[lanes.row], lanes.canvas], dim=1)
+        mask = None if self.key_mask is None else self.key_mask[lanes.row]
+        ids, mask = self.guidance.inputs(ids, mask)
+        out = self.model.compute_kv_cache(ids, attention_mask=mask)
+        where = self._kv_rows(lanes.row)
+        if self.kv is None:  # every row's slot, filled as rows start blocks
+            self.kv = out.kv_cache.select(torch.zeros(self._kv_size(), dtype=torch.long, device=ids.device))
+        for mine, theirs in zip(self.kv.keys + self.kv.values, out.kv_cache.keys + out.kv_cache.values):
+            mine[where] = theirs
+        for name in ("input_ids", "positions", "key_mask"):
+            mine = getattr(self.kv, name)
+            if mine is not None:
+                mine[where] = getattr(out.kv_cache, name)
+        index = lanes.block[:, None] * self.block_length + self.offsets + self.prompt_len
+        logits = self.guidance.mix(out.logits.gather(1, self._expand(index, out.logits)))
+        return self._checked(logits)
+
+    def span(self, lanes: Lanes) -> Tensor:
+        """Over a block cache: ``[R, Lb, V]`` logits of each lane's block from the cached step's forward (the span
+        ``x[block_start:]`` for prefix, the block for dual) against its row's cache; one model call per block in
+        flight (rows in different blocks have different spans)."""
+        blocks = lanes.block.unique().tolist()  # one read-back per verifying round; a few blocks at most
+        parts, order = [], []
+        for block in blocks:
+            group = (lanes.block == block).nonzero().squeeze(1)
+            rows = lanes.row[group]
+            ids = torch.cat([self.prompt[rows], lanes.canvas[group]], dim=1)
+            mask = None if self.key_mask is None else self.key_mask[rows]
+            ids, _ = self.guidance.inputs(ids, mask)
+            start = self.prompt_len + block * self.block_length
+            end = ids.shape[1] if self.options.cache == "prefix" else start + self.block_length
+            cache = self.kv.select(self._kv_rows(rows))  # a copy: the span writes its K/V into it
+            out = self.model.forward_span(ids[:, start:end], start, cache).logits[:, : self.block_length]
+            parts.append(self.guidance.mix(out))
+            order.append(group)
+        logits = torch.cat(parts)[torch.argsort(torch.cat(order))]
+        return self._checked(logits)
+
+    def _kv_rows(self, rows: Tensor) -> Tensor:
+        """The cache rows of batch ``rows``: theirs, and with guidance their unconditional branch's too."""
+        return torch.cat([rows, rows + self.tokens.shape[0]]) if self.guidance.guided else rows
+
+    def _kv_size(self) -> int:
+        return self.tokens.shape[0] * (2 if self.guidance.guided else 1)
+
+    @staticmethod
+    def _expand(index: Tensor, logits: Tensor) -> Tensor:
+        """``index [R, W]`` for gathering ``[R, W, V]`` from ``logits`` (guided: ``2R`` rows, the index repeated)."""
+        if logits.shape[0] != index.shape[0]:
+            index = torch.cat([index, index])
+        return index[:, :, None].expand(-1, -1, logits.shape[-1])
+
+    def _checked(self, logits: Tensor) -> Tensor:
         self.nan |= torch.isnan(logits).any()
         if self.masks is None:
             self.masks = token_masks(self.model, logits.shape[-1], self.ids, logits.device,
@@ -200,7 +274,7 @@ class SpeculativeLoop:
         if lanes.row.numel() == 0:
             return
         self._charge(lanes)
-        logits = self.forward(lanes)
+        logits = self.refresh(lanes) if self.cached else self.forward(lanes)
         while lanes.row.numel() and not self.interrupted:
             lanes, logits = self._round(lanes, logits)
             raise_status(torch.where(self.nan, STATUS_NAN, STATUS_OK))
@@ -208,13 +282,18 @@ class SpeculativeLoop:
     def _round(self, lanes: Lanes, logits: Tensor) -> tuple[Lanes, Tensor]:
         """One draft-verify round for the live ``lanes`` (exact canvases, one per row) and their ``logits``."""
         chain, table = self._draft(lanes, logits)
-        todo = (~chain.done).nonzero().squeeze(1)  # every canvas with a step left is forwarded, in one call
+        # every canvas with a step left is forwarded, in one call (over a cache: those whose next step is a cached
+        # step of the block their chain began in; a canvas that starts a new block is refreshed if it is picked)
+        left = ~chain.done
+        if self.cached:
+            left &= chain.block == lanes.block[self._lane_of(table, chain.row.numel())]
+        todo = left.nonzero().squeeze(1)
         verified = logits[:0]
         if todo.numel():
             forwarded = chain.take(todo)
             self._charge(forwarded)
             self.calls += 1
-            verified = self.forward(forwarded)
+            verified = self.span(forwarded) if self.cached else self.forward(forwarded)
         matches = self._verify(chain, table, todo, verified)
         accepted = matches.long().cumprod(dim=1).sum(dim=1)  # leading verified drafts
         pick = table.gather(1, accepted[:, None]).squeeze(1)  # the deepest exact canvas of each chain
@@ -227,7 +306,19 @@ class SpeculativeLoop:
         advanced[lanes.row] = accepted + 1
         new_lanes = exact.take(keep)
         self._report(new_lanes, advanced)
-        return new_lanes, verified[row_in_verified[pick[keep]]]
+        source = row_in_verified[pick[keep]]
+        if not self.cached:
+            return new_lanes, verified[source]
+        fresh = source < 0  # the exact canvas starts a block: the reference's refresh forward gives its logits
+        logits = torch.empty((keep.numel(), self.block_length, logits.shape[-1]), dtype=logits.dtype,
+                             device=logits.device)
+        logits[~fresh] = verified[source[~fresh]]
+        starting = fresh.nonzero().squeeze(1)
+        if starting.numel():
+            refreshed = new_lanes.take(starting)
+            self._charge(refreshed)
+            logits[starting] = self.refresh(refreshed)
+        return new_lanes, logits
 
     def _draft(self, lanes: Lanes, logits: Tensor) -> tuple[Lanes, Tensor]:
         """The chains ``c_0 = S_t(ℓ_t, x_t)`` (exact) and ``c_d = S_{t+d}(ℓ_t, c_{d-1})`` (drafts on the stale
@@ -240,7 +331,10 @@ class SpeculativeLoop:
         table[:, 0] = src
         count = n
         for depth in range(1, self.k):  # k is small: a loop over depths, batched over rows
-            live = (~parts[-1].done).nonzero().squeeze(1)
+            going = ~parts[-1].done
+            if self.cached:  # a chain ends where its canvas completes the block (module docstring)
+                going &= parts[-1].block == lanes.block[src]
+            live = going.nonzero().squeeze(1)
             if live.numel() == 0:
                 break
             src = src[live]
@@ -248,6 +342,13 @@ class SpeculativeLoop:
             table[src, depth] = torch.arange(count, count + live.numel(), device=logits.device)
             count += live.numel()
         return Lanes.cat(parts), table
+
+    def _lane_of(self, table: Tensor, count: int) -> Tensor:
+        """``[count]``: the lane each canvas of a chain (``table`` of :meth:`_draft`) belongs to."""
+        lane, depth = (table >= 0).nonzero(as_tuple=True)
+        owner = torch.empty(count, dtype=torch.long, device=table.device)
+        owner[table[lane, depth]] = lane
+        return owner
 
     def _verify(self, chain: Lanes, table: Tensor, todo: Tensor, verified: Tensor) -> Tensor:
         """``[n, k]`` bool: the reference's step from canvas ``d``'s own logits gives canvas ``d + 1`` (so, when every
@@ -299,7 +400,8 @@ class SpeculativeLoop:
 
     # ------------------------------------------------------------------ result
     def output(self) -> DecodeOutput:
-        labels = {"scheduler": type(self.scheduler).__name__, "cache": "none", "speculative": {"draft_length": self.k}}
+        labels = {"scheduler": type(self.scheduler).__name__, "cache": self.options.cache,
+                  "speculative": {"draft_length": self.k}}
         return decode_output(self, self.tokens, labels, {"steps": self.steps.cpu(), "canvases": self.canvases.cpu()})
 
 
