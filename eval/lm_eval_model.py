@@ -124,7 +124,10 @@ class VispecDLLM(LM):
         if decoding is None:
             strategy, rules, cache = None, (), "none"
         else:
-            strategy, rules, cache = parse_setting(str(decoding))
+            try:
+                strategy, rules, cache = parse_setting(str(decoding))
+            except ValueError as err:  # its words are bench text's (--settings); here the argument is decoding
+                raise ValueError(f"decoding={decoding!r}: {str(err).removeprefix('settings: ')}") from None
         for knob, value in knobs.items():
             if value is not None and strategy not in _KNOB_STRATEGIES[knob] and not (
                     strategy is None and knob == "threshold"):

@@ -379,7 +379,7 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
         eotp: bool = False,
         early_commit: Optional[ProphetRule] = None,
         adaptive_block: Optional[AdaptiveBlocks] = None,
-        speculative: Union[int, SelfSpeculation, None] = None,
+        speculative: Union[int, str, SelfSpeculation, None] = None,
         cache_reload_steps: int = 8,
         steps: Optional[int] = None,
         eos_early_stop: Optional[bool] = None,
@@ -435,10 +435,12 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
                 mean top-2 logit gap clears a threshold that falls with progress).
             adaptive_block: a :class:`vispec.dllm.AdaptiveBlocks` (AdaBlock: each block ends at the most confident
                 predicted delimiter in a look-ahead window; delimiter ids from the tokenizer).
-            speculative: exact self-speculative decoding (:mod:`vispec.dllm.speculative`): a draft length ``k`` (or a
-                :class:`vispec.dllm.SelfSpeculation`); each forward verifies ``k`` canvases and advances 1 to ``k``
-                steps of the stepwise run, whose tokens it returns exactly (any strategy, any temperature; only
-                ``cache="none"`` and none of eotp, early_commit, adaptive_block, compile).
+            speculative: exact self-speculative decoding (:mod:`vispec.dllm.speculative`): a draft length ``k``,
+                ``"auto"`` (``k`` chosen per forward by expected steps per second, :mod:`vispec.dllm.draft_length`) or
+                a :class:`vispec.dllm.SelfSpeculation`; each forward verifies ``k`` canvases and advances 1 to ``k``
+                steps of the stepwise run, whose tokens it returns exactly (any strategy, any temperature; caches
+                ``"none"``, ``"prefix"`` or ``"dual"``, each reproducing the stepwise run with that cache; none of
+                eotp, early_commit, adaptive_block, compile).
             mask_token_id, eos_token_id: override the tokenizer's (or, without a tokenizer, the model config's).
             top_k, top_p: ``LLaDA2Pipeline``'s candidate filters, which have no equivalent here (they raise, saying
                 what to use).

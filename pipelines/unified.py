@@ -70,6 +70,16 @@ def _check_prompt_text(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a string or a non-empty list of strings, got {value!r}")
 
 
+def _tokens_or_error(name: str, value: Any, ids: list[list[int]]) -> list[list[int]]:
+    """``ids`` (the token ids of the ``name`` argument ``value``), unless a prompt gave none: then a ValueError."""
+    texts = [value] if isinstance(value, str) else list(value)
+    for text, row in zip(texts, ids):
+        if not row:
+            raise ValueError(f"{name}={text!r} gives no tokens in this model's prompt template; give a non-empty "
+                             f"{name}")
+    return ids
+
+
 @dataclass
 class UnifiedImagePipelineOutput(BaseOutput):
     """``images`` as requested by ``output_type`` (``"latent"``: the code grids ``[B, rows, cols]``); ``stats``
@@ -228,14 +238,15 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
         """The call's prompts and negative prompts (one per prompt, or None) as token ids, each argument checked
         under its own name."""
         _check_prompt_text("prompt", prompt)
-        prompts = self.encode_prompt(prompt, height, width)
+        prompts = _tokens_or_error("prompt", prompt, self.encode_prompt(prompt, height, width))
         if negative_prompt is None:
             return prompts, None
         if self.config.cfg_mode != "negative":
             raise ValueError(f"negative_prompt needs a model whose guidance takes one (cfg_mode 'negative'); this one "
                              f"uses cfg_mode {self.config.cfg_mode!r}")
         _check_prompt_text("negative_prompt", negative_prompt)
-        negatives = self.encode_prompt(negative_prompt, height, width)
+        negatives = _tokens_or_error("negative_prompt", negative_prompt,
+                                     self.encode_prompt(negative_prompt, height, width))
         if len(negatives) not in (1, len(prompts)):
             raise ValueError(f"negative_prompt has {len(negatives)} prompts for {len(prompts)} prompts: give one, or "
                              f"one per prompt")
@@ -312,9 +323,26 @@ class UnifiedImagePipeline(PipelineMixin, DiffusionPipeline):
             raise ValueError(f"image must be a PIL image, a numpy array or a tensor (or a non-empty list of them), got "
                              f"{type(image).__name__}")
         for item in items:
-            if isinstance(item, (np.ndarray, torch.Tensor)) and item.size and (float(item.min()) < 0 or float(item.max()) > 1):
+            if isinstance(item, PIL.Image.Image):
+                if 0 in item.size:
+                    raise ValueError(f"image is empty: a {item.size[0]}x{item.size[1]} PIL image")
+                continue
+            if isinstance(item, torch.Tensor):
+                item = item.detach().cpu()
+                values = (item.float() if item.is_floating_point() else item).numpy()
+            else:
+                values = np.asarray(item)
+            if values.size == 0 or 0 in values.shape:
+                raise ValueError(f"image is empty: an array or tensor of shape {tuple(values.shape)} (expected [H, W, 3] "
+                                 "or [3, H, W] pixels)")
+            if not np.issubdtype(values.dtype, np.number) and values.dtype != np.bool_:
+                raise ValueError(f"image arrays and tensors must hold numbers in [0, 1], got dtype {values.dtype}")
+            if not np.isfinite(values).all():
+                raise ValueError(f"image has {int((~np.isfinite(values)).sum())} NaN or infinite values; pixels must "
+                                 "lie in [0, 1]")
+            if float(values.min()) < 0 or float(values.max()) > 1:
                 raise ValueError(f"image arrays and tensors must lie in [0, 1] (diffusers' convention), got values in "
-                                 f"[{float(item.min()):.3g}, {float(item.max()):.3g}]")
+                                 f"[{float(values.min()):.3g}, {float(values.max()):.3g}]")
         try:
             pixels = self.image_processor.preprocess(image)
         except (ValueError, TypeError) as err:

@@ -23,8 +23,16 @@ def check_int(name: str, value, *, minimum: Optional[int] = None, maximum: Optio
     """``value`` if it is an ``int`` (not a ``bool``) within ``[minimum, maximum]``, else ``ValueError``."""
     if (isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum)
             or (maximum is not None and value > maximum)):
-        raise ValueError(f"{name} must be an integer{_range_text(minimum, maximum)}{hint}, got {value!r}")
+        raise ValueError(f"{name} must be an integer{_range_text(minimum, maximum)}{hint}, got {shown(value)}")
     return value
+
+
+def shown(value) -> str:
+    """``repr(value)`` for an error message, except an integer too long to print (Python refuses over 4300 digits):
+    its size instead."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return repr(value)
 
 
 def check_number(name: str, value, *, minimum: Optional[float] = None, maximum: Optional[float] = None,

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from vispec.checks import check_number
 
@@ -68,25 +68,31 @@ RULES = ("eotp", "prophet", "adablock", "ssd")
 MAX_DRAFT_LENGTH = 256
 
 
-def parse_rule(text: str, where: str) -> tuple[str, Optional[int]]:
-    """``"ssd=8"`` -> ``("ssd", 8)``, ``"eotp"`` -> ``("eotp", None)``: a rule of :data:`RULES`, and for ``ssd`` an
-    optional draft length; anything else is a ``ValueError`` starting with ``where`` (the setting or the flag)."""
+def parse_rule(text: str, where: str) -> tuple[str, Union[int, str, None]]:
+    """``"ssd=8"`` -> ``("ssd", 8)``, ``"ssd=auto"`` -> ``("ssd", "auto")``, ``"eotp"`` -> ``("eotp", None)``: a rule of
+    :data:`RULES`, and for ``ssd`` an optional draft length (or ``auto``: chosen per round by cost,
+    :mod:`vispec.dllm.draft_length`); anything else is a ``ValueError`` starting with ``where`` (the setting or the
+    flag)."""
     name, eq, value = text.partition("=")
     if name not in RULES:
-        raise ValueError(f"{where}: unknown rule {name!r}; expected some of {RULES} (ssd may take =K, a draft length)")
+        raise ValueError(f"{where}: unknown rule {name!r}; expected some of {RULES} (ssd may take =K, a draft length, "
+                         "or =auto)")
     if not eq:
         return name, None
     if name != "ssd":
         raise ValueError(f"{where}: rule {name!r} takes no value (only ssd=K does), got {text!r}")
+    if value == "auto":
+        return name, value
     if not value.isdigit() or not 1 <= int(value) <= MAX_DRAFT_LENGTH:
-        raise ValueError(f"{where}: ssd=K needs a draft length K in [1, {MAX_DRAFT_LENGTH}], got {text!r}")
+        raise ValueError(f"{where}: ssd=K needs a draft length K in [1, {MAX_DRAFT_LENGTH}] or auto, got {text!r}")
     return name, int(value)
 
 
 def parse_setting(text: str) -> tuple[str, tuple[str, ...], str]:
     """``"learn2pd+eotp@dual"`` -> ``("learn2pd", ("eotp",), "dual")``: a strategy, optional ``+rule``s (``ssd=K`` with
-    its draft length: :func:`parse_rule`) and an optional ``@cache`` (default ``none``). Anything else (an empty part: ``"threshold@"``, ``"threshold+"``,
-    ``"@dual"``) is a ``ValueError`` naming the setting."""
+    its draft length or ``ssd=auto``: :func:`parse_rule`) and an optional ``@cache`` (default ``none``). Anything else
+    (an empty part: ``"threshold@"``, ``"threshold+"``, ``"@dual"``; a rule after the cache) is a ``ValueError`` naming
+    the setting."""
     from vispec.dllm import CACHES
 
     head, at, cache = text.partition("@")
@@ -131,7 +137,7 @@ class TextBenchConfig:
     prophet_thresholds: tuple[float, ...] = (7.5, 5.0, 2.5)
     delimiters: tuple[str, ...] = (".",)  # AdaBlock's delimiter tokens (tiny-mdlm's step separator)
     delimiter_threshold: float = 0.3
-    draft_length: int = 8  # the ssd rule's K when a setting says only "ssd"
+    draft_length: int = 8  # the ssd rule's K when a setting says only "ssd": SelfSpeculation's default (tested equal)
     seed: int = 0
     device: str = "cpu"
     results_dir: Optional[str] = None  # per-problem results, written as they finish; a rerun skips them

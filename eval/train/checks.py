@@ -13,6 +13,7 @@ arithmetic from the fields, against the machine's memory (:func:`total_memory`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from typing import Any, Callable, NamedTuple, Optional
@@ -102,15 +103,29 @@ def check_heads(cfg: Any, dim: str, heads: str, name: Namer = field_name, *, mul
                          f"multiple of {multiple}")
 
 
-def check_pipeline_name(cfg: Any, field: str, name: Namer = field_name) -> None:
-    """``cfg.<field>`` must be an embedded model name or a local pipeline folder (nothing is downloaded). This check
-    imports :mod:`vispec.pipelines` (and torch): configs run it after their torch-free checks."""
+def check_pipeline_name(cfg: Any, field: str, name: Namer = field_name, expected: Optional[str] = None) -> None:
+    """``cfg.<field>`` must be an embedded model name or a local pipeline folder (nothing is downloaded), and with
+    ``expected`` a pipeline of that class (its ``model_index.json``). This check imports :mod:`vispec.pipelines` (and
+    torch): configs run it after their torch-free checks."""
     from vispec.pipelines.embedded import resolve_model_path
 
+    value = getattr(cfg, field)
     try:
-        resolve_model_path(getattr(cfg, field))
+        folder = resolve_model_path(value)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{name(field)}: {err}") from None
+    if expected is None:
+        return
+    try:
+        with open(os.path.join(folder, "model_index.json")) as handle:
+            found = json.load(handle).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        found = None
+    found = found[-1] if isinstance(found, list) and found else found
+    if found != expected:
+        raise ValueError(f"{name(field)} {value!r} is a {found or 'folder of unknown kind'}, not a {expected} (an image "
+                         f"model such as tiny-c2i)" if expected == "LlamaGenPipeline" else
+                         f"{name(field)} {value!r} is a {found or 'folder of unknown kind'}, not a {expected}")
 
 
 def check_decoding_defaults(cfg: Any, name: Namer = field_name, *, strategy: str = "mc-sjd") -> None:
@@ -144,6 +159,20 @@ class Footprint(NamedTuple):
     @property
     def bytes(self) -> int:
         return self.parameters * BYTES_PER_PARAMETER + self.other_bytes
+
+
+def check_device_present(device: str, flag: str) -> None:
+    """A ``cuda[:N]`` device (``flag``: the field or flag that named it) exists on this machine (torch is imported only
+    to ask); ``cpu`` always does."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"{flag} {device}, but CUDA is not available here (torch {torch.__version__}); use {flag} cpu")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"{flag} {device}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def total_memory() -> Optional[int]:

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, field
 
 from vispec.checks import check_int, check_number
-from vispec.eval.train.checks import (Footprint, Namer, check_choice, check_common, check_decoding_defaults, check_fields,
-                                      check_folder, check_heads, check_pipeline_name, check_threads,
-                                      check_training_memory, field_name)
+from vispec.eval.train.checks import (Footprint, Namer, check_choice, check_common, check_decoding_defaults,
+                                      check_device_present, check_fields, check_folder, check_heads,
+                                      check_pipeline_name, check_threads, check_training_memory, field_name)
 
 # LLAMAGEN_VQ_VARIANTS["VQ-4"] and llamagen_vq_config's norm_num_groups (vispec.models.llamagen_vq, which imports
 # torch); a test asserts they agree
@@ -211,7 +211,7 @@ def _check_sampled_target(cfg: "DrafterTrainConfig", name: Namer) -> None:
         DecodingConfig.parse(cfg.sample_decoding)
     except ValueError as err:
         raise ValueError(f"{name('sample_decoding')}: {err}") from None
-    check_pipeline_name(cfg, "target", name)
+    check_pipeline_name(cfg, "target", name, expected="LlamaGenPipeline")
 
 
 @dataclass
@@ -567,6 +567,12 @@ class LLaDA2TrainConfig:
         check_threads(self, name)
         if not isinstance(self.device, str) or re.fullmatch(r"cpu|cuda(:\d+)?", self.device) is None:
             raise ValueError(f"{name('device')} must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        check_device_present(self.device, name("device"))
+        if self.answer_length % self.block_length:
+            raise ValueError(f"{name('answer_length')} ({self.answer_length}) must be a multiple of "
+                             f"{name('block_length')} ({self.block_length}): the answer is decoded in whole blocks")
+        check_int(name("num_experts"), self.num_experts, minimum=2,
+                  hint=f" ({name('num_experts_per_tok')} >= 2 experts are mixed per token)")
         check_int(name("num_experts_per_tok"), self.num_experts_per_tok, minimum=2, maximum=self.num_experts,
                   hint=f" (at most {name('num_experts')}; LLaDA2's router normalises k > 1 weights only)")
         check_masking_and_tasks(self, name)
@@ -591,8 +597,18 @@ class LLaDA2TrainConfig:
                 dense = json.load(f)
         except (OSError, ValueError) as err:
             raise ValueError(f"{name('init_from')}: cannot read {model_path}/config.json ({err})") from None
+        if dense.get("_class_name") == "LLaDA2MoeModelLM":  # continued: it keeps its layout, so the fields must match
+            for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace",
+                        "routed_scaling_factor", "block_length"):
+                if key in dense and getattr(self, key) != dense[key] and getattr(self, key) != _default(self, key):
+                    raise ValueError(f"{name(key)} {getattr(self, key)} differs from the {dense[key]} of "
+                                     f"{name('init_from')} {self.init_from!r}: a LLaDA2 folder is continued with its "
+                                     f"own layout (leave {name(key)} out, or upcycle a dense LLaDA)")
+            check_training_memory(self, self.footprint(dense), name)
+            return
         if dense.get("_class_name") != "LLaDAModelLM":
-            return  # a LLaDA2 folder (continued) keeps its own layout; anything else is refused by the trainer
+            return  # anything else is refused by the trainer
+        check_training_memory(self, self.footprint(dense), name)
         layers, width = dense.get("n_layers", 0), dense.get("mlp_hidden_size", 0)
         if self.first_k_dense_replace > layers:
             raise ValueError(f"{name('first_k_dense_replace')} must be at most the dense model's {layers} layers, got "
@@ -600,6 +616,28 @@ class LLaDA2TrainConfig:
         if width % self.moe_intermediate_size or width // self.moe_intermediate_size < 2:
             raise ValueError(f"{name('moe_intermediate_size')} must divide the dense model's MLP width ({width}) at "
                              f"least twice (a shared part and one routed expert), got {self.moe_intermediate_size}")
+
+
+    def footprint(self, model: dict) -> Footprint:
+        """The upcycled (or continued) model's parameters from its ``config.json`` ``model`` (dense LLaDA or LLaDA2
+        keys), and a step's activations: ``batch_size`` rows of the prompt (at most 128 tokens) and the answer, each
+        layer's ~34 floats per token and the float32 logits with their gradient."""
+        width = model.get("d_model", model.get("hidden_size", 0))
+        layers = model.get("n_layers", model.get("num_hidden_layers", 0))
+        vocab = model.get("embedding_size", model.get("vocab_size", 0)) or 0
+        mlp = model.get("mlp_hidden_size", model.get("intermediate_size", 0))
+        routed = self.num_experts * self.moe_intermediate_size
+        parameters = 2 * vocab * width + layers * (4 * width * width + 3 * width * (mlp + routed))
+        tokens = self.batch_size * (128 + self.answer_length)
+        return Footprint(parameters, FLOAT * tokens * (34 * layers * width + 2 * vocab),
+                         ("batch_size", "answer_length", "num_experts", "moe_intermediate_size"))
+
+
+def _default(cfg: object, key: str):
+    """The dataclass default of ``cfg``'s field ``key``."""
+    import dataclasses
+
+    return next(f.default for f in dataclasses.fields(cfg) if f.name == key)
 
 
 @dataclass

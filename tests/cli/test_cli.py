@@ -113,3 +113,22 @@ def test_convert_rejects_mismatched_vocabulary(tmp_path, capsys):
     assert main(["convert", "llamagen", "--gpt", str(tmp_path / "gpt.pt"), "--vq", f"{DATA}/vq16_tiny.pt",
                  "--out", str(tmp_path / "x"), "--n-head", "4", "--image-size", "64", "--cls-token-num", "4"]) == 2
     assert "codebook has 64 codes" in capsys.readouterr().err
+
+
+def test_generate_image_takes_a_source_image(tmp_path, capsys):
+    """Issue 47 item 23: ``--image PATH`` reaches image-to-image decoding (it said "give image=" with no way to);
+    the output has the source's size; a missing file and a class-conditional model are refused by name."""
+    import PIL.Image
+
+    source = tmp_path / "source.png"
+    PIL.Image.new("RGB", (64, 64), (200, 30, 30)).save(source)
+    out = tmp_path / "edit.png"
+    argv = ["generate", "image", "--model", "tiny-edit", "--prompt", "make the square blue", "--decoding", "iad",
+            "--out", str(out), "--quiet"]
+    assert main(argv + ["--image", str(source)]) == 0
+    assert PIL.Image.open(out).size == (64, 64) and "iad" in capsys.readouterr().out
+    assert main(argv + ["--image", str(tmp_path / "missing.png")]) == 2
+    assert "--image" in capsys.readouterr().err
+    assert main(["generate", "image", "--model", "tiny-c2i", "--class", "1", "--image", str(source), "--out",
+                 str(tmp_path / "c.png")]) == 2
+    assert "--image applies to text-to-image pipelines" in capsys.readouterr().err

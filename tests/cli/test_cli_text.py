@@ -145,7 +145,11 @@ def test_generate_text_self_speculation(pipeline_folder, capsys):
     stepwise = capsys.readouterr().out
     assert main(argv + ["--rules", "ssd=4"]) == 0
     assert capsys.readouterr().out == stepwise
-    assert main(argv[:-3] + ["--cache", "dual", "--rules", "ssd", "--quiet"]) == 2
+    assert main(argv[:-3] + ["--cache", "dual", "--quiet"]) == 0
+    dual = capsys.readouterr().out
+    assert main(argv[:-3] + ["--cache", "dual", "--rules", "ssd=auto", "--quiet"]) == 0  # the cached run's tokens
+    assert capsys.readouterr().out == dual
+    assert main(argv[:-3] + ["--cache", "dkv", "--rules", "ssd", "--quiet"]) == 2
     assert "speculative" in capsys.readouterr().err
 
 
@@ -200,3 +204,16 @@ def test_generate_text_bad_rules(pipeline_folder, capsys, args, match):
                  *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0]
+
+
+def test_generate_text_runs_the_models_own_policy_and_accepts_editing(capsys):
+    """Issue 47 item 24: without --strategy the model's saved policy runs (tiny-llada2: LLaDA2's editing rule, which
+    --strategy could not name before); a strategy's knob without --strategy is refused, not dropped."""
+    argv = ["generate", "text", "--model", "tiny-llada2", "--prompt", "sort the numbers : 3 1 2", "--quiet"]
+    assert main(argv) == 0
+    own = capsys.readouterr()
+    assert "[editing + none cache" in own.err
+    assert main(argv + ["--strategy", "editing"]) == 0
+    assert capsys.readouterr().out == own.out  # the saved rule has the editing policy's default settings
+    assert main(argv + ["--factor", "2"]) == 2
+    assert "--factor sets a knob of a strategy: pass --strategy too" in capsys.readouterr().err

@@ -126,7 +126,7 @@ def test_defaults_reach_the_trainer(trainer, folders, stubs, capsys):
     (["filter", "--tasks", "poetry"], "--tasks must name tasks among"),
     (["assemble", "--top-p", "2"], "--top-p must be a finite number in (0, 1]"),
     (["assemble", "--init", "diagonal"], "--init must be one of"),
-    (["assemble-t2i", "--window", "0"], "--window must be an integer >= 1"),
+    (["assemble-t2i", "--window", "0"], "--window must be an integer in [1, 4096]"),
     (["assemble-mdlm", "--gen-length", "12", "--block-length", "8"], "--gen-length (12) must be a multiple of --block-length (8)"),
     (["assemble-drafter", "--lantern-k", "0"], "--lantern-k must be an integer >= 1"),
     # sizes past the machine's memory (issue 28): the flags that set the size, the one changed first
@@ -143,6 +143,13 @@ def test_defaults_reach_the_trainer(trainer, folders, stubs, capsys):
     (["filter", "--block-length", "1000000000"], "--block-length 1000000000 (with"),
     (["mdlm", "--eval-batch-size", "1000000000"], "--eval-batch-size 1000000000 (with"),
     (["clip", "--threads", "5000"], "--threads must be an integer in [0, 1024]"),
+    # issue 47 items 4, 8, 13, 14
+    (["llada2", "--batch-size", "10000000"], "--batch-size 10000000 (with --answer-length 32,"),
+    (["llada2", "--answer-length", "30"], "--answer-length (30) must be a multiple of --block-length (32)"),
+    (["llada2", "--num-experts", "1"], "--num-experts must be an integer >= 2"),
+    (["gad-drafter", "--target", "tiny-mdlm"], "--target 'tiny-mdlm' is a MaskedDiffusionLMPipeline, not a LlamaGenPipeline"),
+    (["llada2", "--init-from", "tiny-llada2", "--num-experts", "8"],
+     "--num-experts 8 differs from the 4 of --init-from 'tiny-llada2': a LLaDA2 folder is continued with its own"),
     (["filter", "--threads", "5000"], "--threads must be an integer in [1, 1024]"),
 ])
 def test_bad_trainer_flags_are_one_line_naming_the_flag(argv, words, folders, stubs, capsys, tmp_path):
@@ -296,3 +303,19 @@ def test_the_fuzzed_fields_cover_every_value_flag():
     for trainer in TRAINERS:
         for field in flag_fields(trainer):
             assert (trainer, field) in FIELDS or field in PATHS | {"out", "target", "model", "init_from"}
+
+
+def test_train_help_says_the_gad_drafters_default_attention(capsys):
+    """Issue 47 item 25: the help said "(bidirectional, masked)" while --attention defaults to causal."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "causal over masked inputs by default" in out and "(bidirectional, masked)" not in out
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine with CUDA trains there")
+def test_a_missing_cuda_device_is_one_line(folders, stubs, capsys):
+    """Issue 47 item 13: a traceback ending in "Torch not compiled with CUDA enabled" before."""
+    assert main(["train", "llada2", *base_args("llada2", folders), "--device", "cuda"]) == 2
+    assert "--device cuda, but CUDA is not available here" in one_line(capsys) and stubs == []

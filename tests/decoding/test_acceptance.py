@@ -6,12 +6,16 @@ draft-model SD is certified by the joint-distribution test in tests/exactness/te
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import tiny_gpt
 from vispec.decoding import decode
-from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, GSDRule, LanternRule
+from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, GSDRule, LanternRule, spec_number
 from vispec.decoding.neighbors import codebook_neighbors
 from vispec.decoding.rules import build_rule
 from vispec.models.llamagen_gpt import LlamaGenCondition
@@ -161,9 +165,9 @@ def test_bad_input_names_the_argument():
     codebook = torch.randn(16, 4)
     with pytest.raises(ValueError, match="lantern_k"):
         AcceptanceConfig(rule="lantern", lantern_k=-1)
-    with pytest.raises(ValueError, match="lantern_k"):
+    with pytest.raises(ValueError, match="'lantern': k=16 exceeds"):  # the spec's words (issue 47 item 9)
         build_rule("lantern:k=16", codebook=codebook)
-    with pytest.raises(ValueError, match="lantern_delta"):
+    with pytest.raises(ValueError, match="'lantern:delta=-0.1': delta must be"):
         AcceptanceConfig.parse("lantern:delta=-0.1")
     with pytest.raises(ValueError, match="codebook"):
         build_rule("lantern")
@@ -181,3 +185,49 @@ def test_bad_input_names_the_argument():
         decode(model, condition, num_tokens=16, decoding="ar", acceptance="gsd")
     with pytest.raises(ValueError, match="vocabulary"):
         decode(model, condition, num_tokens=16, decoding="sd", drafter=tiny_gpt(vocab_size=8, block_size=16))
+
+
+# ---- issue 47 items 5, 6, 9: a spec's name round-trips every legal value; errors name the spec's keys ----------
+_UNIT = st.floats(min_value=0, max_value=1, allow_nan=False)
+_CONFIGS = st.one_of(
+    st.builds(lambda d, decay, end, ratio, k: AcceptanceConfig(rule="budget", budget_delta=d, budget_decay=decay,
+                                                              budget_end=end, budget_ratio=ratio, budget_neighbors=k),
+              _UNIT, st.floats(min_value=1e-12, max_value=1, allow_nan=False), _UNIT,
+              st.one_of(st.just(0.0), st.floats(min_value=1, max_value=1e12, allow_nan=False)),
+              st.integers(min_value=0, max_value=10**12)),
+    st.builds(lambda k, d, n: AcceptanceConfig(rule="lantern", lantern_k=k, lantern_delta=d, lantern_normalize=n),
+              st.integers(min_value=0, max_value=10**9), st.floats(min_value=0, max_value=1e6, allow_nan=False),
+              st.booleans()),
+    st.builds(lambda h, p, d: AcceptanceConfig(rule="gsd", gsd_half_width=h, gsd_p_thr=p, gsd_d_thr=d),
+              st.integers(min_value=1, max_value=10**6), _UNIT, st.floats(min_value=0, max_value=1e6, allow_nan=False)),
+    st.builds(lambda q, r: AcceptanceConfig(rule="lumina", lumina_q_clamp=q, lumina_reprocess=r), _UNIT, st.booleans()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(config=_CONFIGS)
+def test_a_rule_name_parses_back_to_the_same_config(config):
+    assert AcceptanceConfig.parse(config.name) == config, config.name
+
+
+def test_numbers_keep_their_value_in_a_name():
+    assert AcceptanceConfig.parse("budget:neighbors=1000000").name == "budget:delta=0.1,neighbors=1000000"
+    assert AcceptanceConfig.parse("budget:delta=0.123456789").budget_delta == 0.123456789
+    assert AcceptanceConfig.parse(AcceptanceConfig.parse("budget:delta=0.123456789").name).budget_delta == 0.123456789
+    assert [spec_number(v) for v in (0.1, 3, 1e-07, 0.123456789, 2.0)] == ["0.1", "3", "1e-07", "0.123456789", "2"]
+
+
+@pytest.mark.parametrize("spec, words", [("budget:delta=2", "acceptance 'budget:delta=2': delta must be a finite number in"),
+                                         ("budget:ratio=0.5", "ratio must be 0 (no cap)"),
+                                         ("lantern:k=-1", "'lantern:k=-1': k must be an integer")])
+def test_errors_name_the_specs_keys(spec, words):
+    with pytest.raises(ValueError, match=re.escape(words)) as info:
+        AcceptanceConfig.parse(spec)
+    assert "budget_" not in str(info.value) and "lantern_" not in str(info.value)
+
+
+def test_too_many_neighbours_are_refused_naming_the_rules_key():
+    codebook = torch.randn(16, 4)
+    with pytest.raises(ValueError, match=re.escape("acceptance 'budget': neighbors=2000 exceeds the 15 neighbours")):
+        build_rule("budget:neighbors=2000", codebook=codebook)
+    with pytest.raises(ValueError, match=re.escape("acceptance 'lantern': k=16 exceeds the 15 neighbours")):
+        build_rule("lantern:k=16", codebook=codebook)

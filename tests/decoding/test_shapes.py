@@ -229,3 +229,19 @@ def test_calibration_runs_every_shape_once_before_timing_any_and_times_ar_withou
     assert chooser.cost(Shape(1), 0) == pytest.approx(0.001)
     assert chooser.cost(Shape(64), 0) == pytest.approx(0.064)
     assert chooser.cost(Shape(16, 3, 3), 0) == pytest.approx(0.064)
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("sjd-pac:tree_width=2,tree_depth=1000000", "tree_depth must be an integer in [1, 64]"),
+    ("sjd-pac:tree_width=2,tree_depth=20000", "tree_depth must be an integer in [1, 64]"),
+    ("mc-sjd:window=1000000000", "window must be an integer in [1, 4096]"),
+    ("sjd-pac:window=1000000000", "window must be an integer in [1, 4096]"),
+    ("sjd-pac:tree_width=100000", "tree_width must be an integer in [1, 4096]"),
+])
+def test_sizes_are_bounded_when_the_spec_is_parsed(spec, words):
+    """Issue 47 items 1-2: a tree or window past any image is refused at once, naming the key (it ran for minutes, or
+    reached the model and asked for terabytes)."""
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        DecodingConfig.parse(spec)
+    with pytest.raises(ValueError, match="about 5001 digits"):
+        DecodingConfig(strategy="sjd-pac", tree_depth=10**5000)

@@ -173,6 +173,8 @@ def test_config_round_trip_and_refusals(tmp_path):
         VispecPolicyScheduler.from_policy(SelfSpeculation(4))
     with pytest.raises(ValueError, match="strategy must be one of"):
         VispecPolicyScheduler(strategy="block_refinement")
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['bogus'\] for strategy 'threshold'"):  # 47 item 17
+        VispecPolicyScheduler(policy_config={"bogus": 1})
     scheduler.set_timesteps(4, block_length=4)
     logits, sample = torch.zeros(1, 4, VOCAB), torch.full((1, 4), MASK_ID)
     with pytest.raises(ValueError, match="top_k"):

@@ -208,6 +208,8 @@ def test_generate_until_applies_stops_and_max_gen_toks(lm):
     ({"decoding": "threshold", "batch_size": "auto"}, "fixed batch size"),
     ({"decoding": "threshold", "mc_num": 6, "mc_batch_size": 4}, "multiple of mc_batch_size"),
     ({"decoding": "threshold@paged"}, "unknown cache 'paged'"),
+    ({"decoding": "thresold"}, r"^decoding='thresold': unknown strategy 'thresold'"),  # issue 47 item 18: its name
+    ({"decoding": "llada+ssd=0"}, r"^decoding='llada\+ssd=0': .*ssd=K needs a draft length"),
     ({"decoding": "threshold", "steps": 8}, "steps applies to fixed-step decoding"),
     ({"decoding": "llada", "steps": 6}, "divisible by the number of blocks"),
     ({"decoding": "threshold", "draft_length": 4}, "draft_length applies to the ssd rule"),

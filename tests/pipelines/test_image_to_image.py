@@ -108,6 +108,9 @@ def test_outputs_stats_and_batch_independence(pipe, source):
     ({"decoding": "mc-sjd:init=source"}, "give image="),
     ({"image": "picture.png"}, "image must be a PIL image"),
     ({"image": torch.full((1, 3, 16, 16), 2.0)}, r"must lie in \[0, 1\]"),
+    ({"image": torch.zeros(3, 0, 0)}, r"image is empty: an array or tensor of shape \(3, 0, 0\)"),  # issue 47 item 10
+    ({"image": np.zeros((0, 0, 3))}, r"image is empty: an array or tensor of shape \(0, 0, 3\)"),
+    ({"image": torch.full((1, 3, 16, 16), float("nan"))}, "image has 768 NaN or infinite values"),  # item 7
     ({"image": torch.rand(1, 1, 16, 16)}, "3 channels"),
     ({"height": 32}, "height=32 differs from the source image's height 16"),
     ({"image": torch.rand(3, 3, 16, 16)}, "3 images for 1 prompts"),

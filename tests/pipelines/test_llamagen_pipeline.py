@@ -226,5 +226,5 @@ def test_relaxed_acceptance_and_draft_model_decoding_through_the_pipeline(tmp_pa
         pipe(**get_dummy_inputs(), decoding="sjd+gsd", acceptance="lantern")
     with pytest.raises(ValueError, match="drafter"):
         LlamaGenPipeline(**components)(**get_dummy_inputs(), decoding="sd")
-    with pytest.raises(ValueError, match="lantern_k"):
+    with pytest.raises(ValueError, match="'lantern': k=64 exceeds"):
         pipe(**get_dummy_inputs(), acceptance="lantern:k=64")

@@ -98,3 +98,15 @@ def test_cli_generates_from_a_text_to_image_folder(pipe, tmp_path, capsys):
     assert out.is_file() and "NFE" in capsys.readouterr().out
     assert main(["generate", "image", "--model", str(folder), "--class", "1", "--out", str(out), "--quiet"]) == 2
     assert "is a text-to-image pipeline: pass --prompt" in capsys.readouterr().err
+
+
+def test_a_prompt_without_tokens_is_named():
+    """Issue 47 item 11: tiny-t2i's template is the prompt alone, so ``prompt=""`` has no tokens ("prompt_ids has an
+    empty prompt" came from inside the model before)."""
+    from vispec.pipelines import UnifiedImagePipeline
+
+    t2i = UnifiedImagePipeline.from_pretrained("vispec/tiny-t2i")
+    with pytest.raises(ValueError, match="prompt='' gives no tokens in this model's prompt template"):
+        t2i("", output_type="latent")
+    with pytest.raises(ValueError, match="prompt='' gives no tokens"):
+        t2i(["a red square", ""], output_type="latent")

@@ -95,6 +95,7 @@ def _cmd_image(args: argparse.Namespace) -> int:
             raise ValueError(f"--npz must name a .npz file, got {args.npz!r}")
     text = _image_kind(args.model) == UnifiedImagePipeline.__name__
     _check_condition_flags(args, text)
+    source = _source_image(args.image) if args.image is not None else None  # read before the model loads
     workers = Workers.start(args.device, args.num_processes)
     _quiet(args)
     on_main_first(workers, lambda: _image_run_record(args, workers))  # --resume's settings, before the model loads
@@ -110,8 +111,9 @@ def _cmd_image(args: argparse.Namespace) -> int:
         common = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       decoding=args.decoding, generator=generators, max_batch_size=args.max_batch_size)
         if text:
+            edit = {} if source is None else {"image": source}
             out = pipe(prompt=[args.prompt] * (hi - lo), negative_prompt=args.negative_prompt, height=args.height,
-                       width=args.width, **common)
+                       width=args.width, **edit, **common)
         else:
             out = pipe(class_labels=labels[lo:hi], compile=args.compile, **common)
         for path, image, stats in zip(paths[lo:hi], out.images, out.stats):
@@ -130,8 +132,8 @@ def _image_run_record(args: argparse.Namespace, workers: Workers) -> None:
     every image made anew."""
     from vispec.eval.bench.results import settings_record
 
-    keys = ("model", "class_label", "prompt", "negative_prompt", "height", "width", "decoding", "seed", "guidance_scale",
-            "temperature", "top_k", "top_p", "batch_size", "max_batch_size", "compile")
+    keys = ("model", "class_label", "prompt", "negative_prompt", "height", "width", "image", "decoding", "seed",
+            "guidance_scale", "temperature", "top_k", "top_p", "batch_size", "max_batch_size", "compile")
     settings = {k: getattr(args, k) for k in keys} | {"device": workers.device.type}
     path = os.path.splitext(args.out)[0] + ".run.json"
     if not args.resume:
@@ -184,9 +186,22 @@ def _write_npz(paths: list[str], npz: str) -> None:
     print(f"wrote {npz}: {array.shape[0]} images of {array.shape[1]}x{array.shape[2]}", flush=True)
 
 
+def _source_image(path: str):
+    """``--image``: the source image of an edit, as an RGB PIL image (every image of the run edits it)."""
+    import PIL.Image
+
+    if not os.path.isfile(path):
+        raise ValueError(f"--image {path!r} is not a file")
+    try:
+        with PIL.Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--image {path!r} could not be read as an image ({err})") from None
+
+
 def _check_condition_flags(args: argparse.Namespace, text: bool) -> None:
-    """A text-to-image folder takes --prompt (and --negative-prompt, --height, --width); a class-conditional one
-    takes --class."""
+    """A text-to-image folder takes --prompt (and --negative-prompt, --height, --width, --image); a class-conditional
+    one takes --class."""
     if text:
         if args.prompt is None or args.class_label is not None:
             raise ValueError(f"{args.model} is a text-to-image pipeline: pass --prompt (not --class)")
@@ -197,7 +212,8 @@ def _check_condition_flags(args: argparse.Namespace, text: bool) -> None:
         raise ValueError(f"{args.model} is a class-conditional pipeline: pass --class (not --prompt)")
     if args.class_label != "all" and not args.class_label.lstrip("-").isdigit():
         raise ValueError(f"--class must be a class id or 'all', got {args.class_label!r}")
-    for flag, value in (("--negative-prompt", args.negative_prompt), ("--height", args.height), ("--width", args.width)):
+    for flag, value in (("--negative-prompt", args.negative_prompt), ("--height", args.height), ("--width", args.width),
+                        ("--image", args.image)):
         if value is not None:
             raise ValueError(f"{flag} applies to text-to-image pipelines; {args.model} is class-conditional")
 
@@ -213,9 +229,10 @@ def _cmd_text(args: argparse.Namespace) -> int:
     settings = {"threshold": {"threshold": args.threshold}, "factor": {"factor": args.factor},
                 "entropy": {"gamma": args.entropy_bound}, "llada": {"remasking": args.remasking},
                 "contiguous": {"threshold": args.threshold}, "learn2pd": {"threshold": args.filter_threshold},
-                "dream": {"alg": args.dream_alg}}
-    if args.strategy not in settings:
-        raise ValueError(f"--strategy must be one of {tuple(settings)}, got {args.strategy!r}")
+                "dream": {"alg": args.dream_alg}, "editing": {}}
+    if args.strategy is not None and args.strategy not in settings:
+        raise ValueError(f"--strategy must be one of {tuple(settings)} (or left out: the model's own policy), got "
+                         f"{args.strategy!r}")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be >= 1 (or left out: one step per token), got {args.steps}")
     if args.gen_length is not None and args.block_length is not None and (
@@ -230,7 +247,18 @@ def _cmd_text(args: argparse.Namespace) -> int:
                             delimiters=tuple(args.delimiters), delimiter_threshold=args.delimiter_threshold,
                             draft_length=args.draft_length)
     knobs.rule_options(set(rules), None)  # validates the rules' settings before the model loads
-    scheduler = make_scheduler(args.strategy, **settings[args.strategy])
+    # None: the pipeline's own saved policy (tiny-llada2: LLaDA2's editing rule)
+    scheduler = None if args.strategy is None else make_scheduler(args.strategy, **settings[args.strategy])
+    if args.strategy is None:  # a knob of a named strategy is not silently dropped
+        defaults = TextBenchConfig()
+        for flag, value, default in (("--factor", args.factor, defaults.factor),
+                                     ("--entropy-bound", args.entropy_bound, defaults.entropy_bound),
+                                     ("--filter-threshold", args.filter_threshold, defaults.filter_threshold),
+                                     ("--remasking", args.remasking, "low_confidence"),
+                                     ("--dream-alg", args.dream_alg, "entropy")):
+            if value != default:
+                raise ValueError(f"{flag} sets a knob of a strategy: pass --strategy too (without it the model's own "
+                                 "saved policy runs; --threshold applies to it where it has one)")
     prompts = _prompts(args)
     if prompts is not None:
         return _text_many(args, prompts, scheduler, knobs, rules)
@@ -242,15 +270,26 @@ def _cmd_text(args: argparse.Namespace) -> int:
                **_text_options(args, pipe, knobs, rules))
     stats = out.stats[0]
     print(out.texts[0])
-    name = "+".join([args.strategy] + rules)
+    name = "+".join([_strategy_name(args, pipe)] + rules)
     print(f"[{name} + {args.cache} cache: NFE {stats['nfe']} for {stats['tokens']} tokens "
           f"({stats['tokens_per_forward']:.2f} tokens/forward), {stats['latency_s']:.3f} s]", file=sys.stderr)
     return 0
 
 
+def _strategy_name(args: argparse.Namespace, pipe) -> str:
+    """``--strategy``, or the name of the pipeline's own policy where it was left out."""
+    if args.strategy is not None:
+        return args.strategy
+    return getattr(pipe.scheduler, "strategy", "") or type(pipe.scheduler).__name__
+
+
 def _text_options(args: argparse.Namespace, pipe, knobs, rules: list) -> dict:
     """The pipeline keywords ``generate text`` passes besides the prompt, the strategy and the generator."""
-    return dict(cache=args.cache, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
+    from vispec.eval.bench.text import TextBenchConfig
+
+    # without --strategy the model's own policy runs: a --threshold given goes to it (refused where it has none)
+    own = {"threshold": args.threshold} if args.strategy is None and args.threshold != TextBenchConfig().threshold else {}
+    return dict(cache=args.cache, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, **own,
                 temperature=args.temperature, guidance_scale=args.guidance_scale, early_stop_eos=args.early_stop_eos,
                 compile=args.compile, cache_reload_steps=args.cache_reload_steps,
                 **knobs.rule_options(set(rules), pipe.tokenizer))
@@ -343,8 +382,10 @@ def _text_settings(args: argparse.Namespace, prompts: list[str], scheduler, rule
     digest = hashlib.sha256("\n".join(prompts).encode("utf-8")).hexdigest()
     keys = ("model", "seed", "batch_size", "cache", "cache_reload_steps", "steps", "temperature", "guidance_scale",
             "compile", *STRATEGY_KNOBS)
-    return {"prompts": {"count": len(prompts), "sha256": digest}, "strategy": "+".join([args.strategy] + rules),
-            "scheduler": dict(scheduler.config), "device": device, **{k: getattr(args, k) for k in keys}}
+    return {"prompts": {"count": len(prompts), "sha256": digest},
+            "strategy": "+".join([args.strategy or "(the model's own)"] + rules),
+            "scheduler": None if scheduler is None else dict(scheduler.config), "device": device,
+            **{k: getattr(args, k) for k in keys}}
 
 
 def _check_text_record(args: argparse.Namespace, root: str, settings: dict) -> None:
@@ -379,6 +420,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     image.add_argument("--negative-prompt", default=None, help="text-to-image models whose guidance takes one (Emu3)")
     image.add_argument("--height", type=int, default=None, help="text-to-image: pixels (default: the model's)")
     image.add_argument("--width", type=int, default=None, help="text-to-image: pixels (default: the model's)")
+    image.add_argument("--image", default=None, metavar="PATH",
+                       help="image-to-image (e.g. tiny-edit with --decoding iad): the source image every image of the "
+                            "run edits; the output has its size")
     image.add_argument("--decoding", default=None,
                        help="ar, sjd[-init], mc-sjd[-coupling], sjd-pac, auto (each pass AR, a chain or a tree, whichever is "
                             "fastest here; exact), sd, gad, iad, optionally :window=..|auto and +budget[:delta=..] (within a "
@@ -427,15 +471,15 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     text.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     text.add_argument("--num-processes", type=int, default=None,
                       help="--prompts-file: the processes launched (torchrun); any other world size is an error")
-    text.add_argument("--strategy", default="threshold",
-                      help="llada, threshold, factor, entropy, contiguous, learn2pd (needs the model's filter) or dream "
-                           "(default: %(default)s)")
+    text.add_argument("--strategy", default=None,
+                      help="llada, threshold, factor, entropy, contiguous, learn2pd (needs the model's filter), dream "
+                           "or editing (LLaDA2's rule; block-causal models) (default: the model's own saved policy)")
     text.add_argument("--remasking", default="low_confidence", help="llada: low_confidence or random")
     text.add_argument("--dream-alg", default="entropy", help="dream: origin, maskgit_plus, topk_margin or entropy")
     text.add_argument("--rules", default="", help="comma-separated: eotp (end-of-text prediction), prophet (early "
-                                                   "commit), adablock (adaptive blocks), ssd or ssd=K (exact "
-                                                   "self-speculative decoding, K canvases per forward: the same "
-                                                   "tokens as without it)")
+                                                   "commit), adablock (adaptive blocks), ssd, ssd=K or ssd=auto "
+                                                   "(exact self-speculative decoding, K canvases per forward or K "
+                                                   "chosen per forward by cost: the same tokens as without it)")
     text.add_argument("--cache", default="none", help="none, prefix, dual or dkv (default: %(default)s)")
     text.add_argument("--cache-reload-steps", type=int, default=8, help="dkv: full refresh every N forwards of a block")
     text.add_argument("--steps", type=int, default=None, help="llada: total steps (default: gen length)")

@@ -21,7 +21,7 @@ TRAINERS = {
     "gpt": ("vispec.eval.train.gpt", "GPTTrainConfig", "train_gpt", "the tiny-c2i LlamaGen GPT (needs a trained VQ)"),
     "assemble": ("vispec.eval.train.assemble", "AssembleConfig", "assemble", "write the trained parts as the embedded tiny-c2i pipeline"),
     "drafter": ("vispec.eval.train.drafter", "DrafterTrainConfig", "train_drafter", "the tiny-c2i-drafter GPT, distilled from tiny-c2i's samples"),
-    "gad-drafter": ("vispec.eval.train.gad", "GADDrafterTrainConfig", "train_gad_drafter", "the tiny-c2i GAD block drafter (bidirectional, masked), distilled from tiny-c2i's samples"),
+    "gad-drafter": ("vispec.eval.train.gad", "GADDrafterTrainConfig", "train_gad_drafter", "the tiny-c2i GAD block drafter (causal over masked inputs by default; --attention bidirectional), distilled from tiny-c2i's samples"),
     "assemble-gad-drafter": ("vispec.eval.train.gad", "GADDrafterAssembleConfig", "assemble_gad_drafter", "add a trained GAD drafter to a pipeline folder (gad_drafter/ and model_index.json)"),
     "assemble-drafter": ("vispec.eval.train.assemble", "DrafterAssembleConfig", "assemble_drafter", "add a trained drafter (and LANTERN's neighbour table) to a pipeline folder"),
     "t2i": ("vispec.eval.train.t2i", "T2ITrainConfig", "train_t2i", "the tiny-t2i unified-token text-to-image decoder (needs a scene VQ)"),

@@ -58,6 +58,15 @@ from vispec.sampling import SamplingConfig, warp_logits
 RULES = ("exact", "budget", "lantern", "gsd", "lumina")
 
 
+def spec_number(value: float) -> str:
+    """A number as a spec writes it: integers as integers, others in the shortest form that parses back to the same
+    float (``0.1``, ``0.123456789``, ``1e-07``), so ``parse(config.name) == config``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    text = f"{value:g}"
+    return text if float(text) == value else repr(float(value))
+
+
 @dataclass(frozen=True)
 class AcceptanceConfig:
     """Which acceptance rule verification uses, with its parameters.
@@ -127,16 +136,18 @@ class AcceptanceConfig:
     @property
     def name(self) -> str:
         if self.rule == "budget":
-            options = [f"delta={self.budget_delta:g}"] + [f"{key}={getattr(self, 'budget_' + key):g}" for key, default in
-                                                         (("decay", 1.0), ("end", 1.0), ("ratio", 0.0), ("neighbors", 0))
-                                                         if getattr(self, "budget_" + key) != default]
+            options = [f"delta={spec_number(self.budget_delta)}"] + [
+                f"{key}={spec_number(getattr(self, 'budget_' + key))}" for key, default in
+                (("decay", 1.0), ("end", 1.0), ("ratio", 0.0), ("neighbors", 0)) if getattr(self, "budget_" + key) != default]
             return "budget:" + ",".join(options)
         if self.rule == "lantern":
-            return f"lantern:k={self.lantern_k},delta={self.lantern_delta:g}" + (",normalize=1" if self.lantern_normalize else "")
+            return (f"lantern:k={self.lantern_k},delta={spec_number(self.lantern_delta)}"
+                    + (",normalize=1" if self.lantern_normalize else ""))
         if self.rule == "gsd":
-            return f"gsd:half_width={self.gsd_half_width},p_thr={self.gsd_p_thr:g},d_thr={self.gsd_d_thr:g}"
+            return (f"gsd:half_width={self.gsd_half_width},p_thr={spec_number(self.gsd_p_thr)},"
+                    f"d_thr={spec_number(self.gsd_d_thr)}")
         if self.rule == "lumina":
-            options = ([f"q_clamp={self.lumina_q_clamp:g}"] if self.lumina_q_clamp != 0.99 else []) + \
+            options = ([f"q_clamp={spec_number(self.lumina_q_clamp)}"] if self.lumina_q_clamp != 0.99 else []) + \
                       ([] if self.lumina_reprocess else ["reprocess=0"])
             return "lumina" + (":" + ",".join(options) if options else "")
         return "exact"
@@ -176,7 +187,10 @@ class AcceptanceConfig:
             except ValueError as error:
                 raise ValueError(f"acceptance option {key}={raw!r} is not a number") from error
             values[f"{rule}_{key}"] = value
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValueError as error:  # name the spec's key (delta), not the field (budget_delta)
+            raise ValueError(f"acceptance {spec.strip()!r}: {str(error).replace(f'{rule}_', '')}") from None
 
 
 class AcceptanceRule:

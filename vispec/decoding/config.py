@@ -51,6 +51,8 @@ GAD_DEFAULT_PASSES = 1  # gad: drafter forwards per block (groups drafted left t
 GAD_GROUPS = ("even", "doubling")  # gad: how the block splits into its passes' groups (vispec.decoding.gad.draft_groups)
 PAC_DEFAULT_WINDOW = 64  # SJD-PAC: its paper's L (the tree's 13 slots and a chain of 51)
 AUTO_WINDOW = "auto"
+MAX_WINDOW = 4096  # slots per pass: a window past the largest image (Lumina-mGPT at 1024 px: 4096 tokens) only wastes
+MAX_TREE_DEPTH = 64  # SJD-PAC's tree levels (the shape chooser's deepest depth)
 AUTO_LARGEST_WINDOW = 64  # window="auto" picks from 1, 2, 4, ..., 64 (a GPU's forward cost is flat well past it)
 
 
@@ -190,7 +192,8 @@ class DecodingConfig(PipelineComponent):
             raise ValueError(f"decoding 'auto' chooses every pass's window itself: window must be 'auto' (or left out), "
                              f"got {window!r}; for a fixed window name its decoder, e.g. 'sjd-pac:window={window}'")
         if window != AUTO_WINDOW:
-            check_int("window", window, minimum=1, hint=" or 'auto' (chosen per pass by cost)")
+            check_int("window", window, minimum=1, maximum=MAX_WINDOW,
+                      hint=" (slots per pass) or 'auto' (chosen per pass by cost)")
         if window == AUTO_WINDOW and strategy not in ("sjd", "mc-sjd", "sjd-pac", "auto"):
             raise ValueError(f"window='auto' applies to sjd, mc-sjd and sjd-pac, not {strategy!r}; give an integer window")
         if self.init not in INITS:
@@ -199,8 +202,8 @@ class DecodingConfig(PipelineComponent):
         if coupling not in COUPLINGS[strategy]:
             raise ValueError(f"coupling for strategy {strategy!r} must be one of {COUPLINGS[strategy]}, got {coupling!r}")
         rule = AcceptanceConfig.parse(self.acceptance)
-        check_int("tree_width", self.tree_width, minimum=1)
-        check_int("tree_depth", self.tree_depth, minimum=1)
+        check_int("tree_width", self.tree_width, minimum=1, maximum=MAX_WINDOW, hint=" (candidates per tree node)")
+        check_int("tree_depth", self.tree_depth, minimum=1, maximum=MAX_TREE_DEPTH, hint=" (tree levels)")
         if strategy not in ("sjd-pac", "auto") and (self.tree_width, self.tree_depth) != (3, 3):
             raise ValueError(f"tree_width and tree_depth apply to sjd-pac and auto, not {strategy!r}")
         check_int("passes", self.passes, minimum=1)

@@ -53,6 +53,11 @@ def codebook_neighbors(codebook: Tensor, k: int, normalize: bool = False, chunk:
     return torch.cat(out)
 
 
+def max_neighbors(codebook: Tensor) -> int:
+    """The most neighbours a token of ``codebook`` can have: its latent entries (all finite) but itself."""
+    return _latent_entries(codebook) - 1
+
+
 def _latent_entries(codebook: Tensor) -> int:
     """How many rows of ``codebook`` are a latent (all finite)."""
     return int(torch.isfinite(codebook.detach()).all(-1).sum())

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from vispec.decoding.acceptance import AcceptanceConfig, AcceptanceRule, GSDRule, LanternRule, LuminaRule
 from vispec.decoding.budget import BudgetRule
-from vispec.decoding.neighbors import NeighborTables, codebook_neighbors
+from vispec.decoding.neighbors import NeighborTables, codebook_neighbors, max_neighbors
 
 TensorSource = Union[None, Tensor, Callable[[], Tensor]]
 """A tensor, or a function returning it (called only by the rule that needs it)."""
@@ -35,11 +35,11 @@ def build_rule(config: Union[None, str, AcceptanceConfig, AcceptanceRule], *, co
     if config.rule == "budget":
         k = config.budget_neighbors
         if k and neighbors is None:
-            neighbors = _neighbor_table(f"'budget' with neighbors={k}", codebook, tables, k, False)
+            neighbors = _neighbor_table("'budget'", "neighbors", codebook, tables, k, False)
         return BudgetRule(config, neighbors)
     if config.rule == "lantern":
         if neighbors is None:
-            neighbors = _neighbor_table("'lantern'", codebook, tables, config.lantern_k, config.lantern_normalize)
+            neighbors = _neighbor_table("'lantern'", "k", codebook, tables, config.lantern_k, config.lantern_normalize)
         if config.lantern_k > neighbors.shape[1]:
             raise ValueError(f"lantern_k={config.lantern_k} exceeds the neighbour table's {neighbors.shape[1]} columns")
         return LanternRule(config, neighbors)
@@ -53,12 +53,18 @@ def build_rule(config: Union[None, str, AcceptanceConfig, AcceptanceRule], *, co
     return AcceptanceRule(config)
 
 
-def _neighbor_table(rule: str, codebook: TensorSource, tables: Optional[NeighborTables], k: int, normalize: bool) -> Tensor:
-    """``[V, k]`` nearest codebook entries for ``rule`` (its name, for the error): from ``tables`` when given."""
+def _neighbor_table(rule: str, key: str, codebook: TensorSource, tables: Optional[NeighborTables], k: int,
+                    normalize: bool) -> Tensor:
+    """``[V, k]`` nearest codebook entries for ``rule`` (its name, and ``key`` its option giving ``k``, for the
+    errors): from ``tables`` when given."""
     book = codebook() if callable(codebook) else codebook
     if book is None:
         raise ValueError(f"acceptance {rule} needs the tokenizer's codebook (a VQ model with quantize.embedding), "
                          "or a precomputed neighbour table")
+    most = max_neighbors(book)
+    if k > most:
+        raise ValueError(f"acceptance {rule}: {key}={k} exceeds the {most} neighbours a token of this codebook has "
+                         f"({book.shape[0]} entries); use {key} <= {most}")
     return tables.table(book, k, normalize) if tables is not None else codebook_neighbors(book, k, normalize)
 
 

@@ -12,7 +12,7 @@ slower than AR.
   measured as the decoder runs them, kept per (device, dtype, compile, B) in a :class:`WindowStats`
   (the first step of a shape, which compiles or warms up, is dropped). Eager
   attention reads ``L`` cached tokens, so a step's cost grows with ``L``: the estimate at ``L`` is a
-  robust line (:func:`_line`) through the window's samples once they span :data:`SPAN` positions;
+  robust line (:func:`robust_line`) through the window's samples once they span :data:`SPAN` positions;
   before, their median, scaled by the relative growth of the window whose samples span the most
   (windows are measured at different lengths, so unscaled medians would favour whichever ran first).
   Window-1 passes that read nothing back are timed as a run, up to the read-back that ends it.
@@ -161,13 +161,13 @@ def _append(table: dict[int, list], window: int, value: Any) -> None:
     del values[:-KEEP]
 
 
-def _line(samples: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
-    """``(intercept, slope)`` of seconds against cache length, None if the samples span fewer than
-    :data:`SPAN` positions. Robust to steps slowed by other work on the machine: the slope joins the
-    medians of the shorter and the longer half of the samples (at least 0), the line passes through
-    the medians of all."""
+def robust_line(samples: list[tuple[int, float]], span: int = SPAN) -> Optional[tuple[float, float]]:
+    """``(intercept, slope)`` of seconds against a size (cache length; the dLLM draft-length chooser: canvases
+    forwarded), None if the samples span fewer than ``span`` of it (:data:`SPAN` positions). Robust to steps slowed
+    by other work on the machine: the slope joins the medians of the shorter and the longer half of the samples (at
+    least 0), the line passes through the medians of all."""
     ordered = sorted(samples)
-    if ordered[-1][0] - ordered[0][0] < SPAN:
+    if ordered[-1][0] - ordered[0][0] < span:
         return None
     half = len(ordered) // 2
     low, high = ordered[:half], ordered[-half:]
@@ -180,7 +180,7 @@ def _line(samples: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
 def cost_growth(costs: dict[Hashable, list[tuple[int, float]]]) -> float:
     """Relative growth ``g`` of step time per cached token (``t(L) = t(0) (1 + g L)``), pooled over every window's
     samples: each sample's time over its window's median time against its cache length minus the window's median
-    length, through the robust line of :func:`_line`; that slope ``s`` is relative to the time at the median length
+    length, through the robust line of :func:`robust_line`; that slope ``s`` is relative to the time at the median length
     ``m`` (the samples' median of their windows' median lengths), so ``g = s / (1 - s m)``. 0 until the pooled lengths
     span :data:`SPAN` positions. Pooling keeps one window's few, noisy samples from setting every window's slope."""
     points: list[tuple[int, float]] = []
@@ -193,7 +193,7 @@ def cost_growth(costs: dict[Hashable, list[tuple[int, float]]]) -> float:
         if level > 0:
             points.extend((length - middle, t / level - 1.0) for length, t in samples)
             middles.extend([middle] * len(samples))
-    line = _line(points) if points else None
+    line = robust_line(points) if points else None
     if line is None:
         return 0.0
     slope, middle = line[1], statistics.median(middles)
@@ -202,9 +202,9 @@ def cost_growth(costs: dict[Hashable, list[tuple[int, float]]]) -> float:
 
 def predict_cost(samples: list[tuple[int, float]], at: int, growth: float = 0.0) -> float:
     """A step's seconds at cache length ``at`` from ``(L, seconds)`` samples: their robust line
-    (:func:`_line`) once they span :data:`SPAN` positions; before, their median scaled by
+    (:func:`robust_line`) once they span :data:`SPAN` positions; before, their median scaled by
     ``1 + growth * L`` (``growth``: the relative slope of a window whose samples do span, 0 if none)."""
-    line = _line(samples)
+    line = robust_line(samples)
     if line is not None:
         return line[0] + line[1] * at
     median_l = statistics.median(length for length, _ in samples)

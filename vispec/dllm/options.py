@@ -12,7 +12,7 @@ Guidance is vispec's one convention (:mod:`vispec.outputs`, as the image half): 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Optional
+from typing import Optional, Union
 
 from vispec.checks import check_int, check_number
 from vispec.dllm.blocks import AdaptiveBlocks
@@ -32,20 +32,35 @@ def check_blocks(gen_length: int, block_length: int) -> int:
     return gen_length // block_length
 
 
+DEFAULT_DRAFT_LENGTH = 8  # SelfSpeculation's k, and a bare ``ssd`` rule's (CLI, bench, lm-eval): one default
+
+
 @dataclass(frozen=True)
 class SelfSpeculation:
     """Exact self-speculative decoding for :func:`vispec.dllm.decode` (``speculative=``; :mod:`vispec.dllm.speculative`).
 
     Args:
         draft_length: ``k``, the canvases one verifying forward takes per row: the exact next canvas and ``k - 1``
-            drafted ones; a forward advances 1 to ``k`` reference steps. ``k = 1`` is the stepwise run.
+            drafted ones; a forward advances 1 to ``k`` reference steps. ``k = 1`` is the stepwise run. ``"auto"``:
+            chosen per round, up to ``max_draft_length``, by expected reference steps per second
+            (:mod:`vispec.dllm.draft_length`; the tokens are the same for any choice).
+        max_draft_length: the largest ``k`` ``"auto"`` may choose.
     """
 
-    draft_length: int = 4
+    draft_length: Union[int, str] = DEFAULT_DRAFT_LENGTH
+    max_draft_length: int = 16
 
     def __post_init__(self) -> None:
-        check_int("draft_length", self.draft_length, minimum=1, maximum=256,
-                  hint=" (canvases per verifying forward: the exact next one and draft_length - 1 drafts)")
+        check_int("max_draft_length", self.max_draft_length, minimum=1, maximum=256,
+                  hint=" (the largest draft length draft_length='auto' chooses)")
+        if self.draft_length != "auto":
+            check_int("draft_length", self.draft_length, minimum=1, maximum=256,
+                      hint=" (canvases per verifying forward: the exact next one and draft_length - 1 drafts), or "
+                           "'auto'")
+
+    @property
+    def auto(self) -> bool:
+        return self.draft_length == "auto"
 
 
 @dataclass(frozen=True)
@@ -123,10 +138,14 @@ class UnmaskingOptions:
         """Self-speculation reproduces the stepwise run only where every step sees its own canvas's logits
         (:mod:`vispec.dllm.speculative`): the rules that change that are refused, naming them."""
         if isinstance(self.speculative, int) and not isinstance(self.speculative, bool):
+            check_int("speculative", self.speculative, minimum=1, maximum=256,
+                      hint=" (the draft length: canvases per verifying forward), or 'auto', or a SelfSpeculation")
             object.__setattr__(self, "speculative", SelfSpeculation(self.speculative))
+        elif self.speculative == "auto":
+            object.__setattr__(self, "speculative", SelfSpeculation("auto"))
         if not isinstance(self.speculative, SelfSpeculation):
-            raise ValueError(f"speculative must be None, a draft length (int) or a SelfSpeculation, got "
-                             f"{type(self.speculative).__name__}")
+            raise ValueError(f"speculative must be None, a draft length (int), 'auto' or a SelfSpeculation, got "
+                             f"{self.speculative!r}")
         approximate = [name for name, on in (("cache='dkv'", self.cache == "dkv"), ("eotp", self.eotp),
                                              ("early_commit", self.early_commit is not None),
                                              ("adaptive_block", self.adaptive_block is not None),

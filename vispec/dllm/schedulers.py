@@ -36,6 +36,7 @@ the block, current block tokens) and returns :class:`UnmaskSchedulerOutput`. It 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -437,4 +438,12 @@ def make_scheduler(strategy: str, **settings) -> UnmaskingScheduler:
     settings."""
     if strategy not in SCHEDULERS:
         raise ValueError(f"strategy must be one of {tuple(SCHEDULERS)}, got {strategy!r}")
-    return SCHEDULERS[strategy](**settings)
+    cls = SCHEDULERS[strategy]
+    parameters = inspect.signature(cls.__init__).parameters
+    known = {n for n, p in parameters.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    open_ended = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    unknown = [] if open_ended else sorted(set(settings) - known)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {unknown} for strategy {strategy!r} ({cls.__name__}); its settings are "
+                         f"{sorted(known)}")
+    return cls(**settings)

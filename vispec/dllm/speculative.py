@@ -64,6 +64,7 @@ from torch import Tensor
 
 from vispec.dllm.caches import Guidance
 from vispec.dllm.checks import check_decode_inputs
+from vispec.dllm.draft_length import DraftLengthChooser
 from vispec.dllm.loop import decode_output, eos_filled
 from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
 from vispec.dllm.callback import report_progress
@@ -113,7 +114,13 @@ class SpeculativeLoop:
         device, L = input_ids.device, options.gen_length
         self.model, self.options, self.ids, self.scheduler, self.seeds, self.callback = (
             model, options, ids, scheduler, seeds, callback)
-        self.k = options.speculative.draft_length
+        speculation = options.speculative
+        self.chooser = None  # speculative="auto": the draft length of every round (vispec.dllm.draft_length)
+        if speculation.auto:
+            self.chooser = DraftLengthChooser(speculation.max_draft_length, key=(
+                "dllm", type(model).__name__, str(input_ids.device), batch, options.cache, options.guidance_scale != 1))
+        self.k = speculation.max_draft_length if speculation.auto else speculation.draft_length
+        self.round_stats: tuple[int, Tensor, Tensor] = (0, input_ids[:0, 0], input_ids[:0, 0])  # see _round
         self.prompt = input_ids
         self.key_mask = None
         if attention_mask is not None and not bool(attention_mask.bool().all()):  # one read-back, before the loop
@@ -276,8 +283,12 @@ class SpeculativeLoop:
         self._charge(lanes)
         logits = self.refresh(lanes) if self.cached else self.forward(lanes)
         while lanes.row.numel() and not self.interrupted:
+            if self.chooser is not None:
+                self.k = self.chooser.choose(lanes.row.numel())
             lanes, logits = self._round(lanes, logits)
             raise_status(torch.where(self.nan, STATUS_NAN, STATUS_OK))
+            if self.chooser is not None:
+                self.chooser.record(*self.round_stats)
 
     def _round(self, lanes: Lanes, logits: Tensor) -> tuple[Lanes, Tensor]:
         """One draft-verify round for the live ``lanes`` (exact canvases, one per row) and their ``logits``."""
@@ -296,6 +307,7 @@ class SpeculativeLoop:
             verified = self.span(forwarded) if self.cached else self.forward(forwarded)
         matches = self._verify(chain, table, todo, verified)
         accepted = matches.long().cumprod(dim=1).sum(dim=1)  # leading verified drafts
+        self.round_stats = (todo.numel(), accepted, (table[:, 1:] >= 0).sum(dim=1))  # canvases, verified, drafted
         pick = table.gather(1, accepted[:, None]).squeeze(1)  # the deepest exact canvas of each chain
         exact = chain.take(pick)
         self._finish(exact.take(exact.done.nonzero().squeeze(1)))
@@ -400,8 +412,10 @@ class SpeculativeLoop:
 
     # ------------------------------------------------------------------ result
     def output(self) -> DecodeOutput:
-        labels = {"scheduler": type(self.scheduler).__name__, "cache": self.options.cache,
-                  "speculative": {"draft_length": self.k}}
+        speculation = {"draft_length": self.k}
+        if self.chooser is not None:
+            speculation = {"draft_length": "auto", "rounds_by_draft_length": dict(sorted(self.chooser.chosen.items()))}
+        labels = {"scheduler": type(self.scheduler).__name__, "cache": self.options.cache, "speculative": speculation}
         return decode_output(self, self.tokens, labels, {"steps": self.steps.cpu(), "canvases": self.canvases.cpu()})
 
 

@@ -1,0 +1,103 @@
+"""``speculative="auto"`` (vispec/dllm/draft_length.py): the draft length of every self-speculative round, chosen by
+expected reference steps per second; the tokens stay the stepwise run's whatever it chooses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import left_padded, tiny_llada, tiny_llada_prompts
+
+from vispec.decoding.windows import WindowStats
+from vispec.dllm import SelfSpeculation, decode, make_scheduler
+from vispec.dllm.draft_length import EXPLORE, DraftLengthChooser
+from vispec.eval.bench.text import parse_rule, parse_setting
+
+
+def _rounds(chooser: DraftLengthChooser, now: list, rounds: int, rows: int, accept: float, seconds) -> list[int]:
+    """Drive the chooser: each round verifies a share ``accept`` of every depth's drafts (deterministically: the
+    chain verifies ``floor`` of its expected run), taking ``seconds(canvases)`` on the clock."""
+    chosen = []
+    for _ in range(rounds):
+        k = chooser.choose(rows)
+        chosen.append(k)
+        run = 0
+        while run < k - 1 and accept ** (run + 1) >= 0.5:  # the median chain of a geometric acceptance
+            run += 1
+        now[0] += seconds(rows * k)
+        chooser.record(rows * k, torch.full((rows,), run), torch.full((rows,), k - 1))
+    return chosen
+
+
+@pytest.mark.parametrize("accept, seconds, best", [
+    (0.97, lambda canvases: 1.0 + 0.001 * canvases, 16),  # a wide forward costs what a narrow one does: the largest
+    (0.3, lambda canvases: 0.01 * canvases, 1),  # cost grows with the canvases and drafts fail: the stepwise step
+])
+def test_the_choice_follows_acceptance_and_cost(accept, seconds, best):
+    now = [0.0]
+    chooser = DraftLengthChooser(16, WindowStats(clock=lambda: now[0]))
+    chosen = _rounds(chooser, now, 40, rows=2, accept=accept, seconds=seconds)
+    assert chosen[: len(EXPLORE) + 1] == sorted(set(EXPLORE) | {16})  # exploration first (the cost line)
+    steady = [k for i, k in enumerate(chosen[10:], start=10) if i % 8]  # without the rounds that try a larger k
+    assert max(set(steady), key=steady.count) == best
+    assert sum(chooser.chosen.values()) == 40
+
+
+def test_rates_are_counted_from_verified_chains_and_smoothed_down_the_depths():
+    chooser = DraftLengthChooser(8)
+    chooser.record(0, torch.tensor([2, 0, 7]), torch.tensor([3, 3, 7]))  # verified 2 of 3, 0 of 3, 7 of 7
+    hits, tries = chooser.counts[1:, 0], chooser.counts[1:, 1]
+    assert hits.tolist()[:4] == [2, 2, 1, 1] and tries.tolist()[:4] == [3, 2, 2, 1]
+    rates = chooser.rates()
+    assert rates[1] == pytest.approx((2 + 4 * 0.5) / (3 + 4)) and 0 < rates[8] < 1
+
+
+def test_a_second_decode_starts_from_the_kept_cost_line():
+    stats, now = WindowStats(), [0.0]
+    stats.clock = lambda: now[0]
+    first = DraftLengthChooser(16, stats, key="k")
+    _rounds(first, now, 6, rows=1, accept=0.9, seconds=lambda c: 1.0 + c)
+    assert DraftLengthChooser(16, stats, key="k").explore == []
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("strategy,steps", [("llada", 24), ("threshold", None)])
+def test_auto_equals_the_stepwise_run(cache, strategy, steps):
+    model = tiny_llada()
+    ids, mask = left_padded(tiny_llada_prompts(), 0)
+    kwargs = dict(steps=steps, gen_length=24, block_length=8, temperature=0.8, cache=cache, guidance_scale=1.5,
+                  early_stop_eos=True)
+    gens = lambda: [torch.Generator().manual_seed(10 + i) for i in range(3)]  # noqa: E731
+    ref = decode(model, ids, mask, scheduler=make_scheduler(strategy), generator=gens(), **kwargs)
+    out = decode(model, ids, mask, scheduler=make_scheduler(strategy), generator=gens(), speculative="auto", **kwargs)
+    assert torch.equal(out.tokens, ref.tokens)
+    assert out.stats.extra["steps"].tolist() == ref.stats.nfe.tolist()
+    rounds = out.labels["speculative"]["rounds_by_draft_length"]
+    assert out.labels["speculative"]["draft_length"] == "auto" and sum(rounds.values()) >= 1
+    assert set(rounds) <= set(range(1, 17))
+
+
+def test_one_default_draft_length_and_errors_that_name_speculative():
+    """Issue 47 items 12 and 26: a bare ``ssd`` (CLI, bench, lm-eval) and ``SelfSpeculation()`` mean the same k; a bad
+    ``speculative=`` value is refused naming ``speculative``."""
+    from vispec.dllm import UnmaskingOptions
+    from vispec.eval.bench.text import TextBenchConfig
+
+    assert TextBenchConfig().draft_length == SelfSpeculation().draft_length == 8
+    for value in (0, -3, 10**9):
+        with pytest.raises(ValueError, match="^speculative must be an integer in"):
+            UnmaskingOptions(speculative=value)
+    with pytest.raises(ValueError, match="speculative must be None, a draft length"):
+        UnmaskingOptions(speculative="fast")
+    assert UnmaskingOptions(speculative="auto").speculative == SelfSpeculation("auto")
+
+
+def test_auto_in_the_spec_grammar_and_options():
+    assert parse_rule("ssd=auto", "settings") == ("ssd", "auto")
+    assert parse_setting("threshold+ssd=auto@dual") == ("threshold", ("ssd=auto",), "dual")
+    assert SelfSpeculation("auto").auto and SelfSpeculation("auto", max_draft_length=32).max_draft_length == 32
+    with pytest.raises(ValueError, match="or auto"):
+        parse_rule("ssd=fast", "settings")
+    with pytest.raises(ValueError, match="max_draft_length"):
+        SelfSpeculation("auto", max_draft_length=0)
+    with pytest.raises(ValueError, match="'auto'"):
+        SelfSpeculation("fast")
