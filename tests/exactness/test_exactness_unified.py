@@ -455,7 +455,7 @@ def test_lumina_rule_definition_and_wiring():
     assert runs[0].stats.tv_mean is not None and float(runs[0].stats.tv_mean.nan_to_num().max()) > 0
     with pytest.raises(ValueError, match="speculative decoder"):
         decode(model, model.condition([PROMPT]), num_tokens=6, sampling=SAMPLING, decoding="ar", acceptance="lumina")
-    with pytest.raises(ValueError, match="lumina_q_clamp"):
+    with pytest.raises(ValueError, match="'lumina:q_clamp=1.5': q_clamp must"):
         AcceptanceConfig.parse("lumina:q_clamp=1.5")
     sampling = SamplingConfig(temperature=0.8, top_p=0.9)
     for rows_sampling in (None, sampling):
