@@ -89,14 +89,14 @@ class DraftLengthChooser:
             return None
         return robust_line(self.samples, span=1)
 
-    def cost(self, canvases: int) -> Optional[float]:
-        """Seconds of a round forwarding ``canvases`` canvas rows, None before the line is known (at least 5%
-        of the median round: a line through noisy rounds may cross zero)."""
+    def cost(self, canvases: np.ndarray) -> Optional[np.ndarray]:
+        """Seconds of rounds forwarding ``canvases`` canvas rows (each entry), None before the line is known (at least
+        5% of the median round: a line through noisy rounds may cross zero). The line is fitted once per call."""
         line = self._line()
         if line is None:
             return None
-        floor = 0.05 * float(np.median([t for _, t in self.samples]))
-        return max(line[0] + line[1] * canvases, floor, 1e-9)
+        floor = max(0.05 * float(np.median([t for _, t in self.samples])), 1e-9)
+        return np.maximum(line[0] + line[1] * np.asarray(canvases, dtype=float), floor)
 
     # ---- decisions ------------------------------------------------------------------------------------------
 
@@ -109,7 +109,7 @@ class DraftLengthChooser:
             k = self.explore.pop(0)
         else:
             steps = self.expected_steps()
-            seconds = np.array([self.cost(rows * k) for k in self.lengths])
+            seconds = self.cost(rows * np.asarray(self.lengths))
             best = int(np.argmax(rows * steps / seconds))
             if self.rounds and self.rounds % WIDER_EVERY == 0 and best + 1 < len(self.lengths):
                 best += 1  # the next larger one runs once: deeper rates stay measured

@@ -121,6 +121,7 @@ class SpeculativeLoop:
                 "dllm", type(model).__name__, str(input_ids.device), batch, options.cache, options.guidance_scale != 1))
         self.k = speculation.max_draft_length if speculation.auto else speculation.draft_length
         self.round_stats: tuple[int, Tensor, Tensor] = (0, input_ids[:0, 0], input_ids[:0, 0])  # see _round
+        self.slots: Optional[Tensor] = None  # the last chains' canvases' (lane, depth) (_draft)
         self.prompt = input_ids
         self.key_mask = None
         if attention_mask is not None and not bool(attention_mask.bool().all()):  # one read-back, before the loop
@@ -297,7 +298,7 @@ class SpeculativeLoop:
         # step of the block their chain began in; a canvas that starts a new block is refreshed if it is picked)
         left = ~chain.done
         if self.cached:
-            left &= chain.block == lanes.block[self._lane_of(table, chain.row.numel())]
+            left &= chain.block == lanes.block[self.slots[:, 0]]
         todo = left.nonzero().squeeze(1)
         verified = logits[:0]
         if todo.numel():
@@ -335,12 +336,14 @@ class SpeculativeLoop:
     def _draft(self, lanes: Lanes, logits: Tensor) -> tuple[Lanes, Tensor]:
         """The chains ``c_0 = S_t(ℓ_t, x_t)`` (exact) and ``c_d = S_{t+d}(ℓ_t, c_{d-1})`` (drafts on the stale
         logits), ``d < k``, a chain ending early once its canvas is complete. Returns every canvas (concatenated by
-        depth) and ``table [n, k + 1]``: the index of lane ``i``'s depth-``d`` canvas, -1 where there is none."""
+        depth) and ``table [n, k + 1]``: the index of lane ``i``'s depth-``d`` canvas, -1 where there is none; keeps
+        its inverse, :attr:`slots` ``[canvases, 2]``: each canvas's (lane, depth)."""
         n = lanes.row.numel()
         table = torch.full((n, self.k + 1), -1, dtype=torch.long, device=logits.device)
         src = torch.arange(n, device=logits.device)  # the lane each canvas of this depth belongs to
         parts = [self.reference_step(lanes, logits)]
         table[:, 0] = src
+        slots = [torch.stack([src, torch.zeros_like(src)], dim=1)]
         count = n
         for depth in range(1, self.k):  # k is small: a loop over depths, batched over rows
             going = ~parts[-1].done
@@ -352,15 +355,10 @@ class SpeculativeLoop:
             src = src[live]
             parts.append(self.reference_step(parts[-1].take(live), logits, src))
             table[src, depth] = torch.arange(count, count + live.numel(), device=logits.device)
+            slots.append(torch.stack([src, torch.full_like(src, depth)], dim=1))
             count += live.numel()
+        self.slots = torch.cat(slots)
         return Lanes.cat(parts), table
-
-    def _lane_of(self, table: Tensor, count: int) -> Tensor:
-        """``[count]``: the lane each canvas of a chain (``table`` of :meth:`_draft`) belongs to."""
-        lane, depth = (table >= 0).nonzero(as_tuple=True)
-        owner = torch.empty(count, dtype=torch.long, device=table.device)
-        owner[table[lane, depth]] = lane
-        return owner
 
     def _verify(self, chain: Lanes, table: Tensor, todo: Tensor, verified: Tensor) -> Tensor:
         """``[n, k]`` bool: the reference's step from canvas ``d``'s own logits gives canvas ``d + 1`` (so, when every
@@ -368,10 +366,7 @@ class SpeculativeLoop:
         matches = torch.zeros(table.shape[0], self.k, dtype=torch.bool, device=table.device)
         if todo.numel() == 0:
             return matches
-        lane, depth = (table[:, : self.k] >= 0).nonzero(as_tuple=True)
-        flat_to_slot = torch.empty(chain.row.numel(), 2, dtype=torch.long, device=table.device)
-        flat_to_slot[table[lane, depth]] = torch.stack([lane, depth], dim=1)
-        lane, depth = flat_to_slot[todo].unbind(dim=1)
+        lane, depth = self.slots[todo].unbind(dim=1)  # of _draft
         successor = table[lane, depth + 1]
         truth = self.reference_step(chain.take(todo), verified)
         has = successor >= 0
