@@ -74,14 +74,13 @@ tests/exactness/test_exactness.py certifies it with the chooser forced to change
 from __future__ import annotations
 
 import gc
-import statistics
 from dataclasses import dataclass, field
 from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
-from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_dir, cost_growth, hand_to_ar, save_step_costs,
-                                     window_set)
+from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_dir, cost_growth, cost_level, hand_to_ar,
+                                     save_step_costs, scaled_level, window_set)
 
 SHRINK = 4.0  # pseudo-observations of the prior in a smoothed rate (module docstring)
 POOL_DECAY = 0.995  # the pooled counts decay per pass (a decode's acceptance drifts over the image)
@@ -307,9 +306,8 @@ class ShapeChooser:
             samples = self.costs.get(shape.cost_label)
             if not samples:
                 return None
-            levels[shape.cost_label] = statistics.median(t for _, t in samples), statistics.median(n for n, _ in samples)
-        seconds, length = levels[shape.cost_label]
-        return seconds * (1.0 + growth * at) / (1.0 + growth * length)
+            levels[shape.cost_label] = cost_level(samples)
+        return scaled_level(levels[shape.cost_label], at, growth)
 
     def pool_rates(self) -> tuple[np.ndarray, np.ndarray]:
         """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per pass."""

@@ -207,8 +207,20 @@ def predict_cost(samples: list[tuple[int, float]], at: int, growth: float = 0.0)
     line = robust_line(samples)
     if line is not None:
         return line[0] + line[1] * at
-    median_l = statistics.median(length for length, _ in samples)
-    return statistics.median(t for _, t in samples) * (1 + growth * at) / (1 + growth * median_l)
+    return scaled_level(cost_level(samples), at, growth)
+
+
+def cost_level(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """``(median seconds, median cache length)`` of ``(L, seconds)`` samples: a cost curve's level where it has no line
+    of its own."""
+    return statistics.median(t for _, t in samples), statistics.median(length for length, _ in samples)
+
+
+def scaled_level(level: tuple[float, float], at: int, growth: float) -> float:
+    """The seconds of :func:`cost_level` ``level`` moved to cache length ``at`` along relative growth ``growth``
+    (``t(L) = t(0) (1 + growth L)``)."""
+    seconds, length = level
+    return seconds * (1 + growth * at) / (1 + growth * length)
 
 
 def hand_to_ar(stats: WindowStats, key: Hashable) -> bool:
