@@ -1,4 +1,5 @@
-"""README.md's python examples, by how the tests run them (tests/project/test_readme*.py)."""
+"""The python examples of README.md and the documentation pages (docs/*.md), by how the tests run them
+(tests/project/test_readme*.py). An example the README shares with a page is run once."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"```python\n(.*?)```", re.S)
+BLOCKS = list(dict.fromkeys(block for page in PAGES for block in FENCE.findall(page.read_text())))
 EMBEDDED = [b for b in BLOCKS if "vispec/tiny-" in b]  # on embedded models: run as written
 # on tiny random models the example builds itself (the LLaDA2 layout, transformers' DiffusionGemma): run as written
 RANDOM_MODEL = [b for b in BLOCKS if b not in EMBEDDED and ("LLaDA2MoeModelLM(" in b or "DiffusionGemmaForBlockDiffusion(" in b)]

@@ -57,11 +57,11 @@ def test_resume_with_a_corrupt_record_names_the_file_and_resume(tmp_path, capsys
 # ---- item 11: --out in a folder that does not exist yet ----------------------------------------------------------
 
 def test_out_in_a_missing_folder_is_created(tmp_path, capsys, monkeypatch):
-    """The README's ``--out cats/cat.png`` example, run as written in a fresh folder (fewer images)."""
-    line = next(line for line in open(os.path.join(ROOT, "README.md")) if "--out cats/cat.png" in line)
+    """The command-line page's ``--out cats/cat.png`` example, run as written in a fresh folder (fewer images)."""
+    line = next(line for line in open(os.path.join(ROOT, "docs", "cli.md")) if "--out cats/cat.png" in line)
     argv = shlex.split(line.split("#")[0])[1:]
     assert argv[:2] == ["generate", "image"]
-    argv[argv.index("--num-images") + 1] = "2"  # 1000 images in the README; the path handling is the same
+    argv[argv.index("--num-images") + 1] = "2"  # 1000 images in the docs; the path handling is the same
     monkeypatch.chdir(tmp_path)
     assert main([*argv, "--quiet"]) == 0
     assert sorted(os.listdir(tmp_path / "cats")) == ["cat-0.png", "cat-1.png", "cat.run.json"]

@@ -1,4 +1,4 @@
-"""Every python example in README.md runs in a fresh Python process.
+"""Every python example in README.md and docs/*.md runs in a fresh Python process.
 
 ``tests/project/test_readme.py`` runs the examples on embedded models as written. This file makes sure no example is
 left out: each block parses, and is either such an embedded-model example, the one that needs official
