@@ -444,6 +444,8 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
             out["kernels"] = kernels
         return out
 
+    if partial and kernels is not None:
+        partial(snapshot())  # the kernel report is kept even if the first batch size is cut short
     for batch in batch_sizes:
         images = batch * math.ceil(max(batch, cfg.num_images) / batch)
         contenders = [_Contender(model, cfg, m, c, batch, images, sampling, window_stats) for c in settings for m in methods]
