@@ -10,6 +10,10 @@ A diffusers ``DiffusionPipeline`` with three components:
   (``decoding="sd"``);
 * ``gad_drafter`` (optional): a masked block drafter (:class:`vispec.models.gad_drafter.GADDrafter`) for GAD
   (``decoding="gad"``, :mod:`vispec.decoding.gad`): one drafter forward proposes the whole block.
+* ``text_encoder`` and ``tokenizer`` (optional, caption models): transformers' ``T5EncoderModel`` and its tokenizer
+  (FLAN-T5-XL for the official t2i checkpoints), so ``pipe(prompt="a photo of a cat")`` builds the caption
+  features as LlamaGen's ``sample_t2i.py`` does (:meth:`LlamaGenPipeline.encode_prompt`); without them, pass
+  ``prompt_embeds``.
 
 Decoding specs follow the one grammar of :mod:`vispec.decoding.config` (``"mc-sjd"``,
 ``"sjd-vertical:window=8"``, ``"mc-sjd+lantern:k=100,delta=0.1"``). Acceptance rules (``acceptance="lantern"``,
@@ -34,6 +38,7 @@ tokens again and continues from them (:mod:`vispec.decoding.edits`; exact given 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -77,16 +82,18 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
     """Generate images from a LlamaGen GPT and VQ tokenizer with AR, SJD, MC-SJD or draft-model decoding (module docstring)."""
 
     # the drafter is not in the sequence: it alternates with the transformer every step, so both stay on the device
-    model_cpu_offload_seq = "transformer->vqvae"
-    _optional_components = ["drafter", "gad_drafter"]
+    model_cpu_offload_seq = "text_encoder->transformer->vqvae"
+    _optional_components = ["drafter", "gad_drafter", "text_encoder", "tokenizer"]
     _callback_tensor_inputs = ["tokens", "num_committed"]
     _applied_callback_inputs = ("tokens",)
 
     def __init__(self, transformer: LlamaGenGPT, vqvae: VQModel, decoding_config: DecodingConfig,
-                 drafter: Optional[LlamaGenGPT] = None, gad_drafter: Optional[GADDrafter] = None):
+                 drafter: Optional[LlamaGenGPT] = None, gad_drafter: Optional[GADDrafter] = None,
+                 text_encoder: Any = None, tokenizer: Any = None):
+        _check_text_encoder(transformer, text_encoder)
         super().__init__()
         self.register_modules(transformer=transformer, vqvae=vqvae, decoding_config=decoding_config, drafter=drafter,
-                              gad_drafter=gad_drafter)
+                              gad_drafter=gad_drafter, text_encoder=text_encoder, tokenizer=tokenizer)
         self.image_processor = VaeImageProcessor(do_normalize=True, do_resize=False)
         self.neighbor_tables = NeighborTables()  # LANTERN's, per codebook
         self._neighbors_looked_up = False  # whether the folder this pipeline came from was searched for tables
@@ -189,14 +196,85 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         return self.check_common_inputs(output_type, OUTPUT_TYPES, "num_images_per_prompt", num_images_per_prompt, callback,
                                         callback_inputs)
 
-    def condition(self, class_labels: Any, prompt_embeds: Optional[torch.Tensor], prompt_mask: Optional[torch.Tensor], repeat: int) -> LlamaGenCondition:
-        device = self._execution_device
+    def encode_prompt(self, prompt: Union[str, Sequence[str]], clean_caption: bool = True,
+                      device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Caption features as LlamaGen's t2i sampling builds them (``sample_t2i.py``, ``language/t5.py``).
+
+        Each caption is cleaned (``clean_caption``: the DeepFloyd-IF cleaning LlamaGen's ``T5Embedder`` applies
+        twice, taken from diffusers' PixArt pipeline; needs ``beautifulsoup4`` and ``ftfy``) or only lower-cased
+        and stripped; tokenized with EOS, padded and truncated to the transformer's ``cls_token_num`` tokens (120,
+        LlamaGen's ``t5_feature_max_len``); encoded with its attention mask (the T5 last hidden state); then
+        left-padded: the valid features moved to the end, the padding zeroed. The null caption for guidance is
+        the transformer's learnt ``uncond_embedding``, under the same mask. Returns ``(prompt_embeds [B, T, C],
+        prompt_mask [B, T] bool)``."""
+        texts = self._prompts(prompt)
+        self._check_prompt_components()
+        texts = _caption_texts(texts, clean_caption)
+        tokens = self.tokenizer(texts, max_length=self.transformer.config.cls_token_num, padding="max_length",
+                                truncation=True, add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+        device = self._execution_device if device is None else device
+        with torch.no_grad():
+            hidden = self.text_encoder(input_ids=tokens["input_ids"].to(device),
+                                       attention_mask=tokens["attention_mask"].to(device)).last_hidden_state
+        mask = tokens["attention_mask"].to(hidden.device).bool()
+        order = torch.sort(mask.to(torch.uint8), dim=1, stable=True).indices  # padding first, then the valid tokens in order
+        mask = mask.gather(1, order)
+        embeds = hidden.gather(1, order[..., None].expand_as(hidden)).masked_fill(~mask[..., None], 0)
+        return embeds, mask
+
+    def _prompts(self, prompt: Any) -> list[str]:
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
+        return list(prompts)
+
+    def _check_prompt_components(self) -> None:
+        missing = [name for name in ("text_encoder", "tokenizer") if getattr(self, name, None) is None]
+        if missing:
+            raise ValueError(f"prompt needs a text encoder, but this pipeline has no {' and no '.join(missing)}: pass "
+                             "prompt_embeds (caption features [batch, tokens, caption_dim]) instead, or load a "
+                             "text_encoder and tokenizer (T5EncoderModel and its tokenizer: LlamaGenPipeline("
+                             "..., text_encoder=, tokenizer=), from_pretrained(folder, text_encoder=, tokenizer=), or "
+                             "`vispec convert llamagen --text-encoder FOLDER`)")
+        _check_text_encoder(self.transformer, self.text_encoder)
+
+    def _check_condition_inputs(self, class_labels: Any, prompt: Any, prompt_embeds: Any,
+                                prompt_mask: Any) -> tuple[Any, Optional[list[str]]]:
+        """What conditions the call, checked before any work: ``(class_labels, prompts or None)``. A caption
+        (a string or a list of strings) passed first, ``pipe("a photo of a cat")``, is the prompt."""
         if self.transformer.config.model_type == "c2i":
-            if prompt_embeds is not None:
-                raise ValueError("this is a class-conditional model: pass class_labels, not prompt_embeds")
+            for name, value in (("prompt", prompt), ("prompt_embeds", prompt_embeds)):
+                if value is not None:
+                    raise ValueError(f"this is a class-conditional model: pass class_labels, not {name}")
+            return class_labels, None
+        if prompt is None and (isinstance(class_labels, str) or (isinstance(class_labels, (list, tuple)) and class_labels
+                                                                  and all(isinstance(c, str) for c in class_labels))):
+            class_labels, prompt = None, class_labels
+        if class_labels is not None:
+            raise ValueError("this is a caption-conditioned model: pass prompt (with a text_encoder) or prompt_embeds "
+                             "(caption features), not class_labels")
+        if prompt is None:
+            if prompt_embeds is None:
+                raise ValueError("this is a caption-conditioned model: pass prompt_embeds (caption features)" +
+                                 (" or prompt" if getattr(self, "text_encoder", None) is not None else
+                                  ", or load a text_encoder and tokenizer to pass prompt"))
+            return None, None
+        if prompt_embeds is not None or prompt_mask is not None:
+            given = "prompt_embeds" if prompt_embeds is not None else "prompt_mask"
+            raise ValueError(f"pass prompt or prompt_embeds (with prompt_mask), not both: got prompt and {given} "
+                             "(prompt is encoded into its own features and mask)")
+        prompts = self._prompts(prompt)
+        self._check_prompt_components()
+        return None, prompts
+
+    def condition(self, class_labels: Any, prompt_embeds: Optional[torch.Tensor], prompt_mask: Optional[torch.Tensor],
+                  repeat: int, prompt: Any = None, clean_caption: bool = True) -> LlamaGenCondition:
+        device = self._execution_device
+        class_labels, prompts = self._check_condition_inputs(class_labels, prompt, prompt_embeds, prompt_mask)
+        if self.transformer.config.model_type == "c2i":
             return LlamaGenCondition(class_labels=self._class_labels(class_labels).repeat_interleave(repeat).to(device))
-        if prompt_embeds is None or class_labels is not None:
-            raise ValueError("this is a caption-conditioned model: pass prompt_embeds (caption features), not class_labels")
+        if prompts is not None:
+            prompt_embeds, prompt_mask = self.encode_prompt(prompts, clean_caption=clean_caption)
         for name, value in (("prompt_embeds", prompt_embeds), ("prompt_mask", prompt_mask)):
             if value is not None and (not isinstance(value, torch.Tensor) or value.device.type == "meta"):
                 raise ValueError(f"{name} must be a tensor with values (not on the meta device), got "
@@ -208,7 +286,7 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
     @torch.no_grad()
     def __call__(
         self,
-        class_labels: Union[int, Sequence[int], torch.Tensor, None] = None,
+        class_labels: Union[int, Sequence[int], torch.Tensor, str, Sequence[str], None] = None,
         prompt_embeds: Optional[torch.Tensor] = None,
         prompt_mask: Optional[torch.Tensor] = None,
         guidance_scale: Optional[float] = None,
@@ -225,6 +303,8 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
         callback_on_step_end_tensor_inputs: Sequence[str] = ("tokens",),
         max_batch_size: Optional[int] = None,
         compile: bool = False,
+        prompt: Union[str, Sequence[str], None] = None,
+        clean_caption: bool = True,
     ) -> Union[LlamaGenPipelineOutput, tuple]:
         """Generate images.
 
@@ -261,6 +341,9 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
                 batch slots, a finished image handing its slot to the next (continuous batching).
             compile: run each decode step through ``torch.compile(fullgraph=True)`` (``ar``, ``sjd``,
                 ``mc-sjd``); the first steps of each shape compile, later calls reuse the graphs.
+            prompt: captions (caption models with a ``text_encoder`` and ``tokenizer``), encoded by
+                :meth:`encode_prompt`; a string or list of strings passed first is taken as the prompt.
+            clean_caption: clean captions as LlamaGen does (:meth:`encode_prompt`); False only lower-cases and strips.
 
         Returns ``LlamaGenPipelineOutput(images, stats)`` (``stats``: :meth:`vispec.outputs.DecodeOutput.as_dicts`).
         """
@@ -275,7 +358,11 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
             raise ValueError("decoding 'gad' needs a block drafter: this pipeline has none (pass gad_drafter= when "
                              "building it, e.g. GADDrafter.from_pretrained(...); `vispec train gad-drafter` trains one)")
         sampling = config.sampling(guidance_scale=guidance_scale, temperature=temperature, top_k=top_k, top_p=top_p)
-        condition = self.condition(class_labels, prompt_embeds, prompt_mask, num_images_per_prompt)
+        _, prompts = self._check_condition_inputs(class_labels, prompt, prompt_embeds, prompt_mask)
+        if prompts is not None:  # before the text encoder runs
+            check_generator(generator, len(prompts) * num_images_per_prompt)
+        condition = self.condition(class_labels, prompt_embeds, prompt_mask, num_images_per_prompt, prompt=prompt,
+                                   clean_caption=clean_caption)
         batch = condition.batch_size
         check_generator(generator, batch)
         num_tokens = self.transformer.num_image_tokens
@@ -315,6 +402,38 @@ class LlamaGenPipeline(PipelineMixin, DiffusionPipeline):
             raise ValueError("the VQ decoder (vqvae) returned NaN or inf pixels: its weights or dtype are broken "
                              "(e.g. a float16 overflow; try float32 or bfloat16)")
         return grey_undecided(pixels, undecided)
+
+
+def _check_text_encoder(transformer: Any, text_encoder: Any) -> None:
+    """A text encoder conditions caption models only, and its hidden size is the transformer's ``caption_dim``."""
+    if text_encoder is None:
+        return
+    config = transformer.config
+    if config.model_type != "t2i":
+        raise ValueError("a text_encoder feeds caption models (t2i); this transformer is class-conditional "
+                         f"({config.model_type}): leave text_encoder out and pass class_labels")
+    encoder_config = getattr(text_encoder, "config", None)
+    size = next((v for v in (getattr(encoder_config, k, None) for k in ("d_model", "hidden_size")) if isinstance(v, int)), None)
+    if size is not None and size != config.caption_dim:
+        raise ValueError(f"the text_encoder's hidden size ({size}) does not match the transformer's caption_dim "
+                         f"({config.caption_dim}): LlamaGen's t2i checkpoints take FLAN-T5-XL features (2048)")
+
+
+def _caption_texts(texts: list[str], clean: bool) -> list[str]:
+    """LlamaGen's caption text: its ``T5Embedder`` cleans each caption twice (DeepFloyd IF's cleaning, which diffusers'
+    PixArt pipeline carries); without cleaning (or without ``beautifulsoup4`` / ``ftfy``, with a warning) a caption
+    is only lower-cased and stripped, as ``T5Embedder(use_text_preprocessing=False)`` does."""
+    if clean:
+        from diffusers.utils import is_bs4_available, is_ftfy_available
+
+        if is_bs4_available() and is_ftfy_available():
+            from diffusers import PixArtAlphaPipeline
+
+            cleaner = PixArtAlphaPipeline._clean_caption  # reads only the class's bad_punct_regex
+            return [cleaner(PixArtAlphaPipeline, cleaner(PixArtAlphaPipeline, text)) for text in texts]
+        warnings.warn("clean_caption=True needs beautifulsoup4 and ftfy (pip install beautifulsoup4 ftfy) for "
+                      "LlamaGen's caption cleaning; captions are only lower-cased and stripped", stacklevel=3)
+    return [text.lower().strip() for text in texts]
 
 
 def _has_bool(value: Any) -> bool:

@@ -15,3 +15,4 @@ EMBEDDED = [b for b in BLOCKS if "vispec/tiny-" in b]  # on embedded models: run
 RANDOM_MODEL = [b for b in BLOCKS if b not in EMBEDDED and ("LLaDA2MoeModelLM(" in b or "DiffusionGemmaForBlockDiffusion(" in b)]
 OFFICIAL = [b for b in BLOCKS if "c2i_B_256.pt" in b]  # official LlamaGen checkpoints: run on tiny ones
 LUMINA = [b for b in BLOCKS if '"lumina-mgpt-2"' in b]  # a converted Lumina-mGPT 2.0 folder: run on a tiny one
+LLAMAGEN_T2I = [b for b in BLOCKS if '"llamagen-xl-t2i"' in b]  # a converted LlamaGen t2i folder with T5: a tiny one

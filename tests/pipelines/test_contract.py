@@ -136,7 +136,8 @@ def test_call_signatures_have_the_required_optional_params():
 def test_components_are_the_modules(ipipe, upipe, tpipe):
     """diffusers' test_components_function: ``components`` holds the modules ``__init__`` takes, and nothing else
     (the unified pipeline's layout is config); a pipeline built again from them (and the config) decodes the same."""
-    assert set(ipipe.components) == {"transformer", "vqvae", "decoding_config", "drafter", "gad_drafter"}
+    assert set(ipipe.components) == {"transformer", "vqvae", "decoding_config", "drafter", "gad_drafter", "text_encoder",
+                                     "tokenizer"}
     assert set(upipe.components) == {"transformer", "tokenizer", "vqvae", "decoding_config"}
     assert set(tpipe.components) == {"model", "tokenizer", "scheduler", "filter"}
     again = UnifiedImagePipeline(**upipe.components, **settings(upipe))

@@ -5,7 +5,9 @@ left out: each block parses, and is either such an embedded-model example, the o
 LlamaGen checkpoints, which runs here on the tiny official-layout checkpoints in ``tests/data/llamagen``
 (written by the official code) with only the constants a tiny model cannot take substituted (listed below),
 or the one on a converted Lumina-mGPT 2.0 folder, which runs on a tiny checkpoint in Lumina's layout converted
-by ``vispec convert lumina-mgpt`` (``tests/cli/test_convert_lumina.py``).
+by ``vispec convert lumina-mgpt`` (``tests/cli/test_convert_lumina.py``), or the one on a converted LlamaGen t2i folder
+with its T5 encoder, which runs on the tiny official-layout t2i checkpoint and a tiny T5 converted by the documented
+``vispec convert llamagen --text-encoder`` line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import subprocess
 import sys
 
 import torch
-from readme_blocks import BLOCKS, EMBEDDED, LUMINA, OFFICIAL, RANDOM_MODEL  # the first two run by test_readme.py
+from readme_blocks import BLOCKS, EMBEDDED, LLAMAGEN_T2I, LUMINA, OFFICIAL, RANDOM_MODEL  # the first two: test_readme.py
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "llamagen"
@@ -32,9 +34,9 @@ def test_every_example_parses_and_is_run():
     assert len(BLOCKS) >= 5
     for block in BLOCKS:
         ast.parse(block)
-    assert len(EMBEDDED) + len(RANDOM_MODEL) + len(OFFICIAL) + len(LUMINA) == len(BLOCKS), \
+    assert len(EMBEDDED) + len(RANDOM_MODEL) + len(OFFICIAL) + len(LUMINA) + len(LLAMAGEN_T2I) == len(BLOCKS), \
         "a README example neither runs on an embedded or tiny random model nor is one of the official-checkpoint ones"
-    assert len(OFFICIAL) == 1 and len(LUMINA) == 1
+    assert len(OFFICIAL) == 1 and len(LUMINA) == 1 and len(LLAMAGEN_T2I) == 1
 
 
 def test_official_checkpoint_example_on_tiny_official_files(tmp_path):
@@ -71,5 +73,29 @@ def test_lumina_example_on_a_tiny_converted_checkpoint(tmp_path):
     assert "height=768, width=768" in code, "the README example changed: update this test"
     code = code.replace("height=768, width=768", "height=64, width=64")
     code += "\nassert out.images[0].size == (64, 64) and (tmp := __import__('os').path.isfile('cat.png'))\n"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{code}\n{result.stderr[-3000:]}"
+
+
+def test_llamagen_t2i_example_on_a_tiny_converted_checkpoint(tmp_path, monkeypatch):
+    """docs/image.md's LlamaGen t2i example: its ``vispec convert llamagen --text-encoder`` line on the tiny t2i
+    checkpoint (4 heads, 4 caption tokens, a 4 x 4 grid at 64 pixels: those flags substituted) and a tiny T5 folder,
+    then the python block as written."""
+    import shlex
+
+    from llamagen_t5_reference import write_t5_folder
+
+    from vispec.cli import main
+
+    page = (ROOT / "docs" / "image.md").read_text()
+    line = next(line for line in page.splitlines() if line.startswith("vispec convert llamagen --gpt t2i_XL"))
+    assert "--gpt-model GPT-XL" in line, "the docs example changed: update this test"
+    argv = shlex.split(line.replace("--gpt-model GPT-XL", "--n-head 4 --image-size 64 --cls-token-num 4"))[1:]
+    shutil.copy(DATA / "t2i_tiny_raw.pt", tmp_path / "t2i_XL_stage1_256.pt")
+    shutil.copy(DATA / "vq16_tiny.pt", tmp_path / "vq_ds16_t2i.pt")
+    write_t5_folder(tmp_path / "flan-t5-xl")
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    code = LLAMAGEN_T2I[0] + "\nassert out.images[0].size == (64, 64) and __import__('os').path.isfile('cat.png')\n"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{code}\n{result.stderr[-3000:]}"

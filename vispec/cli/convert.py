@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from typing import Optional
 
 from vispec.checks import check_int
@@ -12,6 +13,36 @@ from vispec.cli.paths import check_output_folder
 
 # LlamaGen's evaluation CFG per model size (GETTING_STARTED: 2.0 for B and L, 1.75 for XL and XXL, 1.65 for 3B)
 LLAMAGEN_CFG = {"GPT-B": 2.0, "GPT-L": 2.0, "GPT-XL": 1.75, "GPT-XXL": 1.75, "GPT-3B": 1.65}
+LLAMAGEN_T2I_CFG = 7.5  # autoregressive/sample/sample_t2i.py's --cfg-scale default
+
+
+def _t5_config(folder: str):
+    """The config of a T5 folder (``--text-encoder``), read before any weights."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--text-encoder {folder!r} holds no readable transformers config (config.json of a T5 "
+                         f"model such as flan-t5-xl): {str(err).splitlines()[0]}") from None
+
+
+def _load_text_encoder(folder: str, tokenizer_folder: str, caption_dim: int, config) -> tuple:
+    """``(T5EncoderModel, tokenizer)`` from ``--text-encoder`` (and ``--tokenizer``); the encoder's width must be the
+    GPT's ``caption_dim``."""
+    from transformers import AutoTokenizer, T5EncoderModel
+
+    width = getattr(config, "d_model", None)
+    if width != caption_dim:
+        raise ValueError(f"--text-encoder hidden size (d_model) is {width}, but the --gpt checkpoint takes caption "
+                         f"features of {caption_dim} (its caption_dim; the official t2i checkpoints: FLAN-T5-XL, 2048)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder, local_files_only=True)
+    except (OSError, ValueError) as err:
+        flag = "--tokenizer" if tokenizer_folder != folder else "--text-encoder"
+        raise ValueError(f"no tokenizer could be read from {flag} {tokenizer_folder!r} (its tokenizer.json / "
+                         f"spiece.model and tokenizer_config.json): {str(err).splitlines()[0]}") from None
+    return T5EncoderModel.from_pretrained(folder, local_files_only=True).eval(), tokenizer
 
 
 def _cmd_llamagen(args: argparse.Namespace) -> int:
@@ -21,17 +52,37 @@ def _cmd_llamagen(args: argparse.Namespace) -> int:
     from vispec.pipelines import LlamaGenPipeline
 
     check_output_folder(args.out, "--out")
+    if args.tokenizer is not None and args.text_encoder is None:
+        raise ValueError("--tokenizer goes with --text-encoder (the T5 encoder whose tokenizer it is)")
+    for flag, folder in (("--text-encoder", args.text_encoder), ("--tokenizer", args.tokenizer)):
+        if folder is not None and not os.path.isdir(folder):
+            raise ValueError(f"{flag} {folder!r} is not a folder")
+    t5_config = None if args.text_encoder is None else _t5_config(args.text_encoder)
     overrides = {k: v for k, v in (("gpt_model", args.gpt_model), ("n_head", args.n_head), ("image_size", args.image_size),
                                    ("num_classes", args.num_classes), ("cls_token_num", args.cls_token_num)) if v is not None}
     gpt = load_llamagen_gpt(args.gpt, trust_pickle=args.trust_pickle, **overrides)
+    text_encoder = tokenizer = None
+    if args.text_encoder is not None:
+        if gpt.config.model_type != "t2i":
+            raise ValueError("--text-encoder is for caption-conditioned (t2i) checkpoints; --gpt is class-conditional (c2i)")
+        text_encoder, tokenizer = _load_text_encoder(args.text_encoder, args.tokenizer or args.text_encoder,
+                                                     gpt.config.caption_dim, t5_config)
     vq = load_llamagen_vq(args.vq, variant=args.vq_variant, trust_pickle=args.trust_pickle)
     if vq.config.num_vq_embeddings != gpt.config.vocab_size:
         raise ValueError(f"--vq codebook has {vq.config.num_vq_embeddings} codes but --gpt predicts {gpt.config.vocab_size} tokens")
-    guidance = LLAMAGEN_CFG.get(args.gpt_model or "", 2.0) if gpt.has_unconditional else 1.0
+    if not gpt.has_unconditional:
+        guidance = 1.0
+    elif gpt.config.model_type == "t2i":
+        guidance = LLAMAGEN_T2I_CFG
+    else:
+        guidance = LLAMAGEN_CFG.get(args.gpt_model or "", 2.0)
     config = DecodingConfig(strategy="sjd", window=16, init="horizontal", guidance_scale=guidance)
-    LlamaGenPipeline(transformer=gpt, vqvae=vq, decoding_config=config).save_pretrained(args.out)
+    LlamaGenPipeline(transformer=gpt, vqvae=vq, decoding_config=config, text_encoder=text_encoder,
+                     tokenizer=tokenizer).save_pretrained(args.out)
+    extra = "" if text_encoder is None else \
+        f", T5 encoder {sum(p.numel() for p in text_encoder.parameters()) / 1e6:.1f}M parameters"
     print(f"wrote {args.out} (GPT {sum(p.numel() for p in gpt.parameters()) / 1e6:.1f}M parameters, "
-          f"{gpt.grid_size}x{gpt.grid_size} tokens, default CFG {guidance})")
+          f"{gpt.grid_size}x{gpt.grid_size} tokens, default CFG {guidance}{extra})")
     return 0
 
 
@@ -63,8 +114,6 @@ def check_size(size: int, unit: int, resolution_ids: dict[int, int], patch_size:
 
 
 def _cmd_lumina(args: argparse.Namespace) -> int:
-    import os
-
     import torch
     from transformers import AutoTokenizer
 
@@ -128,6 +177,10 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     llamagen.add_argument("--num-classes", type=int, default=None)
     llamagen.add_argument("--cls-token-num", type=int, default=None)
     llamagen.add_argument("--vq-variant", default="VQ-16", help="VQ-16 or VQ-8")
+    llamagen.add_argument("--text-encoder", default=None,
+                          help="t2i checkpoints: the T5 folder (transformers format; FLAN-T5-XL for the official ones), "
+                               "saved as text_encoder/ and tokenizer/ so the pipeline takes prompt=")
+    llamagen.add_argument("--tokenizer", default=None, help="the T5 tokenizer folder (default: --text-encoder)")
     llamagen.add_argument("--trust-pickle", action="store_true",
                           help="allow checkpoints that pickle Python objects (official DDP files pickle their args); runs the pickle")
     llamagen.set_defaults(func=_cmd_llamagen)
