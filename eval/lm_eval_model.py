@@ -16,6 +16,14 @@ its parser, task manager and evaluator) with the same arguments, as LLaDA's ``ev
 vispec's local tasks (:mod:`vispec.eval.lm_eval_tasks`) on ``--include_path`` when none is given. Importing this
 module registers the model for Python use (``lm_eval.simple_evaluate(model="vispec-dllm", ...)``).
 
+**Checked before lm-eval starts.** lm-eval indexes every task it knows before it builds the model (minutes), so
+``python -m vispec.eval.lm_eval_model`` first checks ``--model_args`` (with ``--batch_size`` and ``--device``) as the
+constructor does, the decoding against the model's family included, on the pipeline without its weights
+(:meth:`VispecDLLM.check_arguments`): a bad argument is one ``vispec-dllm: error:`` line naming it and status 2. It
+then says on stderr when lm-eval's indexing starts and ends, and lm-eval's git look-up (the commit it records) no
+longer prints git's "not a git repository". The constructor itself refuses a decoding the model cannot run (not the
+first generation), and an unknown argument name is an error naming it.
+
 **Arguments** (``--model_args k=v,...``): ``pretrained`` (a pipeline folder or an embedded model name);
 ``decoding`` (``strategy[+rule...][@cache]`` as in ``vispec bench text --settings``, e.g. ``threshold@dual``,
 ``learn2pd+eotp@dual``, ``llada``; default: the pipeline's own scheduler, no cache); the policies' knobs
@@ -52,7 +60,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import logging
+import os
+import subprocess
 import sys
 import time
 from typing import Any, Optional
@@ -99,35 +110,101 @@ class VispecDLLM(LM):
                  cache_reload_steps: int = 8, batch_size: Any = 1, max_batch_size: Optional[int] = None,
                  mc_num: int = 128, mc_batch_size: int = 32, check_greedy: bool = True, seed: int = 1234,
                  device: Optional[str] = None, dtype: Optional[str] = None) -> None:
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
+        self._setup(arguments, weights=True)
+
+    @classmethod
+    def check_arguments(cls, model_args: dict, additional_config: Optional[dict] = None) -> None:
+        """Every check the constructor runs on ``model_args`` (and lm-eval's ``additional_config``: ``batch_size``,
+        ``max_batch_size``, ``device`` from its flags), the decoding against the model's family included, without
+        reading the weights: the pipeline's model is built on the meta device
+        (:meth:`~vispec.pipelines.MaskedDiffusionLMPipeline.from_pretrained_without_weights`). A ``ValueError``
+        naming the argument; :func:`main` runs it before lm-eval indexes its tasks."""
+        lm = cls.__new__(cls)
+        LM.__init__(lm)
+        lm._setup(cls._arguments(model_args, additional_config), weights=False)
+
+    @classmethod
+    def _arguments(cls, model_args: Any, additional_config: Optional[dict]) -> dict:
+        """The constructor's keywords from lm-eval's ``model_args`` and ``additional_config`` (its flags, None ones
+        dropped, as lm-eval does), after checking the names: an unknown one is a ``ValueError`` naming it and listing
+        the arguments (Python's ``TypeError`` otherwise, from inside lm-eval)."""
+        if not isinstance(model_args, dict):
+            raise ValueError(f"--model_args must be key=value pairs, got {model_args!r}")
+        defaults = {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items() if name != "self"}
+        known = list(defaults)
+        unknown = [key for key in model_args if key not in known]
+        if unknown:
+            raise ValueError(f"--model_args: {MODEL_NAME} takes no argument {unknown[0]!r}; its arguments are "
+                             f"{', '.join(known)}")
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        for key in set(extra) & set(model_args):
+            if extra[key] != model_args[key] and str(extra[key]) != str(model_args[key]):
+                raise ValueError(f"--model_args {key}={model_args[key]!r}: {key} is lm-eval's flag --{key} too, which "
+                                 f"is {extra[key]!r} (its default when not given); pass --{key} {model_args[key]} "
+                                 f"instead")
+        return {**defaults, **model_args, **extra}
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "VispecDLLM":
+        """lm-eval's constructor from ``"k=v,..."``: the names checked first (:meth:`_arguments`)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls(**cls._arguments(simple_parse_args_string(arg_string), additional_config))
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: Optional[dict] = None) -> "VispecDLLM":
+        """lm-eval's constructor from a dict (its CLI's parsed ``--model_args``): the names checked first."""
+        return cls(**cls._arguments(arg_dict, additional_config))
+
+    def _setup(self, arguments: dict, weights: bool) -> None:
+        """The constructor's work: every argument checked, then (``weights``) the pipeline loaded; without
+        ``weights`` the pipeline's model is built on the meta device, so the decoding is checked against the model
+        (:meth:`~vispec.pipelines.MaskedDiffusionLMPipeline.check_decoding`) and nothing is allocated."""
         from vispec.dllm import UnmaskingOptions
+        from vispec.dllm.options import GUIDANCE_HINT
         from vispec.eval.bench.text import TextBenchConfig, parse_rule, parse_setting, setting_scheduler
 
+        a = arguments
+        pretrained, decoding, gen_length, block_length, steps = (a["pretrained"], a["decoding"], a["gen_length"],
+                                                                 a["block_length"], a["steps"])
+        draft_length, temperature, early_stop_eos = a["draft_length"], a["temperature"], a["early_stop_eos"]
+        mc_num, mc_batch_size, check_greedy, seed, dtype = (a["mc_num"], a["mc_batch_size"], a["check_greedy"],
+                                                            a["seed"], a["dtype"])
         if pretrained is None:
             raise ValueError("vispec-dllm needs pretrained=<pipeline folder or embedded model name> in --model_args")
-        self.batch_size = self._batch_size(batch_size, max_batch_size)
+        if not isinstance(pretrained, str) or not pretrained:
+            raise ValueError(f"pretrained must be a pipeline folder or an embedded model name, got {pretrained!r}")
+        self.batch_size = self._batch_size(a["batch_size"], a["max_batch_size"])
         check_int("mc_num", mc_num, minimum=1, hint=" (Monte-Carlo samples per continuation; LLaDA uses 128)")
         check_int("mc_batch_size", mc_batch_size, minimum=1, hint=" (samples per forward; LLaDA uses 32)")
         if mc_num % mc_batch_size:
             raise ValueError(f"mc_num ({mc_num}) must be a multiple of mc_batch_size ({mc_batch_size})")
-        for name, value in (("check_greedy", check_greedy), ("early_stop_eos", early_stop_eos)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {value!r}")
+        for name in ("check_greedy", "early_stop_eos"):
+            if not isinstance(a[name], bool):
+                raise ValueError(f"{name} must be True or False, got {a[name]!r}")
         check_int("seed", seed, minimum=0)
         check_number("temperature", temperature, minimum=0, hint=" (0 means arg-max candidates)")
+        check_number("guidance_scale", a["guidance_scale"], minimum=1, hint=GUIDANCE_HINT)
+        check_int("cache_reload_steps", a["cache_reload_steps"], minimum=1)
+        for name in ("gen_length", "block_length", "steps"):
+            if a[name] is not None:
+                check_int(name, a[name], minimum=1)
         if dtype is not None and dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {tuple(_DTYPES)} (or left out: the saved dtype), got {dtype!r}")
+        device = self._pick_device(a["device"], warn=weights)
 
         # the decoding: a bench setting, its knobs (refused where unused), its rules
-        knobs = {"threshold": threshold, "factor": factor, "entropy_bound": entropy_bound,
-                 "filter_threshold": filter_threshold}
+        knobs = {name: a[name] for name in _KNOB_STRATEGIES}
         if decoding is None:
             strategy, rules, cache = None, (), "none"
         else:
             try:
                 strategy, rules, cache = parse_setting(str(decoding))
             except ValueError as err:  # its words are bench text's (--settings); here the argument is decoding
-                raise ValueError(f"decoding={decoding!r}: {str(err).removeprefix('settings: ')}") from None
+                words = str(err).removeprefix("settings: ").removeprefix(f"{str(decoding)!r}: ")
+                raise ValueError(f"decoding={decoding!r}: {words}") from None
         for knob, value in knobs.items():
             if value is not None and strategy not in _KNOB_STRATEGIES[knob] and not (
                     strategy is None and knob == "threshold"):
@@ -143,24 +220,38 @@ class VispecDLLM(LM):
         config.validate()  # the knobs' values, before the model loads
 
         # the lengths and steps, checked against the folder's defaults before the weights load
-        index = self._check_folder(pretrained)
+        try:
+            index = self._check_folder(pretrained)
+        except ValueError as err:
+            raise ValueError(f"pretrained={pretrained!r}: {err}") from None
         self.gen_length = index.get("default_gen_length", 128) if gen_length is None else gen_length
         self.block_length = block_length
         if block_length is None:
-            default_block = index.get("default_block_length", 32)
-            self.block_length = min(default_block, self.gen_length) if isinstance(self.gen_length, int) else default_block
+            self.block_length = min(index.get("default_block_length", 32), self.gen_length)
         self.scheduler = None if strategy is None else setting_scheduler(config, strategy)
         if self.scheduler is not None:
             self._check_steps(self.scheduler, steps)
-        self.options = UnmaskingOptions(gen_length=self.gen_length, block_length=self.block_length,
-                                        temperature=float(temperature), guidance_scale=float(guidance_scale),
-                                        cache=cache, cache_reload_steps=cache_reload_steps,
-                                        early_stop_eos=early_stop_eos, **config.rule_options(set(rules), None))
+        try:
+            self.options = UnmaskingOptions(gen_length=self.gen_length, block_length=self.block_length,
+                                            temperature=float(temperature), guidance_scale=float(a["guidance_scale"]),
+                                            cache=cache, cache_reload_steps=a["cache_reload_steps"],
+                                            early_stop_eos=early_stop_eos, **config.rule_options(set(rules), None))
+        except ValueError as err:  # a rule with a cache or another rule (ssd over dkv, ...), or the lengths
+            raise ValueError(f"decoding={decoding!r}: {err}" if decoding is not None else str(err)) from None
 
-        self._device = self._pick_device(device)
-        self.pipe = self._load(pretrained).to(self._device)
-        if dtype is not None:
-            self.pipe.to(dtype=_DTYPES[dtype])
+        # the pipeline: loaded, or (no weights) with its model on the meta device, which the checks below read
+        self._device = device
+        if weights:
+            self.pipe = self._load(pretrained).to(self._device)
+            if dtype is not None:
+                self.pipe.to(dtype=_DTYPES[dtype])
+        else:
+            from vispec.pipelines import MaskedDiffusionLMPipeline
+            from vispec.pipelines.embedded import resolve_model_path
+
+            self.pipe = MaskedDiffusionLMPipeline.from_pretrained_without_weights(resolve_model_path(pretrained))
+            if self.pipe is None:  # a model that cannot be built on meta: the constructor checks it once loaded
+                return
         self.pipe.set_progress_bar_config(disable=True)
         self.tokenizer = self.pipe.tokenizer
         if self.tokenizer is None:
@@ -168,7 +259,7 @@ class VispecDLLM(LM):
         self.rule_options = config.rule_options(set(rules), self.tokenizer)  # adablock's delimiter ids
         # None: the pipeline's own scheduler (threshold= passed at each call); learn2pd gets the pipeline's filter
         # component at each call
-        self.threshold = threshold if strategy is None else None
+        self.threshold = a["threshold"] if strategy is None else None
         policy = self.pipe.scheduler if strategy is None else self.scheduler
         if strategy is None:
             if self.threshold is not None and "threshold" not in policy.config:
@@ -179,11 +270,25 @@ class VispecDLLM(LM):
             raise ValueError(f"decoding learn2pd needs a Learn2PD filter, and {pretrained} has none (train one with "
                              "`vispec train filter`)")
         self.steps = steps if steps is not None or not policy.fixed_steps else self.gen_length
+        # the decoding against the model (its family's caches and rules, the policy's limits), as every call runs it
+        try:
+            self.pipe.check_decoding(**self._decoding(self.options.temperature))
+        except ValueError as err:
+            what = f"decoding={decoding!r}" if decoding is not None else "the pipeline's own scheduler (no decoding=)"
+            raise ValueError(f"pretrained={pretrained!r} cannot run {what}: {err}") from None
         self.decoding = decoding or f"{policy.strategy or type(policy).__name__} (the pipeline's scheduler)"
         self.pretrained = str(pretrained)
         self.mc_num, self.mc_batch_size, self.check_greedy, self.seed = mc_num, mc_batch_size, check_greedy, seed
         self.max_length = getattr(self.pipe.model.config, "max_sequence_length", None)
         self.speed = {"requests": 0, "generated_tokens": 0, "wall_s": 0.0, "nfe": 0, "canvas_tokens": 0}
+
+    def _decoding(self, temperature: float) -> dict:
+        """The pipeline's decoding keywords of a ``generate_until`` call at ``temperature``."""
+        return dict(strategy=self.scheduler, threshold=self.threshold, cache=self.options.cache,
+                    gen_length=self.gen_length, block_length=self.block_length, steps=self.steps,
+                    temperature=temperature, guidance_scale=self.options.guidance_scale,
+                    early_stop_eos=self.options.early_stop_eos, cache_reload_steps=self.options.cache_reload_steps,
+                    **self.rule_options)
 
     # ------------------------------------------------------------------ setup
     def _check_steps(self, policy, steps: Optional[int]) -> None:
@@ -217,14 +322,21 @@ class VispecDLLM(LM):
         return check_int("batch_size", int(text), minimum=1)
 
     @staticmethod
-    def _pick_device(device: Optional[str]) -> torch.device:
+    def _pick_device(device: Optional[str], warn: bool = True) -> torch.device:
         from vispec.eval.bench.report import check_device
 
         if device is None:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        if not isinstance(device, str):
+            raise ValueError(f"device must be cpu, cuda or cuda:N (a torch device), got {device!r}")
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError):
+            return check_device(device)  # its error, naming the device
+        if kind == "cuda" and not torch.cuda.is_available():
             # lm-eval's CLI passes --device cuda:0 unless told otherwise; its HF model falls back the same way
-            logger.warning("vispec-dllm: device %r requested but CUDA is not available; running on cpu", device)
+            if warn:
+                logger.warning("vispec-dllm: device %r requested but CUDA is not available; running on cpu", device)
             return torch.device("cpu")
         return check_device(device)
 
@@ -342,12 +454,8 @@ class VispecDLLM(LM):
             temperature = prepared[chunk[0]][3]
             generators = [torch.Generator().manual_seed(request_seed(self.seed, requests[i].args[0])) for i in chunk]
             start = time.perf_counter()
-            out = self.pipe(input_ids=ids, attention_mask=mask, strategy=self.scheduler, threshold=self.threshold,
-                            cache=self.options.cache,
-                            gen_length=self.gen_length, block_length=self.block_length, steps=self.steps,
-                            temperature=temperature, guidance_scale=self.options.guidance_scale,
-                            early_stop_eos=self.options.early_stop_eos, cache_reload_steps=self.options.cache_reload_steps,
-                            generator=generators, output_type="seq", **self.rule_options)
+            out = self.pipe(input_ids=ids, attention_mask=mask, generator=generators, output_type="seq",
+                            **self._decoding(temperature))
             for row, i in enumerate(chunk):
                 _, stops, max_gen_toks, _ = prepared[i]
                 sequence = out.sequences[row:row + 1, :max_gen_toks] if max_gen_toks else out.sequences[row:row + 1]
@@ -469,9 +577,83 @@ def register() -> None:
         registry.register_model(MODEL_NAME)(VispecDLLM)
 
 
+def check_command_line(args: list[str]) -> None:
+    """Before lm-eval indexes its tasks (minutes): when ``args`` (lm-eval's command line) run ``--model
+    vispec-dllm``, its ``--model_args``, ``--batch_size`` and ``--device`` are checked as the constructor checks
+    them, the decoding against the model's family included, without loading the weights
+    (:meth:`VispecDLLM.check_arguments`): a ``ValueError`` naming the argument. A command line lm-eval itself
+    refuses, or one for another model, is left to lm-eval (which reports its own errors before indexing)."""
+    import contextlib
+    import io
+
+    from lm_eval._cli.harness import HarnessCLI
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    cli = HarnessCLI()
+    argv = list(args)
+    if argv and argv[0] not in cli._subparsers.choices:  # lm-eval's legacy form: `run` implied
+        argv.insert(0, "run")
+    quiet = io.StringIO()
+    logging.disable(logging.CRITICAL)  # lm-eval logs its own notes (--limit, ...) when it parses them again
+    try:
+        with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
+            namespace, _ = cli._parser.parse_known_args(argv)
+            if getattr(namespace, "command", None) != "run":
+                return
+            config = EvaluatorConfig.from_cli(namespace)
+    except (Exception, SystemExit):  # noqa: BLE001 - lm-eval's own refusal: it reports it, in its words
+        return
+    finally:
+        logging.disable(logging.NOTSET)
+    if config.model != MODEL_NAME:
+        return
+    VispecDLLM.check_arguments(config.model_args, {"batch_size": config.batch_size,
+                                                   "max_batch_size": config.max_batch_size, "device": config.device})
+
+
+def _quiet_git_commit_hash() -> Optional[str]:
+    """lm-eval's ``get_git_commit_hash`` (the commit of the working directory, recorded in its results) without
+    git's "fatal: not a git repository" on stderr when the directory is not in one."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, OSError):  # not a repository, or no git
+        return get_commit_from_path(os.getcwd())
+
+
+def _patch_lm_eval() -> None:
+    """What the launcher changes in lm-eval for this process: its git look-up is silent (:func:`_quiet_git_commit_hash`),
+    and its task index (lm-eval reads every task's YAML before the first request, minutes) says on stderr when it
+    starts and when it is done."""
+    import lm_eval.evaluator
+    import lm_eval.loggers.utils
+    from lm_eval.tasks.manager import TaskManager
+
+    for module in (lm_eval.loggers.utils, lm_eval.evaluator):
+        if hasattr(module, "get_git_commit_hash"):
+            module.get_git_commit_hash = _quiet_git_commit_hash
+    index = TaskManager.__init__
+    if getattr(index, "vispec_progress", False):
+        return
+
+    def indexed(self, *args, **kwargs) -> None:
+        start = time.perf_counter()
+        print("lm-eval: indexing tasks (it reads every task's YAML first; this can take minutes)...", file=sys.stderr,
+              flush=True)
+        index(self, *args, **kwargs)
+        count = len(getattr(self, "all_tasks", ()) or ())
+        print(f"lm-eval: indexed {count} tasks in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+    indexed.vispec_progress = True
+    TaskManager.__init__ = indexed
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """``python -m vispec.eval.lm_eval_model ARGS``: lm-eval's CLI with ``vispec-dllm`` registered and vispec's local
-    tasks on ``--include_path`` when none is given."""
+    tasks on ``--include_path`` when none is given. ``--model vispec-dllm``'s arguments are checked before lm-eval
+    starts (:func:`check_command_line`; a bad one exits with status 2 and one ``vispec-dllm: error:`` line), lm-eval's
+    task indexing prints progress on stderr and its git look-up prints nothing (:func:`_patch_lm_eval`)."""
     from lm_eval.__main__ import cli_evaluate
 
     from vispec.eval.lm_eval_tasks import TASKS_DIR
@@ -481,6 +663,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     if not asks_help and not any(a == "--include_path" or a.startswith("--include_path=") for a in args):
         args += ["--include_path", TASKS_DIR]
     register()
+    if not asks_help:
+        try:
+            check_command_line(args)
+        except ValueError as err:
+            text = " ".join(str(err).split())
+            print(f"{MODEL_NAME}: error: {text if text.startswith('--') else '--model_args: ' + text}", file=sys.stderr)
+            raise SystemExit(2) from None
+    _patch_lm_eval()
     sys.argv = [sys.argv[0] if sys.argv else "lm_eval", *args]
     cli_evaluate()
 

@@ -664,3 +664,28 @@ def check_pipeline_folder(path: str | os.PathLike, expected_class: Optional[str]
         if model_cls is not None:
             check_model_folder(model_cls, sub)
     return index
+
+
+def build_component_on_meta(folder: str | os.PathLike, name: str) -> Optional[torch.nn.Module]:
+    """The model component ``name`` of the pipeline folder ``folder`` built from its ``config.json`` on the meta
+    device (:func:`build_on_meta`): its class and config, no weights read, nothing allocated. For the checks that
+    need a model's family and config but not its weights, before the weights load (a decoding's settings:
+    ``MaskedDiffusionLMPipeline.from_pretrained_without_weights``). None when it cannot be built so: no such
+    component, a class outside diffusers / transformers / vispec, an unreadable config, a constructor that cannot
+    run on meta (the loader then reports what is wrong)."""
+    folder = os.fspath(folder)
+    try:
+        with open(os.path.join(folder, "model_index.json")) as handle:
+            spec = json.load(handle).get(name)
+        model_cls = _component_class(*spec) if isinstance(spec, list) and len(spec) == 2 else None
+        if model_cls is None:
+            return None
+        config_path = os.path.join(folder, name, "config.json")
+        config: Any = read_json_object(config_path)
+        transformers_model = is_transformers_model(model_cls)
+        if transformers_model:
+            config = transformers_config(model_cls, config, config_path)
+        found = weight_file_shapes(os.path.join(folder, name), None, "transformers" if transformers_model else "diffusers")
+        return build_on_meta(model_cls, config, tensor_budget(len(found[1]) if found else 0))
+    except Exception:  # noqa: BLE001 - whatever stops it here stops the real load too, which says why
+        return None

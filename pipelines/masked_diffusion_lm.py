@@ -36,6 +36,7 @@ branch, and ``guidance_scale = 1`` (the default) turns guidance off. LLaDA's ``c
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence, Union
@@ -349,6 +350,87 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             edit["tokens"] = torch.where(sequences == self._mask_id, UNDECIDED, sequences)
         return edit
 
+    def _decode_settings(self, *, gen_length: Optional[int], block_length: Optional[int],
+                         num_inference_steps: Optional[int], temperature: float, guidance_scale: float,
+                         strategy: Union[str, UnmaskingScheduler, None], threshold: Optional[float], cache: str,
+                         early_stop_eos: Optional[bool], logits_eos_inf: bool, confidence_eos_eot_inf: bool,
+                         compile: bool, eotp: bool, early_commit: Optional[ProphetRule],
+                         adaptive_block: Optional[AdaptiveBlocks], speculative: Union[int, str, SelfSpeculation, None],
+                         cache_reload_steps: int, steps: Optional[int], eos_early_stop: Optional[bool],
+                         mask_token_id: Optional[int], eos_token_id: Optional[int], top_k: Optional[int],
+                         top_p: Optional[float], minimal_topk: Optional[int], editing_threshold: Optional[float],
+                         max_post_steps: Optional[int]) -> tuple[UnmaskingScheduler, UnmaskingOptions, int, Optional[int]]:
+        """A call's policy, its decode options (checked once, when built) from the user's and LLaDA2's names, and its
+        mask and EOS ids (:meth:`__call__`'s arguments of the same names)."""
+        for name, value in (("top_k", top_k), ("top_p", top_p)):
+            if value is not None:
+                raise ValueError(f"{name} (LLaDA2's candidate filtering) has no equivalent here: candidates are arg-max "
+                                 "(temperature=0) or Gumbel-max samples from the full softmax at temperature=")
+        if eos_early_stop is not None and early_stop_eos is not None and eos_early_stop != early_stop_eos:
+            raise ValueError("early_stop_eos and eos_early_stop (its LLaDA2 name) disagree; pass one")
+        width = self._vocab_width()
+        for name, value in (("mask_token_id", mask_token_id), ("eos_token_id", eos_token_id)):
+            if value is not None:
+                check_int(name, value, minimum=0, maximum=None if width is None else width - 1)
+        scheduler, num_inference_steps = self._scheduler(
+            strategy, threshold, editing_threshold=editing_threshold, max_post_steps=max_post_steps,
+            minimal_topk=minimal_topk, num_inference_steps=num_inference_steps)
+        gen_length = self.config.default_gen_length if gen_length is None else gen_length
+        if block_length is None:  # the scheduler's (BlockRefinementScheduler's block_length), else the pipeline's
+            block_length = scheduler.config.get("block_length") or self.config.default_block_length
+            if isinstance(gen_length, int) and gen_length < block_length:  # the default block never exceeds the canvas
+                block_length = gen_length
+        mask_id = self.mask_token_id if mask_token_id is None else mask_token_id
+        eos_id = self._token_id("eos_token_id") if eos_token_id is None else eos_token_id
+        options = self._options(
+            scheduler, steps, num_inference_steps, gen_length=gen_length, block_length=block_length,
+            temperature=temperature, guidance_scale=guidance_scale, cache=cache, cache_reload_steps=cache_reload_steps,
+            mask_token_id=mask_id, eos_token_id=eos_id, logits_eos_inf=logits_eos_inf,
+            confidence_eos_eot_inf=confidence_eos_eot_inf,
+            early_stop_eos=next((v for v in (early_stop_eos, eos_early_stop) if v is not None), True),
+            compile=compile, eotp=eotp, early_commit=early_commit, adaptive_block=adaptive_block,
+            speculative=speculative)
+        return scheduler, options, mask_id, eos_id
+
+    def check_decoding(self, **decoding: Any) -> None:
+        """What a call with these decoding keywords (:meth:`__call__`'s, e.g. ``strategy``, ``cache``, ``gen_length``,
+        ``speculative``, ``eotp``; the others at their defaults) refuses before its first forward, whatever the
+        prompt: the options' checks and the model's (:func:`vispec.dllm.checks.check_decoding`: the model family's
+        caches and rules, the policy's limits), as a ``ValueError`` naming the argument. For settings checked once
+        before many calls (``vispec bench text``'s rows, lm-eval's ``vispec-dllm``); it reads the model's class and
+        config, never its weights, so it also runs on :meth:`from_pretrained_without_weights`'s pipeline."""
+        from vispec.dllm.checks import check_decoding
+
+        names = [n for n in inspect.signature(self._decode_settings).parameters]
+        unknown = sorted(set(decoding) - set(names))
+        if unknown:
+            raise ValueError(f"check_decoding takes the decoding keywords of a call {names}, got {unknown}")
+        scheduler, options, _, _ = self._decode_settings(**{n: decoding.get(n, _CALL_DEFAULTS[n]) for n in names})
+        check_decoding(self.model, options, scheduler)
+
+    @classmethod
+    def from_pretrained_without_weights(cls, pretrained_model_name_or_path: Union[str, os.PathLike],
+                                        **kwargs) -> Optional["MaskedDiffusionLMPipeline"]:
+        """The saved pipeline with its model built from its config on the meta device (no weights read, nothing
+        allocated; the tokenizer, scheduler and filter loaded as usual), for :meth:`check_decoding` before the weights
+        load; None when the model cannot be built so (:func:`vispec.models.checkpoints.build_component_on_meta`).
+        Not for decoding: its model has no values."""
+        from diffusers.utils import logging as diffusers_logging
+
+        from vispec.models.checkpoints import build_component_on_meta
+
+        path = resolve_model_path(pretrained_model_name_or_path)
+        model = build_component_on_meta(path, "model")
+        if model is None:
+            return None
+        bar = diffusers_logging.is_progress_bar_enabled()
+        diffusers_logging.disable_progress_bar()  # a check, not a load: no "Loading pipeline components" bar
+        try:
+            return cls.from_pretrained(path, model=model, **kwargs)
+        finally:
+            if bar:
+                diffusers_logging.enable_progress_bar()
+
     @torch.no_grad()
     def __call__(
         self,
@@ -454,34 +536,15 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             output_type = "text" if self.tokenizer is not None else "seq"
         tensor_inputs = self.check_inputs(output_type, num_sequences_per_prompt, callback_on_step_end,
                                           callback_on_step_end_tensor_inputs)
-        for name, value in (("top_k", top_k), ("top_p", top_p)):
-            if value is not None:
-                raise ValueError(f"{name} (LLaDA2's candidate filtering) has no equivalent here: candidates are arg-max "
-                                 "(temperature=0) or Gumbel-max samples from the full softmax at temperature=")
-        if eos_early_stop is not None and early_stop_eos is not None and eos_early_stop != early_stop_eos:
-            raise ValueError("early_stop_eos and eos_early_stop (its LLaDA2 name) disagree; pass one")
-        width = self._vocab_width()
-        for name, value in (("mask_token_id", mask_token_id), ("eos_token_id", eos_token_id)):
-            if value is not None:
-                check_int(name, value, minimum=0, maximum=None if width is None else width - 1)
-        scheduler, num_inference_steps = self._scheduler(
-            strategy, threshold, editing_threshold=editing_threshold, max_post_steps=max_post_steps,
-            minimal_topk=minimal_topk, num_inference_steps=num_inference_steps)
-        gen_length = self.config.default_gen_length if gen_length is None else gen_length
-        if block_length is None:  # the scheduler's (BlockRefinementScheduler's block_length), else the pipeline's
-            block_length = scheduler.config.get("block_length") or self.config.default_block_length
-            if isinstance(gen_length, int) and gen_length < block_length:  # the default block never exceeds the canvas
-                block_length = gen_length
-        mask_id = self.mask_token_id if mask_token_id is None else mask_token_id
-        eos_id = self._token_id("eos_token_id") if eos_token_id is None else eos_token_id
-        options = self._options(
-            scheduler, steps, num_inference_steps, gen_length=gen_length, block_length=block_length,
-            temperature=temperature, guidance_scale=guidance_scale, cache=cache, cache_reload_steps=cache_reload_steps,
-            mask_token_id=mask_id, eos_token_id=eos_id, logits_eos_inf=logits_eos_inf,
-            confidence_eos_eot_inf=confidence_eos_eot_inf,
-            early_stop_eos=next((v for v in (early_stop_eos, eos_early_stop) if v is not None), True),
-            compile=compile, eotp=eotp, early_commit=early_commit, adaptive_block=adaptive_block,
-            speculative=speculative)
+        scheduler, options, mask_id, eos_id = self._decode_settings(
+            gen_length=gen_length, block_length=block_length, num_inference_steps=num_inference_steps,
+            temperature=temperature, guidance_scale=guidance_scale, strategy=strategy, threshold=threshold, cache=cache,
+            early_stop_eos=early_stop_eos, logits_eos_inf=logits_eos_inf, confidence_eos_eot_inf=confidence_eos_eot_inf,
+            compile=compile, eotp=eotp, early_commit=early_commit, adaptive_block=adaptive_block, speculative=speculative,
+            cache_reload_steps=cache_reload_steps, steps=steps, eos_early_stop=eos_early_stop,
+            mask_token_id=mask_token_id, eos_token_id=eos_token_id, top_k=top_k, top_p=top_p, minimal_topk=minimal_topk,
+            editing_threshold=editing_threshold, max_post_steps=max_post_steps)
+        gen_length = options.gen_length
         ids, mask = self.prepare_input_ids(prompt, messages, input_ids, attention_mask, use_chat_template, add_generation_prompt,
                                            mask_token_id=mask_id)
         batch = ids.shape[0] * num_sequences_per_prompt
@@ -523,6 +586,10 @@ class MaskedDiffusionLMPipeline(PipelineMixin, DiffusionPipeline):
             return (out.tokens, texts)
         return MaskedDiffusionLMPipelineOutput(sequences=out.tokens, texts=texts, stats=stats,
                                                prompt_sequences=prompt_ids, full_texts=full_texts)
+
+
+# the defaults of a call's keywords, which check_decoding gives the keywords it is not passed
+_CALL_DEFAULTS = {name: p.default for name, p in inspect.signature(MaskedDiffusionLMPipeline.__call__).parameters.items()}
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

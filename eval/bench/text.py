@@ -42,6 +42,11 @@ masks changes their context), so ``llada`` + ``none`` *with* early stop is a row
 against the reference of the same task and batch size: ``speedup`` is the ratio of tokens/s (Fast-dLLM's
 definition), ``latency_speedup`` the ratio of latency per problem, ``nfe_reduction`` the ratio of NFE.
 :func:`accuracy_nfe_plot` draws accuracy against NFE, a panel per task.
+
+Every row's setting is checked against the model before the first row runs (:func:`checked_rows`: the checks a
+pipeline call runs before its first forward, on the pipeline without its weights): a cache, rule or policy the
+model's family does not support is one error naming ``--settings`` and the setting, not a failure after the rows
+before it were measured.
 """
 
 from __future__ import annotations
@@ -298,6 +303,46 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
     return row
 
 
+def bench_rows(cfg: TextBenchConfig, reference: tuple) -> dict[tuple, Optional[str]]:
+    """The rows' settings ``(strategy, rules, cache, early_stop_eos, knob value)`` in their order, each with the
+    ``--settings`` item (or ``strategy@cache`` of the grid) it comes from; None for LLaDA's ``reference`` row. A
+    self-speculative setting brings its stepwise twin first."""
+    grid = ([(t, *parse_setting(t)) for t in cfg.settings] if cfg.settings
+            else [(f"{s}@{c}", s, (), c) for s in cfg.strategies for c in cfg.caches])
+    rows: dict[tuple, Optional[str]] = {reference: None} if cfg.reference or not cfg.settings else {}
+    for text, strategy, rules, cache in grid:
+        stepwise = tuple(r for r in rules if parse_rule(r, "settings")[0] != "ssd")
+        for value in cfg.knob_values(strategy):
+            if stepwise != rules:  # a self-speculative row is compared with its stepwise twin, which runs first
+                rows.setdefault((strategy, stepwise, cache, cfg.early_stop_eos, value), text)
+            rows.setdefault((strategy, rules, cache, cfg.early_stop_eos, value), text)
+    return rows
+
+
+def checked_rows(cfg: TextBenchConfig, pipe, rows: dict[tuple, Optional[str]]) -> dict[tuple, dict]:
+    """Each row's pipeline keywords of its rules, after checking its setting against ``pipe``'s model with the
+    checks its calls run before their first forward (:meth:`MaskedDiffusionLMPipeline.check_decoding`: a cache, a
+    rule or a policy the model's family does not support, ssd over dkv, a learn2pd filter, ...), all before the
+    first row: a ``ValueError`` naming ``--settings`` (or ``--strategies`` / ``--cache``) and the setting."""
+    if any(row[0] == "learn2pd" for row in rows) and pipe.filter is None:
+        raise ValueError(f"the learn2pd strategy needs a Learn2PD filter, and {cfg.model} has none (train one with "
+                         "`vispec train filter`)")
+    checked = {}
+    for (strategy, rules, cache, early_stop, value), text in rows.items():
+        try:
+            options = cfg.rule_options(set(rules), pipe.tokenizer)
+            pipe.check_decoding(strategy=setting_scheduler(cfg, strategy, value), cache=cache, gen_length=cfg.gen_length,
+                                block_length=cfg.block_length, early_stop_eos=early_stop, **options)
+        except ValueError as err:
+            where = ("the reference row (llada@none, LLaDA's baseline)" if text is None
+                     else f"--settings {text!r}" if cfg.settings else f"--strategies / --cache {text!r}")
+            twin = "" if text is None or list(rules) == list(parse_setting(text)[1]) else \
+                f" (its stepwise twin {strategy}{''.join('+' + r for r in rules)}@{cache})"
+            raise ValueError(f"{where}{twin} cannot run on {cfg.model}: {err}") from None
+        checked[(strategy, rules, cache, early_stop, value)] = options
+    return checked
+
+
 def result_settings(cfg: TextBenchConfig) -> dict:
     """What a stored problem's result depends on (:class:`vispec.eval.bench.results.ResultStore`): everything but the
     number of problems (problem ``i`` is the same for any count, so a larger run reuses a smaller one's), the
@@ -333,24 +378,25 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     tasks = [get_task(t) for t in cfg.tasks]
     folder = resolve_model_path(cfg.model)
     check_pipeline_folder(folder, "MaskedDiffusionLMPipeline", {"LlamaGenPipeline": "an image model: use `vispec bench image`"})
+    reference = ("llada", (), "none", False, None)  # LLaDA's baseline: one token per step, no cache, no early stop
+    settings = bench_rows(cfg, reference)
+
+    def default_lengths(pipeline) -> None:
+        cfg.gen_length = cfg.gen_length or pipeline.config.default_gen_length
+        cfg.block_length = cfg.block_length or min(pipeline.config.default_block_length, cfg.gen_length)
+
+    # every row's setting against the model before anything runs: on the pipeline without its weights (its model
+    # built on the meta device) when it builds so, else on the loaded one, before the warm-up
+    hollow, row_options = MaskedDiffusionLMPipeline.from_pretrained_without_weights(folder), None
+    if hollow is not None:
+        default_lengths(hollow)
+        row_options = checked_rows(cfg, hollow, settings)
+        del hollow
     pipe = MaskedDiffusionLMPipeline.from_pretrained(folder).to(workers.device)
     pipe.set_progress_bar_config(disable=True)
-    cfg.gen_length = cfg.gen_length or pipe.config.default_gen_length
-    cfg.block_length = cfg.block_length or min(pipe.config.default_block_length, cfg.gen_length)
-    reference = ("llada", (), "none", False, None)  # LLaDA's baseline: one token per step, no cache, no early stop
-    grid = ([parse_setting(t) for t in cfg.settings] if cfg.settings
-            else [(s, (), c) for s in cfg.strategies for c in cfg.caches])
-    settings = [reference] if cfg.reference or not cfg.settings else []
-    for strategy, rules, cache in grid:
-        stepwise = tuple(r for r in rules if parse_rule(r, "settings")[0] != "ssd")
-        for value in cfg.knob_values(strategy):
-            if stepwise != rules:  # a self-speculative row is compared with its stepwise twin, which runs first
-                settings.append((strategy, stepwise, cache, cfg.early_stop_eos, value))
-            settings.append((strategy, rules, cache, cfg.early_stop_eos, value))
-    settings = list(dict.fromkeys(settings))
-    if any(s == "learn2pd" for s, *_ in settings) and pipe.filter is None:
-        raise ValueError(f"the learn2pd strategy needs a Learn2PD filter, and {cfg.model} has none (train one with "
-                         "`vispec train filter`)")
+    default_lengths(pipe)
+    if row_options is None:
+        row_options = checked_rows(cfg, pipe, settings)
     store = open_store(workers, cfg.results_dir, result_settings(cfg))
     if workers.distributed:
         say(f"{workers.world_size} processes, each decoding every {workers.world_size}th batch of problems")
@@ -361,7 +407,7 @@ def run_text_bench(cfg: TextBenchConfig, progress: Callable[[str], None] = print
     for task in tasks:
         items = split_items(task, "test", cfg.num_problems, cfg.seed)
         for strategy, rules, cache, early_stop, value in settings:
-            options = cfg.rule_options(set(rules), pipe.tokenizer)
+            options = row_options[(strategy, rules, cache, early_stop, value)]
             for batch_size in dict.fromkeys((1, *(cfg.batch_sizes or (cfg.batch_size,)))):
                 row = {"strategy": strategy, "rules": list(rules), "cache": cache, "early_stop_eos": early_stop,
                        "task": task.name, "batch_size": batch_size,

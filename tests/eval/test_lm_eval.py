@@ -44,6 +44,9 @@ def test_lm_eval_cli_scores_every_problem_as_bench_text(tmp_path):
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "vispec_arithmetic" in done.stdout and "strict-match" in done.stdout
+    # the launcher reports lm-eval's task indexing, and lm-eval's git look-up (tmp_path is no repository) is silent
+    assert "lm-eval: indexing tasks" in done.stderr and re.search(r"lm-eval: indexed \d+ tasks in", done.stderr)
+    assert "not a git repository" not in done.stderr
     lines = [json.loads(line) for path in glob.glob(str(tmp_path / "out" / "*" / "samples_vispec_arithmetic_*.jsonl"))
              for line in open(path)]
     lm_eval = {(s["filter"], s["doc_id"]): s["exact_match"] for s in lines}
@@ -224,3 +227,122 @@ def test_generation_keywords_are_checked(lm):
         lm.generate_until(_requests("generate_until", [("x", {"until": [], "top_p": 0.9})]))
     with pytest.raises(ValueError, match="do_sample=True with temperature=0"):
         lm.generate_until(_requests("generate_until", [("x", {"do_sample": True, "temperature": 0.0})]))
+
+
+# ---------------------------------------------------------------------------------------- checked before lm-eval
+# issue 47, item 21: `pretrained=tiny-llada2,decoding=llada+ssd=4` built the model and was refused at the first
+# generation; `decoding=llada+ssd=0` failed with a traceback after lm-eval indexed its tasks (minutes). The tests use
+# refusals that stay (self-speculation on LLaDA2 is being added).
+
+@pytest.mark.parametrize("model_args, words", [
+    ({"pretrained": "tiny-llada2", "decoding": "llada+ssd=4@dual"},
+     r"pretrained='tiny-llada2' cannot run decoding='llada\+ssd=4@dual': cache='dual' does not apply to a block-causal"),
+    ({"pretrained": "tiny-llada2", "decoding": "threshold+eotp"}, r"cannot run decoding='threshold\+eotp': eotp=True"),
+    ({"pretrained": "tiny-llada2", "decoding": "threshold@dual"}, r"cannot run decoding='threshold@dual': cache='dual'"),
+    ({"pretrained": "tiny-llada2", "guidance_scale": 1.5}, r"own scheduler \(no decoding=\): guidance_scale != 1"),
+    ({"pretrained": "tiny-mdlm", "decoding": "threshold+ssd@dkv"}, r"^decoding='threshold\+ssd@dkv': speculative"),
+    ({"pretrained": "tiny-mdlm", "decoding": "llada+ssd=0"}, r"^decoding='llada\+ssd=0': ssd=K needs a draft length"),
+])
+def test_decoding_is_refused_at_construction_and_without_weights(model_args, words):
+    """The constructor refuses a decoding the model cannot run (not the first generation), and
+    ``check_arguments`` runs the same checks without loading the weights (the model built on the meta device)."""
+    with pytest.raises(ValueError, match=words):
+        VispecDLLM.check_arguments(model_args)
+    with pytest.raises(ValueError, match=words):
+        VispecDLLM(device="cpu", **model_args)
+
+
+def test_decoding_that_runs_passes_the_checks():
+    """Self-speculation over the dual cache runs on LLaDA-layout models now; the prefix cache on LLaDA2."""
+    VispecDLLM.check_arguments({"pretrained": "tiny-mdlm", "decoding": "llada+ssd=4@dual"}, {"batch_size": 2})
+    VispecDLLM.check_arguments({"pretrained": "tiny-llada2", "decoding": "threshold@prefix"})
+
+
+def test_argument_names_are_checked():
+    """A key the model does not take is a ValueError naming it (Python's TypeError from inside lm-eval before);
+    model_args' batch_size against lm-eval's --batch_size."""
+    with pytest.raises(ValueError, match=r"^--model_args: vispec-dllm takes no argument 'temprature'; its arguments "
+                                         r"are pretrained, decoding, .*temperature"):
+        VispecDLLM.create_from_arg_string("pretrained=tiny-mdlm,temprature=0.5")
+    with pytest.raises(ValueError, match="no argument 'cfg'"):
+        VispecDLLM.create_from_arg_obj({"pretrained": "tiny-mdlm", "cfg": 0.5}, {"batch_size": 1})
+    with pytest.raises(ValueError, match=r"batch_size=4: batch_size is lm-eval's flag --batch_size too, which is 1 "
+                                         r".* pass --batch_size 4 instead"):
+        VispecDLLM.check_arguments({"pretrained": "tiny-mdlm", "batch_size": 4}, {"batch_size": 1, "device": None})
+    VispecDLLM.check_arguments({"pretrained": "tiny-mdlm", "batch_size": 2}, {"batch_size": "2"})
+
+
+@pytest.fixture
+def lm_eval_stub(monkeypatch):
+    """lm-eval's CLI replaced by a recorder, and its patches left out: main's checks alone."""
+    import lm_eval.__main__
+
+    import vispec.eval.lm_eval_model as module
+
+    started = []
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: started.append(list(sys.argv[1:])))
+    monkeypatch.setattr(module, "_patch_lm_eval", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["lm_eval"])
+    return started
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model_args", "pretrained=tiny-llada2,decoding=llada+eotp"], "cannot run decoding='llada+eotp': eotp=True"),
+    (["--model_args", "pretrained=tiny-mdlm,decoding=llada+ssd=0"], "decoding='llada+ssd=0': ssd=K needs"),
+    (["--model_args", "pretrained=tiny-mdlm", "decodin=threshold"], "vispec-dllm takes no argument 'decodin'"),
+    (["--model_args", '{"pretrained": "tiny-mdlm", "steps": 8, "decoding": "threshold"}'], "steps applies to"),
+    (["--model_args", "pretrained=tiny-mdlm", "--batch_size", "auto"], "batch_size='auto'"),
+    (["--model_args", "pretrained=tiny-mdlm", "--device", "gpu"], "device must be cpu, cuda or cuda:N"),
+])
+def test_launcher_refuses_before_lm_eval_starts(args, words, lm_eval_stub, capsys):
+    """``python -m vispec.eval.lm_eval_model``: one line naming the argument and status 2, before lm-eval starts
+    (so before it indexes its tasks)."""
+    from vispec.eval.lm_eval_model import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--model", "vispec-dllm", "--tasks", "vispec_arithmetic", *args])
+    assert exit_info.value.code == 2 and lm_eval_stub == []
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "Loading pipeline" not in line]
+    assert len(err) == 1 and err[0].startswith("vispec-dllm: error: --model_args: ") and words in err[0], err
+
+
+def test_launcher_starts_lm_eval_on_good_arguments(lm_eval_stub):
+    """Good arguments, another model, and command lines lm-eval refuses itself go on to lm-eval (with vispec's
+    tasks on --include_path); the legacy form without `run` is read as lm-eval reads it."""
+    from vispec.eval.lm_eval_model import main
+    from vispec.eval.lm_eval_tasks import TASKS_DIR
+
+    for argv in (["--model", "vispec-dllm", "--model_args", "pretrained=tiny-mdlm,decoding=threshold@dual",
+                  "--tasks", "vispec_arithmetic", "--batch_size", "2", "--device", "cpu"],
+                 ["--model", "hf", "--model_args", "pretrained=anything,bogus=1", "--tasks", "x"],
+                 ["run", "--model", "vispec-dllm", "--model_args", "pretrained=tiny-mdlm", "--no-such-flag"]):
+        main(argv)
+        assert lm_eval_stub[-1] == [*argv, "--include_path", TASKS_DIR]
+    assert len(lm_eval_stub) == 3
+
+
+def test_lm_eval_patches_silence_git_and_report_indexing(monkeypatch, tmp_path, capfd):
+    """The launcher's changes to lm-eval: its git look-up (results' ``git_hash``) prints nothing outside a
+    repository (git's "fatal: not a git repository" before), and its task index says when it starts and ends."""
+    import lm_eval.evaluator
+    import lm_eval.loggers.utils
+    from lm_eval.tasks.manager import TaskManager
+
+    from vispec.eval.lm_eval_model import _patch_lm_eval
+    from vispec.eval.lm_eval_tasks import TASKS_DIR
+
+    for module in (lm_eval.loggers.utils, lm_eval.evaluator):  # restored after the test
+        monkeypatch.setattr(module, "get_git_commit_hash", module.get_git_commit_hash)
+    monkeypatch.setattr(TaskManager, "__init__", TaskManager.__init__)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    _patch_lm_eval()
+    _patch_lm_eval()  # once only: the index reports once
+    capfd.readouterr()
+    assert lm_eval.evaluator.get_git_commit_hash() is None
+    assert capfd.readouterr().err == ""
+    manager = TaskManager(include_path=TASKS_DIR, include_defaults=False)
+    assert "vispec_arithmetic" in manager.all_tasks
+    err = capfd.readouterr().err.splitlines()
+    assert err[0].startswith("lm-eval: indexing tasks") and re.fullmatch(r"lm-eval: indexed \d+ tasks in \d+ s", err[1])
+    assert len(err) == 2

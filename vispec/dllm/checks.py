@@ -4,6 +4,7 @@ argument."""
 
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import torch
@@ -72,3 +73,17 @@ def check_decode_inputs(model: object, input_ids: Tensor, attention_mask: Option
             raise ValueError("adaptive_block cannot run with the learn2pd policy: its filter reads exactly "
                              "block_length confidences per block")
     return TokenIds(mask_id, eos_id, eot_id)
+
+
+def check_decoding(model: object, options: UnmaskingOptions, scheduler: UnmaskingScheduler) -> TokenIds:
+    """What :func:`vispec.dllm.decode` refuses for ``model`` with ``options`` and ``scheduler`` whatever the prompt,
+    before its first forward: :func:`check_decode_inputs` (the model family's caches and rules, the policy's limits,
+    the ids) on a one-token placeholder prompt, and the policy's step split (``set_timesteps``, on a copy). For
+    settings checked once before many decodes (``vispec bench text``'s rows, lm-eval's ``vispec-dllm``); it reads the
+    model's class and config, never its weights, so ``model`` may be built on the meta device. The checks of a
+    prompt's own length and masks run with the decode that gets it."""
+    mask_id = options.mask_token_id if options.mask_token_id is not None else config_id(model, "mask_token_id")
+    placeholder = torch.full((1, 1), 1 if mask_id == 0 else 0, dtype=torch.long)  # a real token, never the mask
+    ids = check_decode_inputs(model, placeholder, None, options, scheduler)
+    copy.deepcopy(scheduler).set_timesteps(options.steps, options.gen_length, options.block_length)
+    return ids
