@@ -95,22 +95,44 @@ def select_rows(cache: Any, index: Tensor) -> Any:
 _GONE_LOAD_KEYWORDS = ("low_cpu_mem_usage", "offload_state_dict")
 
 
+# text_config keys transformers' DiffusionGemmaTextConfig defaults to None although every layer's MoE block is built
+# from them (its router and experts): a config without them fails inside torch (`empty(): argument 'size' ...`)
+REQUIRED_TEXT_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size")
+
+
 def check_diffusion_gemma_folder(folder: str | os.PathLike, variant: Optional[str] = None) -> None:
-    """Raise ``ValueError`` (naming the folder) unless ``folder/config.json`` describes a DiffusionGemma
-    (``model_type`` ``diffusion_gemma``) whose weights in ``folder`` fit it (shapes from the safetensors headers,
-    :func:`vispec.models.checkpoints.check_model_folder`). A folder without ``config.json`` is left to transformers'
-    loader, which says what is missing."""
+    """Raise ``ValueError`` (naming the folder or its ``config.json``) unless ``folder/config.json`` exists and
+    describes a DiffusionGemma (``model_type`` ``diffusion_gemma``) with the ``text_config`` keys transformers has no
+    usable default for (:data:`REQUIRED_TEXT_KEYS`, integers >= 1), whose weights in ``folder`` fit it (shapes from
+    the safetensors headers, :func:`vispec.models.checkpoints.check_model_folder`). Nothing is built before: without
+    ``config.json`` transformers would build a model from its defaults and fail inside torch."""
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
-    folder = os.fspath(folder)
+    folder = os.path.normpath(os.fspath(folder))
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
-        return
-    found = read_json_object(config_path).get("model_type")
+        raise ValueError(f"{folder} has no config.json: a DiffusionGemma folder holds transformers' config.json (the "
+                         "model's sizes) next to its weights, as DiffusionGemmaLM.save_pretrained and transformers' "
+                         "save_pretrained write them")
+    config = read_json_object(config_path)
+    found = config.get("model_type")
     if found != DiffusionGemmaConfig.model_type:
         raise ValueError(f"{config_path} describes a model of type {found!r}, not a DiffusionGemma (model_type "
                          f"{DiffusionGemmaConfig.model_type!r}): DiffusionGemmaLM loads DiffusionGemmaForBlockDiffusion "
                          "folders")
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"{config_path} has no text_config object (the text model's sizes; got {text!r}): "
+                         "transformers' defaults lack the MoE sizes " + ", ".join(REQUIRED_TEXT_KEYS))
+    missing = [key for key in REQUIRED_TEXT_KEYS if text.get(key) is None]
+    if missing:
+        raise ValueError(f"{config_path}: text_config lacks {', '.join(missing)} (transformers has no default for "
+                         f"{'them' if len(missing) > 1 else 'it'}; every layer's MoE block is built from "
+                         f"{', '.join(REQUIRED_TEXT_KEYS)})")
+    for key in REQUIRED_TEXT_KEYS:
+        value = text[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{config_path}: text_config.{key} must be an integer >= 1, got {value!r}")
     check_model_folder(DiffusionGemmaForBlockDiffusion, folder, variant)
 
 
@@ -254,8 +276,8 @@ class DiffusionGemmaLM(ModelMixin):
         with what diffusers' pipeline loader passes a diffusers model translated: ``torch_dtype`` is ``dtype`` (the
         name transformers >= 4.56 takes without a deprecation notice); ``low_cpu_mem_usage`` and ``offload_state_dict``
         are dropped (transformers >= 5 always loads lazily); ``use_flashpack`` must be false. A local folder is checked
-        first: its ``config.json`` must describe a DiffusionGemma, and its weight shapes must fit that config
-        (:func:`vispec.models.checkpoints.check_model_folder`; nothing is allocated before). With
+        first (:func:`check_diffusion_gemma_folder`; nothing is allocated before): it must hold a ``config.json``
+        describing a DiffusionGemma with its MoE sizes, and its weight shapes must fit that config. With
         ``output_loading_info=True`` the result is ``(model, loading_info)``, as in transformers."""
         from transformers import DiffusionGemmaForBlockDiffusion
 

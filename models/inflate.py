@@ -76,6 +76,7 @@ import torch
 from torch import Tensor
 
 from vispec.checks import check_int
+from vispec.models import offload
 from vispec.models.checkpoints import build_on_meta
 from vispec.models.llamagen_gpt import GPT_CONFIGS, LlamaGenGPT, ffn_hidden_dim
 
@@ -253,6 +254,61 @@ def plan_inflation(config: Any, target: Union[str, Mapping[str, int]]) -> Inflat
         ffn_hidden=new_hidden, nominal_n_head=nominal_heads, norm_eps=source.norm_eps * source.dim / new_dim,
         layer_slots=tuple(i * new_layers // source.n_layer for i in range(source.n_layer)),
     )
+
+
+# ------------------------------------------------------------------------------------------- size
+LLAMAGEN_NULL_CAPTIONS = 120
+"""The null-caption rows of a t2i LlamaGen GPT's ``uncond_embedding`` buffer (its T5 length, whatever ``cls_token_num``)."""
+
+
+def parameter_count(config: Any, plan: Optional[InflationPlan] = None) -> int:
+    """The parameters (and persistent buffers) of the transformer ``config`` describes (LlamaGen GPT or Chameleon, the
+    config object or its ``config.json`` as a dict; :func:`source_sizes`), or of its inflation by ``plan``: plain
+    arithmetic on the sizes, nothing built. A Chameleon's VQ model (copied as it is) is not counted."""
+    source = source_sizes(config)
+    sizes: Union[SourceSizes, InflationPlan] = source if plan is None else plan
+    dim, hd, heads, kv, ffn = sizes.dim, sizes.head_dim, sizes.n_head, sizes.n_kv_head, sizes.ffn_hidden
+    vocab = int(_get(config, "vocab_size"))
+    # attention (q, k, v, o), SwiGLU (w1, w3, w2) and the two RMSNorms of a layer
+    layer = (2 * heads + 2 * kv) * hd * dim + 3 * ffn * dim + 2 * dim
+    if source.family == "chameleon":
+        layer += 2 * (heads + kv) * hd  # the per-head query/key LayerNorms (weight and bias)
+        if _get(config, "attention_bias", False):
+            layer += (heads + 2 * kv) * hd + dim
+        if _get(config, "mlp_bias", False):
+            layer += 2 * ffn + dim
+        condition = 0
+    elif _get(config, "model_type") == "c2i":
+        rows = int(_get(config, "num_classes")) + int(float(_get(config, "class_dropout_prob", 0.1)) > 0)
+        condition = rows * dim
+    else:  # the caption projection (fc1, fc2) and the null caption
+        caption = int(_get(config, "caption_dim"))
+        condition = caption * dim + dim * dim + LLAMAGEN_NULL_CAPTIONS * caption
+    return 2 * vocab * dim + condition + sizes.n_layer * layer + dim  # token table, head, final norm
+
+
+def gib(count: int) -> str:
+    """``count`` bytes in GiB, one decimal."""
+    return f"{count / 2**30:.1f} GiB"
+
+
+def approx_count(count: int) -> str:
+    """``count`` in two significant digits: ``6.5e9``; below 10,000 as it is."""
+    return str(count) if count < 10_000 else f"{count:.1e}".replace("e+0", "e").replace("e+", "e")
+
+
+def check_inflation_memory(what: str, plan: InflationPlan, parameters: int, dtype: torch.dtype,
+                           device: Union[str, torch.device]) -> None:
+    """Refuse (:class:`InflationError` starting with ``what``, the argument that asked for the size) an inflated model
+    whose ``parameters`` at ``dtype`` would not fit the memory available on ``device``
+    (:func:`vispec.models.offload.available_memory`: free CUDA memory, the CPU's ``MemAvailable``); nothing is refused
+    where that cannot be told."""
+    need = parameters * torch.empty((), dtype=dtype).element_size()
+    free = offload.available_memory(torch.device(device))
+    if free is not None and need > free:
+        raise InflationError(f"{what}: the inflated model ({plan.describe()}) has ~{approx_count(parameters)} parameters, "
+                             f"{gib(need)} in {str(dtype).removeprefix('torch.')}, more than the {gib(free)} available on "
+                             f"{device}; ask for a smaller target")
 
 
 # ------------------------------------------------------------------------------------------- weights
@@ -440,7 +496,9 @@ def inflate(model: Any, target: Union[str, Mapping[str, int]], seed: int = 0) ->
 
     Returns a new model of ``model``'s class (``model`` is not changed) on its device and dtype, in its train/eval
     mode, with ``inflation`` set to the :class:`InflationPlan`. Raises :class:`InflationError` (a ``ValueError``)
-    before building anything for another kind of model, an unknown or smaller target, or a bad seed.
+    before building anything for another kind of model, an unknown or smaller target, a bad seed, or a target whose
+    weights (:func:`parameter_count` at the model's dtype) would not fit the memory available on the model's device
+    (:func:`check_inflation_memory`; the error names the target and both sizes in GiB).
     """
     chameleon = _chameleon_class()
     if not isinstance(model, LlamaGenGPT) and not (chameleon is not None and isinstance(model, chameleon)):
@@ -450,6 +508,9 @@ def inflate(model: Any, target: Union[str, Mapping[str, int]], seed: int = 0) ->
     if any(p.device.type == "meta" for p in model.parameters()):
         raise InflationError("model has weights on the meta device (offloaded): inflate it before enabling offload")
     plan = plan_inflation(model.config, target)
+    what = f"target {target!r}" if isinstance(target, str) else f"target {dict(target)}"
+    copied = sum(v.numel() for k, v in model.state_dict().items() if k.startswith("model.vqmodel."))  # Chameleon's VQ
+    check_inflation_memory(what, plan, parameter_count(model.config, plan) + copied, model.dtype, model.device)
     new = _inflate_llamagen(model, plan, seed) if isinstance(model, LlamaGenGPT) else _inflate_chameleon(model, plan, seed)
     new.train(model.training)
     new.requires_grad_(any(p.requires_grad for p in model.parameters()))

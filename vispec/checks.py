@@ -48,3 +48,26 @@ def check_number(name: str, value, *, minimum: Optional[float] = None, maximum: 
     if bad:
         raise ValueError(f"{name} must be a finite number{_range_text(minimum, maximum, exclusive_minimum)}{hint}, got {value!r}")
     return value
+
+
+def writable_ancestor(folder: str, label: str, path: str) -> str:
+    """The nearest existing ancestor of ``folder`` (itself if it exists), where folders can be made and written:
+    the missing folders below it can then be created. Permission bits are not enough (root may "write" anywhere, yet
+    cannot make a folder in ``/proc``, on a read-only mount or under a file), so a uniquely named folder is made and
+    removed at once: nothing is left behind and concurrent checks do not meet. ``ValueError`` naming ``label`` (the
+    flag or argument) and ``path`` (what the user typed)."""
+    import os
+    import tempfile
+
+    existing = os.path.abspath(folder)
+    while not os.path.isdir(existing):
+        if os.path.lexists(existing):  # a file (or a dangling link) where a folder must be made
+            raise ValueError(f"{label} {path!r}: {existing} is a file, so the folder cannot be made")
+        existing = os.path.dirname(existing)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".vispec-write-check-", dir=existing))
+    except OSError as err:
+        action = "write in it" if existing == os.path.abspath(folder) else f"make folders in {existing}"
+        raise ValueError(f"{label} {path!r}: cannot {action} ({err.strerror or err}); expected a folder that can be "
+                         "made and written") from None
+    return existing

@@ -34,6 +34,11 @@ def check_inflated_model(name: str, trained: Optional[tuple[str, ...]] = TRAINED
     before anything is loaded: the GPT config is known, the trained model is one of ``trained`` (None: any pipeline,
     embedded name or folder, whose transformer is a LlamaGen GPT or a Chameleon) and the GPT config is no smaller than
     it in any size (its ``transformer/config.json`` is read, not the weights). ValueError naming what is wrong."""
+    return _inflation_source(name, trained)[0]
+
+
+def _inflation_source(name: str, trained: Optional[tuple[str, ...]]) -> tuple:
+    """``(plan, the trained model's transformer config.json as a dict)`` (:func:`check_inflated_model`)."""
     import json
     import os
 
@@ -56,9 +61,65 @@ def check_inflated_model(name: str, trained: Optional[tuple[str, ...]] = TRAINED
     with open(path) as f:
         config = json.load(f)
     try:
-        return plan_inflation(config, target)
+        return plan_inflation(config, target), config
     except ValueError as err:
         raise ValueError(f"model {name!r}: {err}") from None
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def check_decoder_memory(cfg: "DecoderBenchConfig") -> None:
+    """Refuse a ``vispec bench decoders`` model that would not fit this machine, from its sizes, before anything is
+    built: a named random-init GPT or an inflated one (``tiny-c2i@GPT-7B``; the embedded tiny-c2i itself is tiny).
+    The model is built in float32 on the CPU (:func:`vispec.eval.bench.decoders.build_model`) and then cast to
+    ``dtype`` on ``device``, where the decodes add their key/value cache (the widest batch, both guidance rows, the
+    class token, the image and the widest window). Estimates (:func:`vispec.models.inflate.parameter_count`) against
+    :func:`vispec.models.offload.available_memory`; the error names ``--model`` with the need and what is available,
+    in GiB. Activations and the sweep's compiled graphs come on top (a lower estimate)."""
+    import torch
+
+    from vispec.eval.bench.decoders import decoding_config
+    from vispec.models import offload
+    from vispec.models.inflate import approx_count, gib, parameter_count, source_sizes
+    from vispec.models.llamagen_gpt import GPT_CONFIGS
+
+    base, target = split_inflated_name(cfg.model)
+    if target is not None:
+        plan, config = _inflation_source(cfg.model, TRAINED_MODELS)
+        sizes, note = plan, f" ({base}'s logits at {target} cost: width {plan.dim}, {plan.n_layer} layers)"
+    elif cfg.model in GPT_CONFIGS:  # LlamaGenGPT.from_name's other defaults
+        config = dict(GPT_CONFIGS[cfg.model], model_type="c2i", vocab_size=cfg.vocab_size, num_classes=cfg.num_classes,
+                      multiple_of=256, ffn_dim_multiplier=None, norm_eps=1e-5, class_dropout_prob=0.1, n_kv_head=None)
+        plan, note = None, ""
+        sizes = source_sizes(config)
+    else:  # the embedded trained model
+        return
+    parameters = parameter_count(config, plan)
+    batch = max(cfg.batch_sizes) if cfg.batch_sizes else cfg.batch_size
+    batch_flag = f"--batch-sizes {max(cfg.batch_sizes)}" if cfg.batch_sizes else f"--batch-size {cfg.batch_size}"
+    rows = batch * (2 if cfg.guidance_scale != 1 else 1)
+    window = max([cfg.window] + [decoding_config(m, cfg.window).largest_window for m in cfg.methods])
+    positions = 1 + cfg.image_tokens + window
+    size = DTYPE_BYTES[cfg.dtype]
+    cache = 2 * sizes.n_layer * rows * sizes.n_kv_head * sizes.head_dim * positions * size
+    what = f"model (--model) {cfg.model!r}: ~{approx_count(parameters)} parameters{note}"
+    built = f"{gib(parameters * 4)} of float32 weights (built on the CPU before the cast to --dtype {cfg.dtype})"
+    used = (f"{gib(parameters * size)} of {cfg.dtype} weights and {gib(cache)} of key/value cache ({batch_flag}"
+            f"{', x2 rows for guidance' if rows > batch else ''}, {positions} positions)")
+    # (device, weight bytes, cache bytes, what they are): the float32 build on the CPU, then the decodes on the device
+    needs = [("cpu", parameters * 4, 0, built)]
+    decodes = (cfg.device, parameters * size, cache, used)
+    if torch.device(cfg.device).type != "cpu":
+        needs.append(decodes)
+    elif parameters * size + cache > parameters * 4:  # on the CPU the larger of the two
+        needs = [decodes]
+    for where, weights, kv, why in needs:
+        free = offload.available_memory(torch.device(where))
+        if free is not None and weights + kv > free:
+            smaller = "--model" if weights > free else batch_flag.split()[0]
+            raise ValueError(f"{what} need {why}: {gib(weights + kv)}, more than the {gib(free)} available on {where}; "
+                             f"pick a smaller {smaller}")
 
 
 COST_CURVES = ("measured", "flat")  # --cost-curve: besides these, a cost-curve JSON file
@@ -205,6 +266,7 @@ class DecoderBenchConfig:
             raise ValueError(f"image_tokens must be >= 2 (the roofline's cost curve times passes after the first token), "
                              f"got {self.image_tokens}")
         _check_device(self.device)
+        check_decoder_memory(self)
 
 
 @dataclass

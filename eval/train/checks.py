@@ -18,7 +18,7 @@ import math
 import os
 from typing import Any, Callable, NamedTuple, Optional
 
-from vispec.checks import check_int, check_number
+from vispec.checks import check_int, check_number, writable_ancestor
 
 # how a check calls a config field: the field itself (Python), or the flag that sets it (the command line)
 Namer = Callable[[str], str]
@@ -57,11 +57,11 @@ def check_fields(cfg: Any, name: Namer = field_name, *, counts: tuple[str, ...] 
 
 
 def check_common(cfg: Any, name: Namer = field_name) -> None:
-    """The fields most trainers share, where ``cfg`` has them: ``out`` (a non-empty path), ``seed`` (in
-    [0, :data:`MAX_SEED`]), ``steps``, ``batch_size`` and ``log_every`` (>= 1), ``lr`` (> 0) and ``weight_decay``
-    (>= 0)."""
-    if hasattr(cfg, "out") and (not isinstance(cfg.out, str) or not cfg.out):
-        raise ValueError(f"{name('out')} must be a folder path, got {cfg.out!r}")
+    """The fields most trainers share, where ``cfg`` has them: ``out`` (a folder that can be made and written,
+    :func:`check_output_folder`), ``seed`` (in [0, :data:`MAX_SEED`]), ``steps``, ``batch_size`` and ``log_every``
+    (>= 1), ``lr`` (> 0) and ``weight_decay`` (>= 0)."""
+    if hasattr(cfg, "out"):
+        check_output_folder(cfg, "out", name)
     if hasattr(cfg, "seed") and check_int(name("seed"), cfg.seed, minimum=0) > MAX_SEED:
         raise ValueError(f"{name('seed')} must be an integer in [0, {MAX_SEED}], got {cfg.seed}")
     check_fields(cfg, name, counts=tuple(f for f in ("steps", "batch_size", "log_every") if hasattr(cfg, f)),
@@ -86,6 +86,18 @@ def check_folder(cfg: Any, field: str, name: Namer = field_name, *, holds: str =
         raise ValueError(f"{name(field)} {path!r} {why}; expected {what}")
     if holds and not os.path.isfile(os.path.join(path, holds)):
         raise ValueError(f"{name(field)} {path!r} has no {holds}; expected {what}")
+
+
+def check_output_folder(cfg: Any, field: str = "out", name: Namer = field_name) -> None:
+    """``cfg.<field>`` must be a folder a trainer can write: an existing folder, or a path whose missing folders can
+    be made (:func:`vispec.checks.writable_ancestor`: probed, not read from permission bits). The error names
+    ``name(field)``, the path and the reason."""
+    path = getattr(cfg, field)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{name(field)} must be a folder path, got {path!r}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name(field)} {path!r} is a file; expected a folder")
+    writable_ancestor(path, name(field), path)
 
 
 def check_choice(cfg: Any, field: str, choices: tuple[str, ...], name: Namer = field_name) -> None:

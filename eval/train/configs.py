@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from vispec.checks import check_int, check_number
 from vispec.eval.train.checks import (Footprint, Namer, check_choice, check_common, check_decoding_defaults,
                                       check_device_present, check_fields, check_folder, check_heads,
-                                      check_pipeline_name, check_threads, check_training_memory, field_name)
+                                      check_output_folder, check_pipeline_name, check_threads, check_training_memory,
+                                      field_name)
 
 # LLAMAGEN_VQ_VARIANTS["VQ-4"] and llamagen_vq_config's norm_num_groups (vispec.models.llamagen_vq, which imports
 # torch); a test asserts they agree
@@ -240,8 +241,9 @@ class GADDrafterTrainConfig:
     log_every: int = 25
 
     def validate(self, name: Namer = field_name) -> None:
-        """Every field before any work; then ``sample_decoding`` must be a decoding spec and ``target`` an embedded
-        model or a local pipeline folder."""
+        """Every field before any work; then ``sample_decoding`` must be a decoding spec, ``target`` an embedded
+        model or a local pipeline folder, and the GPT ``warm_start`` names there must have the drafter's shape
+        (:func:`_check_warm_start`, from its ``config.json``: before minutes of sampling)."""
         check_common(self, name)
         if not isinstance(self.warm_start, str) or self.warm_start not in ("", "drafter", "transformer"):
             raise ValueError(f"{name('warm_start')} must be 'drafter' (the target pipeline's AR drafter), 'transformer' "
@@ -260,6 +262,7 @@ class GADDrafterTrainConfig:
         check_heads(self, "dim", "n_head", name, multiple=4)
         check_training_memory(self, self.footprint(), name)
         _check_sampled_target(self, name)
+        _check_warm_start(self, name)
 
     def footprint(self) -> Footprint:
         """The drafter's blocks (as a LlamaGen GPT's, vocabulary-sized tables left out), the rows' activations (at most a
@@ -268,6 +271,72 @@ class GADDrafterTrainConfig:
                                                       self.batch_size * self.blocks_per_sequence)
         return Footprint(parameters, activations + self.num_sequences * (2 * GPT_TOKENS + 8),
                          ("dim", "n_layer", "n_head", "batch_size", "blocks_per_sequence", "num_sequences"))
+
+
+def _llamagen_ffn(dim: int, multiple_of: int, multiplier) -> int:
+    """LlamaGen's SwiGLU width (:func:`vispec.models.llamagen_gpt.ffn_hidden_dim`, which imports torch)."""
+    hidden = int(2 * (4 * dim) / 3)
+    if multiplier is not None:
+        hidden = int(multiplier * hidden)
+    return hidden if hidden % multiple_of == 0 else hidden + multiple_of - hidden % multiple_of
+
+
+def _check_warm_start(cfg: "GADDrafterTrainConfig", name: Namer) -> None:
+    """The GAD drafter's ``warm_start`` (a GPT of the ``target`` pipeline) exists and has the drafter's shape,
+    parameter for parameter as :func:`vispec.eval.train.gad.warm_start_from_ar` loads it, read from the two
+    ``config.json`` files: ``dim``, ``n_layer`` and ``n_head`` as the flags give them, a null-class row in both or in
+    neither (``class_dropout_prob``), and the drafter's fixed layout (no grouped-query attention, LlamaGen's SwiGLU
+    width at ``multiple_of=256``, the target's vocabulary and classes). Each error names the flag, its value and the
+    value the warm start requires (or the warm start itself, for what no flag sets). Runs after
+    :func:`_check_sampled_target` (``target`` is a LlamaGen pipeline)."""
+    import json
+
+    from vispec.pipelines.embedded import resolve_model_path
+
+    if not cfg.warm_start:
+        return
+    folder = resolve_model_path(cfg.target)
+    start, target = name("warm_start"), name("target")
+    where = f"{start} {cfg.warm_start} (the {cfg.warm_start} of {target} {cfg.target!r})"
+    off = f"{start} '' to start from random weights"
+
+    def read(component: str) -> dict:
+        path = os.path.join(folder, component, "config.json")
+        try:
+            with open(path) as handle:
+                config = json.load(handle)
+        except FileNotFoundError:
+            raise ValueError(f"{start} {cfg.warm_start}: {target} {cfg.target!r} has no {component} (no {path}); "
+                             f"train one with `vispec train drafter`, or pass {off}") from None
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{start} {cfg.warm_start}: {path} is not a readable JSON file: {err}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{start} {cfg.warm_start}: {path} must hold a JSON object")
+        return config
+
+    source, own = read(cfg.warm_start), read("transformer")
+    if source.get("model_type", "c2i") != "c2i":
+        raise ValueError(f"{where} is a {source.get('model_type')!r} GPT, not a class-to-image one (c2i): pass {off}")
+    for key in ("dim", "n_layer", "n_head"):
+        required = source.get(key)
+        if getattr(cfg, key) != required:
+            raise ValueError(f"{name(key)} {getattr(cfg, key)} does not fit {where}, whose {key} is {required}: "
+                             f"pass {name(key)} {required}, or {off}")
+    source_null = float(source.get("class_dropout_prob", 0.1)) > 0
+    if source_null != (cfg.class_dropout_prob > 0):
+        flag = name("class_dropout_prob")
+        required = f"a {flag} above 0" if source_null else f"{flag} 0"
+        raise ValueError(f"{flag} {cfg.class_dropout_prob} does not fit {where}, whose class table "
+                         f"{'has a' if source_null else 'has no'} null-class row (class_dropout_prob "
+                         f"{source.get('class_dropout_prob')}): pass {required}, or {off}")
+    kv_heads = source.get("n_kv_head") or cfg.n_head
+    ffn = _llamagen_ffn(cfg.dim, int(source.get("multiple_of", 256)), source.get("ffn_dim_multiplier"))
+    for what, theirs, ours in (("n_kv_head", kv_heads, cfg.n_head), ("SwiGLU width", ffn, _llamagen_ffn(cfg.dim, 256, None)),
+                               ("vocab_size", source.get("vocab_size"), own.get("vocab_size")),
+                               ("num_classes", source.get("num_classes"), own.get("num_classes"))):
+        if theirs != ours:
+            raise ValueError(f"{where} has {what} {theirs}, the GAD drafter needs {ours} (the target's transformer "
+                             f"and the drafter's fixed layout): its weights cannot start the drafter; pass {off}")
 
 
 @dataclass
@@ -650,8 +719,7 @@ class LLaDA2AssembleConfig:
 
     def validate(self, name: Namer = field_name) -> None:
         """Every field, before anything is read (:mod:`vispec.eval.train.checks`)."""
-        if not isinstance(self.out, str) or not self.out:
-            raise ValueError(f"{name('out')} must be a folder path, got {self.out!r}")
+        check_output_folder(self, "out", name)
         check_fields(self, name, non_negative=("gen_length",))
         check_folder(self, "trained", name, holds="train_config.json", what="the folder `vispec train llada2` wrote")
         if self.bench and not os.path.isfile(self.bench):
@@ -740,9 +808,8 @@ class FilterTrainConfig:
 # ---- assemblers (no model of their own) ------------------------------------------------------------------------
 
 def check_output(cfg, name: Namer = field_name) -> None:
-    """``cfg.out``: a non-empty path (the CLI checks that it can be written)."""
-    if not isinstance(cfg.out, str) or not cfg.out:
-        raise ValueError(f"{name('out')} must be a folder path, got {cfg.out!r}")
+    """``cfg.out``: a folder that can be made and written (:func:`~vispec.eval.train.checks.check_output_folder`)."""
+    check_output_folder(cfg, "out", name)
 
 
 @dataclass

@@ -151,6 +151,18 @@ def test_defaults_reach_the_trainer(trainer, folders, stubs, capsys):
     (["llada2", "--init-from", "tiny-llada2", "--num-experts", "8"],
      "--num-experts 8 differs from the 4 of --init-from 'tiny-llada2': a LLaDA2 folder is continued with its own"),
     (["filter", "--threads", "5000"], "--threads must be an integer in [1, 1024]"),
+    # issue 47 item 20: the warm start's shape, from its config.json, before minutes of sampling
+    (["gad-drafter", "--dim", "64"], "--dim 64 does not fit --warm-start drafter (the drafter of --target 'tiny-c2i'), "
+                                     "whose dim is 128: pass --dim 128, or --warm-start '' to start from random weights"),
+    (["gad-drafter", "--n-layer", "3"], "--n-layer 3 does not fit --warm-start drafter (the drafter of --target "
+                                        "'tiny-c2i'), whose n_layer is 2: pass --n-layer 2"),
+    (["gad-drafter", "--n-head", "8"], "--n-head 8 does not fit --warm-start drafter (the drafter of --target "
+                                       "'tiny-c2i'), whose n_head is 4: pass --n-head 4"),
+    (["gad-drafter", "--warm-start", "transformer"], "--dim 128 does not fit --warm-start transformer (the transformer "
+                                                     "of --target 'tiny-c2i'), whose dim is 256: pass --dim 256"),
+    (["gad-drafter", "--class-dropout-prob", "0"], "--class-dropout-prob 0.0 does not fit --warm-start drafter (the "
+                                                   "drafter of --target 'tiny-c2i'), whose class table has a null-class "
+                                                   "row (class_dropout_prob 0.1): pass a --class-dropout-prob above 0"),
 ])
 def test_bad_trainer_flags_are_one_line_naming_the_flag(argv, words, folders, stubs, capsys, tmp_path):
     trainer = argv[0]
@@ -159,6 +171,48 @@ def test_bad_trainer_flags_are_one_line_naming_the_flag(argv, words, folders, st
     assert main(["train", trainer, *base_args(trainer, folders), *argv[1:]]) == 2
     line = one_line(capsys)
     assert words.replace("MISSING", fill["MISSING"]) in line and stubs == []
+
+
+def test_a_warm_start_of_the_drafters_shape_reaches_the_trainer(folders, stubs, capsys):
+    """Issue 47 item 20: flags that fit the warm start pass (tiny-c2i's transformer: 256 wide, 4 layers, 4 heads);
+    without a warm start any shape does."""
+    assert main(["train", "gad-drafter", *base_args("gad-drafter", folders), "--warm-start", "transformer", "--dim", "256",
+                 "--n-layer", "4"]) == 0, capsys.readouterr().err
+    assert main(["train", "gad-drafter", *base_args("gad-drafter", folders), "--warm-start", "", "--dim", "64"]) == 0
+    assert [(cfg.warm_start, cfg.dim) for cfg in stubs] == [("transformer", 256), ("", 64)]
+
+
+OUT_TRAINERS = [trainer for trainer in TRAINERS if "out" in flag_fields(trainer)]
+
+
+@pytest.mark.parametrize("trainer", OUT_TRAINERS)
+def test_an_output_folder_that_cannot_be_made_is_one_line_naming_out(trainer, folders, stubs, capsys, tmp_path):
+    """Issue 47 item 15: every trainer with --out checks up front that the folder can be made and written (root's
+    permission bits say yes for /proc, where no folder can be made: "[Errno 2] No such file or directory" came from
+    inside the trainer, after the sampling); nothing is left behind by the check."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cases = [(str(blocker / "out"), f"--out '{blocker / 'out'}': {blocker} is a file, so the folder cannot be made")]
+    if __import__("os").path.isdir("/proc/self"):  # Linux: procfs takes no new folders, whoever asks
+        cases.append(("/proc/vispec-out/x", "--out '/proc/vispec-out/x': cannot make folders in /proc ("))
+    for out, words in cases:
+        assert main(["train", trainer, *base_args(trainer, folders), "--out", out]) == 2
+        assert words in one_line(capsys) and stubs == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_the_output_check_leaves_nothing_behind(tmp_path, stubs, capsys):
+    """A writable --out passes, made by nobody but the trainer: neither a missing folder nor an existing one keeps
+    anything from the check."""
+    from vispec.eval.train.checks import check_output_folder
+    from vispec.eval.train.configs import EvaluatorTrainConfig
+
+    for out in (tmp_path / "new" / "deeper", tmp_path):
+        check_output_folder(EvaluatorTrainConfig(out=str(out)))
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match=r"^out '.*' is a file; expected a folder$"):
+        (tmp_path / "f").write_text("")
+        check_output_folder(EvaluatorTrainConfig(out=str(tmp_path / "f")))
 
 
 def test_gpt_with_a_missing_vq_folder_says_so_without_the_network(tmp_path, stubs, capsys):

@@ -358,3 +358,56 @@ def test_train_config_causal_drafter_reads_the_whole_prefix():
         GADDrafterTrainConfig(attention="causal", context=48).validate()
     with pytest.raises(ValueError, match="attention must be 'bidirectional' or 'causal'"):
         GADDrafterTrainConfig(attention="both").validate()
+
+
+SOURCE = dict(vocab_size=VOCAB, dim=32, n_layer=2, n_head=2, n_kv_head=None, multiple_of=256, ffn_dim_multiplier=None,
+              num_classes=CLASSES, class_dropout_prob=0.1, block_size=TOKENS, model_type="c2i")
+
+
+@pytest.mark.parametrize("source, flags, words", [
+    ({}, {}, None),
+    ({"norm_eps": 1e-6, "rope_base": 100.0}, {}, None),  # no shape: still a fit
+    ({}, {"dim": 64, "n_head": 4}, "--dim 64 does not fit --warm-start drafter"),
+    ({}, {"n_layer": 3}, "--n-layer 3 does not fit"),
+    # the same tensor shapes split into other heads: warm_start_from_ar would copy them, but the drafter would not
+    # compute the GPT's function (nor use its RoPE table): refused, as its docstring asks ("n_head must match")
+    ({}, {"n_head": 4}, "--n-head 4 does not fit"),
+    ({}, {"class_dropout_prob": 0.0}, "--class-dropout-prob 0.0 does not fit"),
+    ({"class_dropout_prob": 0.0}, {}, "--class-dropout-prob 0.1 does not fit .* has no null-class row"),
+    ({"n_kv_head": 1}, {}, "has n_kv_head 1, the GAD drafter needs 2"),
+    ({"multiple_of": 32}, {}, "has SwiGLU width 96, the GAD drafter needs 256"),
+    ({"vocab_size": VOCAB + 1}, {}, f"has vocab_size {VOCAB + 1}, the GAD drafter needs {VOCAB}"),
+    ({"num_classes": CLASSES + 1}, {}, f"has num_classes {CLASSES + 1}, the GAD drafter needs {CLASSES}"),
+], ids=lambda v: str(v)[:40])
+def test_train_config_checks_the_warm_start_as_warm_start_from_ar_loads(source, flags, words, tmp_path):
+    """Issue 47 item 20: ``GADDrafterTrainConfig.validate`` reads the warm start's and the target's config.json (before
+    any sampling) and accepts exactly the shapes :func:`warm_start_from_ar` loads; a refusal names the flag, its value
+    and the value required, or (for what no flag sets) the warm start."""
+    import json
+
+    from vispec.cli.args import config_flag
+    from vispec.eval.train.configs import GADDrafterTrainConfig
+    from vispec.eval.train.gad import build_gad_drafter, warm_start_from_ar
+    from vispec.models.llamagen_gpt import LlamaGenGPT
+
+    pipe = tmp_path / "pipe"
+    components = {"transformer": SOURCE, "drafter": {**SOURCE, **source}}
+    for name, config in components.items():
+        (pipe / name).mkdir(parents=True)
+        (pipe / name / "config.json").write_text(json.dumps(config))
+    (pipe / "model_index.json").write_text(json.dumps({"_class_name": "LlamaGenPipeline",
+                                                       **{n: ["vispec.models.llamagen_gpt", "LlamaGenGPT"] for n in components}}))
+    cfg = GADDrafterTrainConfig(target=str(pipe), out=str(tmp_path / "out"), **{**dict(dim=32, n_layer=2, n_head=2), **flags})
+    flag = lambda field: config_flag(GADDrafterTrainConfig, field)  # noqa: E731
+    target, ar = (LlamaGenGPT(**config) for config in components.values())
+    if words is None:
+        cfg.validate(flag)
+        warm_start_from_ar(build_gad_drafter(cfg, target), ar)
+    else:
+        with pytest.raises(ValueError, match=words):
+            cfg.validate(flag)
+        if "n_head" not in flags:
+            with pytest.raises(ValueError, match="warm start"):
+                warm_start_from_ar(build_gad_drafter(cfg, target), ar)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # the --out check made nothing
+    GADDrafterTrainConfig(target=str(pipe), out=str(tmp_path / "out"), warm_start="", **flags).validate()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import warnings
 
 import pytest
@@ -146,6 +147,41 @@ def test_diffusion_gemma_folder_checks(model, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(wider))
     with pytest.raises(ValueError, match="shape mismatches"):
         DiffusionGemmaLM.from_pretrained(tmp_path)
+
+
+def test_a_folder_without_config_or_its_moe_sizes_is_refused_by_name(model, tmp_path, monkeypatch):
+    """Issue 47 item 16: a pipeline folder whose model/ has no config.json, or a config.json without the text_config
+    keys transformers has no default for (num_experts, top_k_experts, moe_intermediate_size), failed inside torch's
+    Linear ("empty(): argument 'size' ... NoneType"). Both are refused naming the folder or file and what is missing,
+    before transformers builds anything."""
+    pipe = MaskedDiffusionLMPipeline(model=DiffusionGemmaLM(model), tokenizer=None, scheduler=ThresholdScheduler(),
+                                     default_gen_length=2 * CANVAS, default_block_length=CANVAS)
+    pipe.save_pretrained(tmp_path)
+    config_path = tmp_path / "model" / "config.json"
+    config = json.loads(config_path.read_text())
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("transformers was asked to build the model")
+
+    monkeypatch.setattr(DiffusionGemmaForBlockDiffusion, "from_pretrained", no_build)
+    config_path.unlink()
+    for load in (lambda: MaskedDiffusionLMPipeline.from_pretrained(tmp_path),
+                 lambda: DiffusionGemmaLM.from_pretrained(tmp_path / "model")):
+        with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'model'))} has no config.json: a DiffusionGemma "
+                                             "folder holds"):
+            load()
+    text = config["text_config"]
+    for broken, words in (({"model_type": "diffusion_gemma"}, "has no text_config object"),
+                          ({**config, "text_config": {k: v for k, v in text.items() if k != "num_experts"}},
+                           "text_config lacks num_experts (transformers has no default for it"),
+                          ({**config, "text_config": {k: v for k, v in text.items()
+                                                    if k not in ("num_experts", "top_k_experts", "moe_intermediate_size")}},
+                           "text_config lacks num_experts, top_k_experts, moe_intermediate_size"),
+                          ({**config, "text_config": {**text, "top_k_experts": "2"}},
+                           "text_config.top_k_experts must be an integer >= 1, got '2'")):
+        config_path.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=f"^{re.escape(str(config_path))}(: | ){re.escape(words)}"):
+            MaskedDiffusionLMPipeline.from_pretrained(tmp_path)
 
 
 def test_gemma_rule_equals_transformers_generate(model):

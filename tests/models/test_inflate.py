@@ -7,7 +7,9 @@ import torch
 
 from vispec.decoding import decode
 from vispec.eval.bench.configs import DecoderBenchConfig, ImageBenchConfig, split_inflated_name
-from vispec.models.inflate import InflationError, inflate, plan_inflation
+from vispec.models import inflate as inflate_module
+from vispec.models import offload
+from vispec.models.inflate import InflationError, inflate, parameter_count, plan_inflation
 from vispec.models.llamagen_gpt import LlamaGenCondition, LlamaGenGPT
 from vispec.sampling import SamplingConfig
 
@@ -205,6 +207,88 @@ def test_bench_model_names():
     ImageBenchConfig(model="tiny-t2i@GPT-B").validate()  # a Chameleon transformer
     with pytest.raises(ValueError, match="tiny-mdlm has no transformer/config.json"):
         ImageBenchConfig(model="tiny-mdlm@GPT-B").validate()
+
+
+def count(model) -> int:
+    return sum(tensor.numel() for tensor in model.state_dict().values())
+
+
+def test_parameter_count_is_the_built_models():
+    """The size estimate the memory check reads (:func:`parameter_count`, plain arithmetic) is the built models' count
+    of parameters and buffers: sources and inflations, class and caption LlamaGens, grouped-query attention, Chameleon
+    (its VQ model aside) with and without biases."""
+    from transformers import ChameleonForConditionalGeneration
+    from unified_helpers import tiny_chameleon
+
+    llamagens = [(tiny_source(), TARGET), (tiny_source(n_head=4, n_kv_head=2, dim=64), TARGET),
+                 (tiny_source(class_dropout_prob=0.0), dict(dim=96)),
+                 (tiny_source(model_type="t2i", caption_dim=16, cls_token_num=4), dict(dim=96, n_layer=3, ffn_hidden=320))]
+    for source, target in llamagens:
+        big = inflate(source, target)
+        assert parameter_count(source.config) == count(source)
+        assert parameter_count(source.config, big.inflation) == count(big), (source.config.model_type, target)
+    chameleon = tiny_chameleon()
+    config = chameleon.config
+    config.attention_bias = config.mlp_bias = True
+    torch.manual_seed(0)
+    biased = ChameleonForConditionalGeneration(config).eval()
+    for source in (tiny_chameleon(), biased):
+        vq = sum(v.numel() for k, v in source.state_dict().items() if k.startswith("model.vqmodel."))
+        big = inflate(source, dict(dim=64, n_layer=4))
+        assert parameter_count(source.config) + vq == count(source)
+        assert parameter_count(source.config, big.inflation) + vq == count(big)
+
+
+def test_a_target_past_the_memory_is_refused_before_building(monkeypatch):
+    """Issue 47 item 3: ``inflate(model, {"dim": 65536, "n_layer": 64})`` started allocating ~12 TiB. The estimate
+    (parameters at the model's dtype) is compared with the memory available on the model's device first; the error
+    names the target's keys, the estimate and what is available, in GiB, and nothing is built."""
+    source = tiny_source()
+    if offload.available_memory(torch.device("cpu")) is not None:  # no machine has 12 TiB free
+        with pytest.raises(InflationError, match=r"^target \{'dim': 65536, 'n_layer': 64\}: the inflated model .* has "
+                                                 r"~3\.3e12 parameters, 12289\.1 GiB in float32, more than the .* GiB "
+                                                 r"available on cpu"):
+            inflate(source, {"dim": 65536, "n_layer": 64})
+
+    def no_build(*args):
+        raise AssertionError("the inflated model was built")
+
+    monkeypatch.setattr(inflate_module, "_inflate_llamagen", no_build)
+    monkeypatch.setattr(offload, "available_memory", lambda device: 2**27)  # 128 MiB free
+    with pytest.raises(InflationError, match=r"^target 'GPT-B': the inflated model \(GPT-B: width 768, 12 layers, .*\) "
+                                             r"has ~8\.5e7 parameters, 0\.3 GiB in float32, more than the 0\.1 GiB "
+                                             r"available on cpu; ask for a smaller target$"):
+        inflate(source, "GPT-B")
+    with pytest.raises(InflationError, match=r"^target \{'dim': 2048\}: .* 0\.2 GiB in bfloat16, more than the 0\.1 GiB"):
+        inflate(torch.nn.Module.to(tiny_source(), dtype=torch.bfloat16), {"dim": 2048})  # 2 layers, ~1e8 parameters
+    monkeypatch.setattr(offload, "available_memory", lambda device: None)  # cannot be told: nothing refused
+    with pytest.raises(AssertionError, match="was built"):
+        inflate(source, "GPT-B")
+
+
+def test_bench_decoders_refuses_a_model_past_the_memory_before_loading(monkeypatch, capsys):
+    """Issue 47 item 3: ``vispec bench decoders --model tiny-c2i@GPT-7B`` (~26 GiB of float32 weights) headed for the
+    OOM killer on a 24 GiB machine; it is now one line naming --model, the estimate and what is available, before
+    anything is loaded. A batch whose key/value cache does not fit names the batch flag."""
+    from vispec.cli import main
+    from vispec.eval.bench import decoders
+
+    monkeypatch.setattr(offload, "available_memory", lambda device: 8 * 2**30)
+    monkeypatch.setattr(decoders, "build_model", lambda cfg: pytest.fail("a model was built"))
+    with pytest.raises(ValueError, match=r"^model \(--model\) 'tiny-c2i@GPT-7B': ~6\.5e9 parameters \(tiny-c2i's logits "
+                                         r"at GPT-7B cost: width 4096, 32 layers\) need 24\.2 GiB of float32 weights .*"
+                                         r"more than the 8\.0 GiB available on cpu; pick a smaller --model$"):
+        DecoderBenchConfig(model="tiny-c2i@GPT-7B").validate()
+    with pytest.raises(ValueError, match=r"^model \(--model\) 'GPT-7B': .*built on the CPU before the cast to --dtype "
+                                         r"bfloat16\): 24\.6 GiB, more than the 8\.0 GiB"):
+        DecoderBenchConfig(model="GPT-7B", dtype="bfloat16").validate()
+    with pytest.raises(ValueError, match=r"GiB of key/value cache \(--batch-sizes 4096, x2 rows for guidance, 273 "
+                                         r"positions\): .* pick a smaller --batch-sizes$"):
+        DecoderBenchConfig(model="GPT-B", batch_sizes=(1, 4096)).validate()
+    DecoderBenchConfig(model="tiny-c2i@GPT-L").validate()  # ~0.3e9 parameters: 1.2 GiB
+    assert main(["bench", "decoders", "--model", "tiny-c2i@GPT-7B"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vispec: error: model (--model) 'tiny-c2i@GPT-7B'") and "GiB" in err[0]
 
 
 @pytest.mark.parametrize("swin_norm", [False, True])

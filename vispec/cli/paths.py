@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from vispec.checks import writable_ancestor
+
 
 def image_extensions() -> dict[str, str]:
     """Lower-case file extensions PIL can write, mapped to their format (``".png": "PNG"``)."""
@@ -46,16 +48,9 @@ def check_output_file(path: Optional[str], flag: str, *, image: bool = False) ->
 
 
 def _writable_ancestor(folder: str, flag: str, path: str) -> str:
-    """The nearest existing ancestor of ``folder`` (itself if it exists), which must be a writable folder:
-    the missing folders below it can then be created."""
-    existing = os.path.abspath(folder)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ValueError(f"{flag} {path!r}: {existing} is a file, so the folder {folder} cannot be created")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path!r}: the folder {existing} is not writable")
-    return existing
+    """The nearest existing ancestor of ``folder``, where folders can be made and written
+    (:func:`vispec.checks.writable_ancestor`)."""
+    return writable_ancestor(folder, flag, path)
 
 
 def check_output_folder(path: Optional[str], flag: str) -> Optional[str]:
