@@ -239,6 +239,12 @@ class LLaDA2KVCache:
     def seq_len(self) -> int:
         return int(self.keys[0].shape[2])
 
+    def select(self, rows: Tensor, length: Optional[int] = None) -> "LLaDA2KVCache":
+        """A new cache of rows ``rows`` (repeats allowed: several canvases of one row each get a copy) and positions
+        ``[0, length)`` (all when None); a forward that writes into it leaves this cache as it is."""
+        end = self.seq_len if length is None else length
+        return LLaDA2KVCache([k[rows, :, :end] for k in self.keys], [v[rows, :, :end] for v in self.values])
+
 
 @dataclass
 class LLaDA2Output(BaseOutput):

@@ -82,3 +82,22 @@ def llada_reference(model, prompt: torch.Tensor, *, steps: int, gen_length: int,
                               "confidence": {j - len(prompt): float(confidence[0, j]) for j in range(lo, hi)
                                              if confidence[0, j] != float("-inf")}})
     return x[0, len(prompt):]
+
+
+def quota_step_law(canvas: tuple, masked: list[int], draw: list[torch.Tensor], confidence: list[torch.Tensor],
+                   quota: int):
+    """The exact law of one LLaDA step with temperature sampling, for the enumeration certificates: every joint draw
+    of the masked positions (``draw[a]``: position ``masked[a]``'s sampling distribution), of which the ``quota``
+    most confident (``confidence[a][token]``; ties to the lower position) are committed. Yields ``(new canvas,
+    probability)``; the same new canvas may come more than once."""
+    import itertools
+
+    for combo in itertools.product(range(len(draw[0])), repeat=len(masked)):
+        prob = 1.0
+        for a, token in enumerate(combo):
+            prob *= float(draw[a][token])
+        ranked = sorted(range(len(masked)), key=lambda a: (-float(confidence[a][combo[a]]), masked[a]))
+        new = list(canvas)
+        for a in ranked[:quota]:
+            new[masked[a]] = combo[a]
+        yield tuple(new), prob

@@ -18,13 +18,13 @@
 from __future__ import annotations
 
 import importlib
-import itertools
 from collections import defaultdict
 
 import pytest
 import torch
 
 from chi_square import ALPHA, chi_square_vs_exact, required_samples
+from dllm_reference import quota_step_law
 from helpers import left_padded, tiny_llada, tiny_llada_prompts
 from vispec.dllm import LLaDAScheduler, SelfSpeculation, StopDecoding, ThresholdScheduler, decode, make_scheduler
 from vispec.dllm.speculative import SpeculativeLoop
@@ -242,15 +242,8 @@ def exact_stepwise_law(model, cache_mode: str = "none") -> torch.Tensor:
                 # candidates: Gumbel-max in float64; the ranking: softmax in the logits' own precision (LLaDA's)
                 draw = [torch.softmax(ell[j, :E_VOCAB].double() / E_T, dim=-1) for j in masked]
                 conf = [torch.softmax(ell[j], dim=-1) for j in masked]
-                for combo in itertools.product(range(E_VOCAB), repeat=len(masked)):
-                    prob = p
-                    for a, token in enumerate(combo):
-                        prob *= float(draw[a][token])
-                    ranked = sorted(range(len(masked)), key=lambda a: (-float(conf[a][combo[a]]), masked[a]))
-                    new = list(canvas)
-                    for a in ranked[:quota]:
-                        new[masked[a]] = combo[a]
-                    nxt[(tuple(new), start)] += prob
+                for new, prob in quota_step_law(canvas, masked, draw, conf, quota):
+                    nxt[(new, start)] += p * prob
             law = dict(nxt)
     joint = torch.zeros(E_VOCAB ** E_GEN, dtype=torch.float64)
     for (canvas, _), p in law.items():

@@ -32,6 +32,12 @@ reached a fixed point (always with editing off).
 and the row's first EOS lies after its prompt with no mask before it (diffusers' ``check_eos_finished``); it then
 spends no more forwards, and its masks after that EOS become EOS (diffusers leaves them as mask ids).
 
+**Self-speculation** (``speculative=k``; :class:`vispec.dllm.block_causal_speculative.BlockCausalSpeculativeLoop`) returns this
+loop's tokens with fewer forwards, over either cache. The pieces are shared so that both follow one rule: the layout
+(:class:`BlockCausalLayout`), the step ``S`` with its early stop and block-end rule (:class:`BlockCausalRule`, a
+function of the logits, the canvas, the row's counters and its keyed noise, editing included) and the model calls
+(:class:`BlockForwards`).
+
 Every forward counts one NFE for every row it serves. Stats gain ``edits`` (T2T edits per row) with the editing
 policy; labels gain ``"attention": "block_causal"``.
 """
@@ -39,6 +45,7 @@ policy; labels gain ``"attention": "block_causal"``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -73,8 +80,7 @@ def check_block_causal(model: Any, input_ids: Tensor, attention_mask: Optional[T
     refused = [(options.guidance_scale != 1, "guidance_scale != 1 (no unconditional branch for block-causal models)"),
                (options.compile, "compile=True"), (options.eotp, "eotp=True"),
                (options.early_commit is not None, "early_commit (Prophet)"),
-               (options.adaptive_block is not None, "adaptive_block (AdaBlock): LLaDA2's blocks are fixed by training"),
-               (options.speculative is not None, "speculative (self-speculation)")]
+               (options.adaptive_block is not None, "adaptive_block (AdaBlock): LLaDA2's blocks are fixed by training")]
     for bad, name in refused:
         if bad:
             raise ValueError(f"{name} is not supported with the block-causal model {type(model).__name__}")
@@ -94,6 +100,169 @@ def check_block_causal(model: Any, input_ids: Tensor, attention_mask: Optional[T
                          "read, never written)")
 
 
+class BlockCausalLayout:
+    """Where each row's tokens sit on the block-aligned canvas (module docstring, *Batches*): all ``[B]`` or
+    ``[B, N]`` tensors over canvas positions ``0 .. N - 1``, ``N = Lb (first_block + rounds)``.
+
+    ``prompt_len`` real prompt tokens per row; ``num_blocks`` blocks each row decodes; ``first_block`` the canvas block
+    of round 0; ``rounds`` the most blocks a row decodes; ``rel`` position within the row's own sequence; ``positions``
+    its RoPE positions; ``decodable`` the generated and tail positions; ``key_visible`` prompt and generated positions
+    (the tail is hidden as a key); ``gen_index [B, L]`` the answer's canvas positions; ``canvas`` the canvas before
+    the first step (prompt, then masks).
+    """
+
+    def __init__(self, input_ids: Tensor, attention_mask: Optional[Tensor], options: UnmaskingOptions, mask_id: int):
+        device = input_ids.device
+        width = input_ids.shape[1]
+        Lb, L = options.block_length, options.gen_length
+        real = (torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None
+                else attention_mask.to(device).bool())
+        self.prompt_len = real.sum(dim=1)  # [B] real prompt tokens (left padding)
+        prefill = self.prompt_len // Lb  # blocks wholly inside the prompt
+        self.num_blocks = (self.prompt_len % Lb + L + Lb - 1) // Lb  # blocks each row decodes
+        first = int(prefill.max())
+        self.first_block, self.rounds, self.block_length = first, int(self.num_blocks.max()), Lb
+        offset = Lb * (first - prefill)  # canvas index of each row's first real token
+        self.index = torch.arange(Lb * (first + self.rounds), device=device)
+        self.rel = self.index[None] - offset[:, None]  # position within the row's own sequence
+        P = self.prompt_len[:, None]
+        is_prompt = (self.rel >= 0) & (self.rel < P)
+        self.decodable = (self.rel >= P) & (self.rel < Lb * (prefill + self.num_blocks)[:, None])  # gen and tail
+        self.key_visible = is_prompt | ((self.rel >= P) & (self.rel < P + L))
+        source = (width - P + self.rel).clamp(0, width - 1)
+        self.canvas = torch.where(is_prompt, input_ids.gather(1, source), torch.full_like(self.rel, mask_id))
+        self.positions = self.rel.clamp(min=0)
+        self.gen_index = offset[:, None] + P + torch.arange(L, device=device)  # [B, L] canvas of the answer
+
+    def block_index(self, block: Tensor) -> Tensor:
+        """``[R, Lb]`` canvas positions of round ``block [R]``'s block (clamped to the last round)."""
+        start = (self.first_block + block.clamp(max=self.rounds - 1)) * self.block_length
+        return start[:, None] + torch.arange(self.block_length, device=block.device)
+
+
+class BlockForwards:
+    """The model calls of block-causal decoding: ``[R, Lb, V]`` logits of a block from canvases ``[R, >= end]`` of
+    batch rows ``rows`` (module docstring, *Caches*). With ``cache="prefix"`` a writing call (every step of the stepwise
+    loop, the first step of a block under self-speculation) forwards from the rows' oldest position whose cached K/V
+    are not final and writes the span's K/V into the rows' cache; a reading call (self-speculation's verification,
+    several canvases per row) forwards only the block against a copy of the rows' cached prefix."""
+
+    def __init__(self, model: Any, layout: BlockCausalLayout, cache: str):
+        self.model, self.layout = model, layout
+        batch, length = layout.canvas.shape
+        self.cache = model.new_kv_cache(batch, length) if cache == "prefix" else None
+        self.cached_upto = [0] * batch  # per row: canvas positions whose cached K/V are final (host ints)
+
+    def __call__(self, canvas: Tensor, rows: Tensor, start: int, end: int, write: bool = True) -> Tensor:
+        layout = self.layout
+        visible = layout.key_visible[rows, :end]
+        if self.cache is None:
+            mask = block_causal_mask(layout.index[:end], layout.index[:end], layout.block_length, visible)
+            logits = self.model(canvas[:, :end], attention_mask=mask, position_ids=layout.positions[rows, :end]).logits
+            return logits[:, start:]
+        if not write:  # k canvases of a row share its cache: each reads a copy of the prefix
+            mask = block_causal_mask(layout.index[start:end], layout.index[:end], layout.block_length, visible)
+            return self.model.forward_cached(canvas[:, start:end], layout.positions[rows, start:end],
+                                             self.cache.select(rows, end), start, mask).logits
+        rows_h = rows.tolist()
+        lo = min(self.cached_upto[b] for b in rows_h)
+        mask = block_causal_mask(layout.index[lo:end], layout.index[:end], layout.block_length, visible)
+        every = rows_h == list(range(len(self.cached_upto)))
+        logits = self.model.forward_cached(canvas[:, lo:end], layout.positions[rows, lo:end], self.cache, lo, mask,
+                                           rows=None if every else rows).logits
+        for b in rows_h:
+            self.cached_upto[b] = start  # everything before the block was just written from final tokens
+        return logits[:, start - lo:]
+
+
+@dataclass
+class BlockStep:
+    """One step of :class:`BlockCausalRule` on ``R`` rows: the new canvases ``[R, N]``, the policy's output, its T2T
+    edits ``[R, Lb]`` (editing policy, else None), whether the block had a mask before the step (``had``), the row's
+    updated counters (``step``: steps that began with masks; ``post``: the others), ``finished`` (early stop) and
+    whether the block runs another step (``continues``)."""
+
+    canvas: Tensor
+    out: Any
+    edited: Optional[Tensor]
+    had: Tensor
+    step: Tensor
+    post: Tensor
+    finished: Tensor
+    continues: Tensor
+
+
+class BlockCausalRule:
+    """The stepwise block-causal sampler's step, ``x_{t+1} = S_t(ℓ_t, x_t)``, on rows each in its own block: the
+    policy's step on the block with the row's noise key (seed, position in the answer, the row's step count ``draws``),
+    early stop at EOS, and the rule that ends the block (module docstring). :class:`BlockCausalLoop` runs it step by
+    step; self-speculation (:class:`vispec.dllm.block_causal_speculative.BlockCausalSpeculativeLoop`) applies the same function to
+    stale logits to draft and to fresh ones to verify, so both follow one rule."""
+
+    def __init__(self, layout: BlockCausalLayout, scheduler: UnmaskingScheduler, options: UnmaskingOptions,
+                 ids: TokenIds, seeds: Tensor):
+        self.layout, self.scheduler, self.options, self.ids, self.seeds = layout, scheduler, options, ids, seeds
+        self.editing = isinstance(scheduler, TokenEditingScheduler)
+        self.cap = scheduler.steps_per_block if scheduler.fixed_steps else layout.block_length
+        self.masks: Optional[tuple] = None  # (proposal_mask, confidence_mask), set from the first logits
+
+    def masked(self, rows: Tensor, canvas: Tensor, index: Tensor) -> Tensor:
+        """``[R]`` decodable masked positions of each row's block (``index [R, Lb]``)."""
+        return ((canvas.gather(1, index) == self.ids.mask) & self.layout.decodable[rows].gather(1, index)).sum(dim=1)
+
+    def step(self, rows: Tensor, canvas: Tensor, index: Tensor, logits: Tensor, step: Tensor, post: Tensor,
+             masked0: Tensor, draws: Tensor, finished: Tensor) -> BlockStep:
+        """``S`` on batch rows ``rows`` with canvases ``canvas [R, N]``, blocks ``index [R, Lb]`` and their logits
+        ``[R, Lb, V]`` (EOS already suppressed when ``logits_eos_inf``); ``step`` / ``post``: the block's counters,
+        ``masked0`` its masked count when it began, ``draws`` the row's steps so far (the noise key)."""
+        layout, mask = self.layout, self.ids.mask
+        sample = canvas.gather(1, index)
+        decodable = layout.decodable[rows].gather(1, index)
+        had = ((sample == mask) & decodable).any(dim=1)
+        post = post + (~had).long()
+        kwargs = {"editable": decodable & (sample != mask)} if self.editing else {}
+        positions = layout.rel[rows].gather(1, index) - layout.prompt_len[rows, None]
+        out = self.scheduler.step(logits, step, sample, mask_token_id=mask, temperature=float(self.options.temperature),
+                                  noise=UnmaskNoise(self.seeds[rows], positions, draws),
+                                  num_masked_at_block_start=masked0, proposal_mask=self.masks[0],
+                                  confidence_mask=self.masks[1], **kwargs)
+        canvas = canvas.scatter(1, index, out.prev_sample)
+        edited = getattr(out, "editing_transfer_index", None)
+        if self.options.early_stop_eos:
+            finished = self.eos_finished(rows, canvas, out, edited, index[:, -1] + 1, finished)
+        step = step + had.long()
+        if self.editing:
+            continues = self.scheduler.block_continues(had, step, post, edited.any(dim=1))
+        else:
+            continues = (self.masked(rows, canvas, index) > 0) & (step < self.cap)
+        return BlockStep(canvas, out, edited, had, step, post, finished, continues & ~finished)
+
+    def eos_finished(self, rows: Tensor, canvas: Tensor, out: Any, edited: Optional[Tensor], end: Tensor,
+                     finished: Tensor) -> Tensor:
+        """diffusers' ``check_eos_finished`` per row (module docstring), batched, on canvas positions before ``end``."""
+        layout, eos = self.layout, self.ids.eos
+        changed = out.transfer_index if edited is None else out.transfer_index | edited
+        committed_eos = (changed & (out.sampled_tokens == eos)).any(dim=1) & ~finished
+        rel, P = layout.rel[rows], layout.prompt_len[rows, None]
+        upto = layout.index[None] < end[:, None]
+        is_eos = (canvas == eos) & (rel >= 0) & upto
+        has = is_eos.any(dim=1)
+        first = torch.where(has, is_eos.long().argmax(dim=1), end)
+        after_prompt = (rel.gather(1, first.clamp(max=canvas.shape[1] - 1)[:, None]) >= P).squeeze(1) & has
+        before = (layout.index[None] < first[:, None]) & (rel >= P)
+        no_mask_before = ~((canvas == self.ids.mask) & before).any(dim=1)
+        return finished | (committed_eos & after_prompt & no_mask_before)
+
+    def logits(self, model: Any, logits: Tensor) -> Tensor:
+        """The logits a step reads: EOS suppressed with ``logits_eos_inf`` (in place); the token masks set once."""
+        if self.options.logits_eos_inf:
+            logits[..., self.ids.eos] = float("-inf")
+        if self.masks is None:
+            self.masks = token_masks(model, logits.shape[-1], self.ids, logits.device,
+                                     self.options.confidence_eos_eot_inf, self.options.suppress_mask_token)
+        return logits
+
+
 class BlockCausalLoop:
     """One block-causal decode's state and loop (module docstring)."""
 
@@ -103,45 +272,23 @@ class BlockCausalLoop:
             model, options, ids, scheduler, seeds, callback)
         self.input_ids = input_ids
         device = input_ids.device
-        batch, width = input_ids.shape
-        Lb, L = options.block_length, options.gen_length
-        real = (torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None
-                else attention_mask.to(device).bool())
-        self.prompt_len = real.sum(dim=1)  # [B] real prompt tokens (left padding)
-        prefill = self.prompt_len // Lb  # blocks wholly inside the prompt
-        self.num_blocks = (self.prompt_len % Lb + L + Lb - 1) // Lb  # blocks each row decodes
-        first = int(prefill.max())
-        self.first_block, self.rounds = first, int(self.num_blocks.max())
-        self.offset = Lb * (first - prefill)  # canvas index of each row's first real token
-        length = Lb * (first + self.rounds)
-        index = torch.arange(length, device=device)
-        self.rel = index[None] - self.offset[:, None]  # position within the row's own sequence
-        P = self.prompt_len[:, None]
-        self.is_prompt = (self.rel >= 0) & (self.rel < P)
-        is_gen = (self.rel >= P) & (self.rel < P + L)
-        self.decodable = (self.rel >= P) & (self.rel < Lb * (prefill + self.num_blocks)[:, None])  # gen and tail
-        self.key_visible = self.is_prompt | is_gen
-        source = (width - self.prompt_len[:, None] + self.rel).clamp(0, width - 1)
-        self.x = torch.where(self.is_prompt, input_ids.gather(1, source), torch.full_like(self.rel, ids.mask))
-        self.positions = self.rel.clamp(min=0)
-        self.gen_index = self.offset[:, None] + P + torch.arange(L, device=device)  # [B, L] canvas of the answer
-        self.index = index
-        self.block_length = Lb
-        self.editing = isinstance(scheduler, TokenEditingScheduler)
-        self.cache = model.new_kv_cache(batch, length) if options.cache == "prefix" else None
-        self.cached_upto = [0] * batch  # per row: canvas positions whose cached K/V are final (host ints)
+        batch = input_ids.shape[0]
+        self.layout = layout = BlockCausalLayout(input_ids, attention_mask, options, ids.mask)
+        self.rule = BlockCausalRule(layout, scheduler, options, ids, seeds)
+        self.forwards = BlockForwards(model, layout, options.cache)
+        self.x = layout.canvas.clone()
+        self.block_length, self.editing = layout.block_length, self.rule.editing
         self.nfe = torch.zeros(batch, dtype=torch.long, device=device)
         self.edits = torch.zeros(batch, dtype=torch.long, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.finished_at = torch.full((batch,), float("nan"), dtype=torch.float64)
-        self.masks: Optional[tuple] = None
         self.nan = torch.zeros((), dtype=torch.bool, device=device)
         self.global_step, self.interrupted, self.start_time = 0, False, time.perf_counter()
         self.guidance = Guidance(1.0, 0, ids.mask)  # an edit callback's guidance_scale is refused through it
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
-        for r in range(self.rounds):
+        for r in range(self.layout.rounds):
             if self.interrupted:
                 break
             self._round(r)
@@ -149,98 +296,49 @@ class BlockCausalLoop:
 
     def _round(self, r: int) -> None:
         """Round ``r``: every row's ``r``-th decoded block, step by step, until each row's rule ends it."""
-        Lb = self.block_length
-        start = (self.first_block + r) * Lb
+        layout, Lb = self.layout, self.block_length
+        start = (layout.first_block + r) * Lb
         end = start + Lb
-        going = (self.num_blocks > r) & ~self.finished
+        batch = self.x.shape[0]
+        index = layout.block_index(torch.full((batch,), r, dtype=torch.long, device=self.x.device))
+        going = (layout.num_blocks > r) & ~self.finished
         steps = torch.zeros_like(self.nfe)
         post = torch.zeros_like(self.nfe)
-        masked_at_start = ((self.x[:, start:end] == self.ids.mask) & self.decodable[:, start:end]).sum(dim=1)
-        cap = Lb if not self.scheduler.fixed_steps else self.scheduler.steps_per_block
+        every = torch.arange(batch, device=self.x.device)
+        masked_at_start = self.rule.masked(every, self.x, index)
         while True:
-            block = self.x[:, start:end]
-            has_masks = ((block == self.ids.mask) & self.decodable[:, start:end]).any(dim=1)
-            going &= has_masks | self.editing  # a complete block without editing needs no more forwards
-            if not self.editing:
-                going &= steps < cap
+            if not self.editing:  # a complete block needs no more forwards (a callback may have completed it)
+                going &= (self.rule.masked(every, self.x, index) > 0) & (steps < self.rule.cap)
             rows = going.nonzero().squeeze(1)
             if rows.numel() == 0:
                 return
-            had = has_masks[rows]
-            post[rows] += (~had).long()
             logits = self._forward(rows, start, end)
-            sample = block[rows]
-            editable = self.decodable[rows, start:end] & (sample != self.ids.mask)
-            kwargs = {"editable": editable} if self.editing else {}
-            out = self.scheduler.step(logits, steps[rows], sample, mask_token_id=self.ids.mask,
-                                      temperature=float(self.options.temperature),
-                                      noise=UnmaskNoise(self.seeds[rows], self.rel[rows, start:end] - self.prompt_len[rows, None],
-                                                        self.nfe[rows]),
-                                      num_masked_at_block_start=masked_at_start[rows],
-                                      proposal_mask=self.masks[0], confidence_mask=self.masks[1], **kwargs)
-            self.x[rows, start:end] = out.prev_sample
+            step = self.rule.step(rows, self.x[rows], index[rows], logits, steps[rows], post[rows],
+                                  masked_at_start[rows], self.nfe[rows], self.finished[rows])
+            self.x[rows] = step.canvas
             self.nfe[rows] += 1
-            edited = getattr(out, "editing_transfer_index", None)
-            if edited is not None:
-                self.edits[rows] += edited.sum(dim=1)
-            if self.options.early_stop_eos:
-                self._check_finished(rows, out, edited, end)
-            steps[rows] += had.long()
-            if self.editing:
-                going[rows] = self.scheduler.block_continues(had, steps[rows], post[rows], edited.any(dim=1))
-            going &= ~self.finished
-            done = rows[~going[rows]]
+            if step.edited is not None:
+                self.edits[rows] += step.edited.sum(dim=1)
+            self.finished[rows] = step.finished
+            steps[rows], post[rows], going[rows] = step.step, step.post, step.continues
+            done = rows[~step.continues]
             self.finished_at[done.cpu()] = time.perf_counter() - self.start_time
             self.global_step += 1
             if self.callback is not None:
-                self._report(rows, out, r, int(steps.max()))
+                self._report(rows, step.out, r, int(steps.max()))
                 if self.interrupted:
                     return
 
     # ------------------------------------------------------------------ the pieces of a step
     def _forward(self, rows: Tensor, start: int, end: int) -> Tensor:
         """``[R, Lb, V]`` logits of the block ``[start, end)`` for ``rows`` under the block-causal mask."""
-        if self.cache is None:
-            lo = 0
-            mask = block_causal_mask(self.index[:end], self.index[:end], self.block_length,
-                                     self.key_visible[rows, :end])
-            logits = self.model(self.x[rows, :end], attention_mask=mask, position_ids=self.positions[rows, :end]).logits
-        else:
-            rows_h = rows.tolist()
-            lo = min(self.cached_upto[b] for b in rows_h)
-            mask = block_causal_mask(self.index[lo:end], self.index[:end], self.block_length,
-                                     self.key_visible[rows, :end])
-            logits = self.model.forward_cached(self.x[rows, lo:end], self.positions[rows, lo:end], self.cache, lo, mask,
-                                               rows=None if len(rows_h) == self.x.shape[0] else rows).logits
-            for b in rows_h:
-                self.cached_upto[b] = start  # everything before the block was just written from final tokens
-        logits = logits[:, start - lo:]
+        logits = self.forwards(self.x[rows], rows, start, end)
         self.nan |= torch.isnan(logits).any()
-        if self.options.logits_eos_inf:
-            logits[..., self.ids.eos] = float("-inf")
-        if self.masks is None:
-            self.masks = token_masks(self.model, logits.shape[-1], self.ids, logits.device,
-                                     self.options.confidence_eos_eot_inf, self.options.suppress_mask_token)
-        return logits
-
-    def _check_finished(self, rows: Tensor, out: Any, edited: Optional[Tensor], end: int) -> None:
-        """diffusers' ``check_eos_finished`` per row (module docstring), batched."""
-        changed = out.transfer_index if edited is None else out.transfer_index | edited
-        eos = self.ids.eos
-        committed_eos = (changed & (out.sampled_tokens == eos)).any(dim=1) & ~self.finished[rows]
-        seq = self.x[rows, :end]
-        own = self.rel[rows, :end] >= 0
-        is_eos = (seq == eos) & own
-        first = torch.where(is_eos.any(dim=1), is_eos.long().argmax(dim=1), torch.full_like(rows, end))
-        after_prompt = (self.rel[rows].gather(1, first.clamp(max=end - 1)[:, None]).squeeze(1)
-                        >= self.prompt_len[rows]) & is_eos.any(dim=1)
-        before = (self.index[:end][None] < first[:, None]) & (self.rel[rows, :end] >= self.prompt_len[rows, None])
-        no_mask_before = ~((seq == self.ids.mask) & before).any(dim=1)
-        self.finished[rows] |= committed_eos & after_prompt & no_mask_before
+        return self.rule.logits(self.model, logits)
 
     def _report(self, rows: Tensor, out: Any, r: int, step: int) -> None:
         """The step callback (:func:`vispec.dllm.decode`'s ``callback``) on the rows' answers ``[B, L]``, and its edit."""
-        answer = self.x.gather(1, self.gen_index)
+        answer = self.x.gather(1, self.layout.gen_index)
         decided = answer != self.ids.mask
         details = {"block": r, "step_in_block": step, "rows": rows.clone(), "transfer_index": out.transfer_index.clone()}
         edited = getattr(out, "editing_transfer_index", None)
@@ -253,14 +351,15 @@ class BlockCausalLoop:
         apply_edit(edit, canvas, 1, self.ids.mask, self.model.config.vocab_size, self.guidance)
         changed = canvas[:, 1:] != answer
         if bool(changed.any()):
-            self.x.scatter_(1, self.gen_index, canvas[:, 1:])
-            first = torch.where(changed, self.gen_index, torch.full_like(self.gen_index, self.x.shape[1])).min(dim=1).values
+            self.x.scatter_(1, self.layout.gen_index, canvas[:, 1:])
+            gen_index = self.layout.gen_index
+            first = torch.where(changed, gen_index, torch.full_like(gen_index, self.x.shape[1])).min(dim=1).values
             block_start = (first // self.block_length * self.block_length).tolist()
-            self.cached_upto = [min(c, s) for c, s in zip(self.cached_upto, block_start)]
+            self.forwards.cached_upto = [min(c, s) for c, s in zip(self.forwards.cached_upto, block_start)]
 
     # ------------------------------------------------------------------ result
     def output(self) -> DecodeOutput:
-        tokens = self.x.gather(1, self.gen_index)
+        tokens = self.x.gather(1, self.layout.gen_index)
         if self.options.early_stop_eos:  # a finished row's masks after its first EOS are EOS
             tokens = torch.where(self.finished[:, None], eos_filled(tokens, self.ids.eos, self.ids.mask), tokens)
         labels = {"scheduler": type(self.scheduler).__name__, "cache": self.options.cache, "attention": "block_causal"}

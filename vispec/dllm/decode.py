@@ -82,6 +82,7 @@ from torch import Tensor
 from vispec.dllm.block_causal import BlockCausalLoop, is_block_causal
 from vispec.dllm.checks import check_decode_inputs
 from vispec.dllm.loop import BlockLoop
+from vispec.dllm.block_causal_speculative import BlockCausalSpeculativeLoop
 from vispec.dllm.speculative import SpeculativeLoop
 from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.schedulers import UnmaskingScheduler
@@ -176,7 +177,7 @@ def decode(
     scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
     runner = SpeculativeLoop if options.speculative is not None else BlockLoop
     if is_block_causal(model):  # LLaDA2 layout: block-aligned canvas, exact prefix cache (vispec.dllm.block_causal)
-        runner = BlockCausalLoop
+        runner = BlockCausalSpeculativeLoop if options.speculative is not None else BlockCausalLoop
     if shared is None:
         seeds, extra = per_sample_seeds(generator, input_ids.shape[0], input_ids.device), {}
     else:  # the reference implementations' batch-wide draws (vispec.dllm.uniform); shared_generator refused the

@@ -23,7 +23,8 @@ its logits (already computed) start the next round: every forward advances ``j +
 and every committed step is ``S`` applied to the reference's own logits with the reference's own noise key (the
 step index ``t``, not the forward count). So the output is the stepwise sampler's **token for token, at every
 temperature and for every seed**, which implies the same law over outputs (certified by enumeration in
-``tests/dllm/test_self_speculation.py``, beside token equality on the embedded models).
+``tests/dllm/test_self_speculation.py`` and, for block-causal models, ``tests/dllm/test_block_causal_speculation.py``,
+beside token equality on the embedded models).
 
 Exact for every policy whose step is a function of (logits, canvas, per-row step state, keyed noise): the LLaDA
 quota (``llada``; low-confidence or random remasking), Dream's schedule (:class:`~vispec.dllm.DreamScheduler`),
@@ -42,6 +43,18 @@ as a chain stays in its block. A chain ends where its canvas completes the block
 refresh, which no draft can stand for); the verifying forward runs the ``k`` canvases' *spans* against the row's
 cache in one call per block in flight, so verifying ``k`` drafts costs ``k`` block-sized forwards, not ``k`` full
 ones; a lane whose exact canvas starts a new block runs the reference's own refresh forward before its next round.
+
+**Block-causal models** (LLaDA2 layout; :class:`BlockCausalSpeculativeLoop`, over :mod:`vispec.dllm.block_causal`):
+the reference is the stepwise block-causal loop with the same cache (``"prefix"``, LLaDA2's exact cache of finished
+blocks, or ``"none"``), and ``S`` is its step (:class:`~vispec.dllm.block_causal.BlockCausalRule`: the policy on the
+row's block, keyed by the row's step count, early stop at EOS, and the block-end rule; the editing policy's T2T edits
+and post steps included, since its step is a function of the logits, the canvas and keyed noise too). A block's
+logits depend only on the finished blocks and the block itself, and a draft differs from the exact canvas only inside
+the block, so the rounds above run unchanged with chains that end at the block's end: a block starts with the
+reference's own first forward (with ``"prefix"``, the previous block and this one, writing the previous block's K/V
+into the row's cache), and the ``k`` canvases are verified as ``k`` rows of the block against copies of the row's
+cached prefix in one call per block in flight (without a cache, ``k`` forwards of the canvas up to the block's end).
+A lane's state (canvas, block, counters, early stop) must match as a whole for a draft to be verified.
 
 Cost: a forward over ``k`` canvases (their spans, over a block cache). ``nfe`` counts model calls (one per row per call, as SSD counts verification
 forwards); ``stats.extra["canvases"]`` counts the canvas rows forwarded (the compute), ``stats.extra["steps"]``
@@ -62,6 +75,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import Tensor
 
+from vispec.dllm.block_causal import is_block_causal
 from vispec.dllm.caches import Guidance
 from vispec.dllm.checks import check_decode_inputs
 from vispec.dllm.draft_length import DraftLengthChooser
@@ -98,11 +112,20 @@ class Lanes:
     done: Tensor
 
     def take(self, index: Tensor) -> "Lanes":
-        return Lanes(*(getattr(self, name)[index] for name in self.__dataclass_fields__))
+        return type(self)(*(getattr(self, name)[index] for name in self.__dataclass_fields__))
 
     @staticmethod
     def cat(parts: list["Lanes"]) -> "Lanes":
-        return Lanes(*(torch.cat([getattr(p, name) for p in parts]) for name in Lanes.__dataclass_fields__))
+        kind = type(parts[0])
+        return kind(*(torch.cat([getattr(p, name) for p in parts]) for name in kind.__dataclass_fields__))
+
+    def matches(self, other: "Lanes") -> Tensor:
+        """``[R]`` bool: lane ``i``'s whole state (canvas, block, counters) equals ``other``'s lane ``i``'s."""
+        same = torch.ones_like(self.done)
+        for name in self.__dataclass_fields__:
+            equal = getattr(self, name) == getattr(other, name)
+            same &= equal.flatten(1).all(dim=1) if equal.dim() > 1 else equal
+        return same
 
 
 class SpeculativeLoop:
@@ -112,16 +135,7 @@ class SpeculativeLoop:
                  ids: TokenIds, scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback]):
         batch, self.prompt_len = input_ids.shape
         device, L = input_ids.device, options.gen_length
-        self.model, self.options, self.ids, self.scheduler, self.seeds, self.callback = (
-            model, options, ids, scheduler, seeds, callback)
-        speculation = options.speculative
-        self.chooser = None  # speculative="auto": the draft length of every round (vispec.dllm.draft_length)
-        if speculation.auto:
-            self.chooser = DraftLengthChooser(speculation.max_draft_length, key=(
-                "dllm", type(model).__name__, str(input_ids.device), batch, options.cache, options.guidance_scale != 1))
-        self.k = speculation.max_draft_length if speculation.auto else speculation.draft_length
-        self.round_stats: tuple[int, Tensor, Tensor] = (0, input_ids[:0, 0], input_ids[:0, 0])  # see _round
-        self.slots: Optional[Tensor] = None  # the last chains' canvases' (lane, depth) (_draft)
+        self._setup(model, input_ids, options, ids, scheduler, seeds, callback)
         self.prompt = input_ids
         self.key_mask = None
         if attention_mask is not None and not bool(attention_mask.bool().all()):  # one read-back, before the loop
@@ -131,14 +145,32 @@ class SpeculativeLoop:
         self.num_blocks, self.block_length = options.num_blocks, options.block_length
         self.offsets = torch.arange(self.block_length, device=device)
         self.tokens = torch.full((batch, L), ids.mask, dtype=torch.long, device=device)
+        self.reported = torch.zeros_like(self.tokens, dtype=torch.bool)  # decided at the last callback
+        self.per_block = options.cache in ("prefix", "dual")  # logits are then each lane's block's, [R, Lb, V]
+        self.kv: Any = None  # over a block cache: every row's K/V from its current block's refresh (2B rows guided)
+
+    def _setup(self, model: Any, input_ids: Tensor, options: "UnmaskingOptions", ids: TokenIds,
+               scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback]) -> None:
+        """The state of the draft-verify rounds, whatever the model's layout. ``per_block`` (set by the layout): the
+        logits of a forward are each lane's block's, ``[R, Lb, V]``, so a chain ends where its canvas leaves its block
+        and a lane that starts a block runs the reference's block-start forward (:meth:`refresh`); otherwise they are
+        the whole generated canvas's, ``[R, L, V]``, and chains cross blocks."""
+        batch, device = input_ids.shape[0], input_ids.device
+        self.model, self.options, self.ids, self.scheduler, self.seeds, self.callback = (
+            model, options, ids, scheduler, seeds, callback)
+        speculation = options.speculative
+        self.chooser = None  # speculative="auto": the draft length of every round (vispec.dllm.draft_length)
+        if speculation.auto:
+            self.chooser = DraftLengthChooser(speculation.max_draft_length, key=(
+                "dllm", type(model).__name__, str(device), batch, options.cache, options.guidance_scale != 1))
+        self.k = speculation.max_draft_length if speculation.auto else speculation.draft_length
+        self.round_stats: tuple[int, Tensor, Tensor] = (0, input_ids[:0, 0], input_ids[:0, 0])  # see _round
+        self.slots: Optional[Tensor] = None  # the last chains' canvases' (lane, depth) (_draft)
         self.nfe = torch.zeros(batch, dtype=torch.long, device=device)
         self.canvases = torch.zeros(batch, dtype=torch.long, device=device)
         self.steps = torch.zeros(batch, dtype=torch.long, device=device)
         self.finished_at = torch.full((batch,), float("nan"), dtype=torch.float64)
-        self.reported = torch.zeros_like(self.tokens, dtype=torch.bool)  # decided at the last callback
         self.masks: Optional[tuple] = None
-        self.cached = options.cache in ("prefix", "dual")  # logits are then each lane's block's, [R, Lb, V]
-        self.kv: Any = None  # over a block cache: every row's K/V from its current block's refresh (2B rows guided)
         self.nan = torch.zeros((), dtype=torch.bool, device=device)
         self.calls, self.interrupted, self.start_time = 0, False, time.perf_counter()
 
@@ -172,7 +204,7 @@ class SpeculativeLoop:
         index = lanes.block[:, None] * self.block_length + self.offsets  # [R, Lb] the block's positions
         if source is None:
             source = torch.arange(index.shape[0], device=index.device)
-        if self.cached:  # the logits are already the lanes' blocks' (a chain stays in its block)
+        if self.per_block:  # the logits are already the lanes' blocks' (a chain stays in its block)
             block_logits = logits[source]
         else:
             block_logits = logits[source[:, None], index]  # [R, Lb, V]: only the block is gathered
@@ -282,7 +314,7 @@ class SpeculativeLoop:
         if lanes.row.numel() == 0:
             return
         self._charge(lanes)
-        logits = self.refresh(lanes) if self.cached else self.forward(lanes)
+        logits = self.refresh(lanes) if self.per_block else self.forward(lanes)
         while lanes.row.numel() and not self.interrupted:
             if self.chooser is not None:
                 self.k = self.chooser.choose(lanes.row.numel())
@@ -297,7 +329,7 @@ class SpeculativeLoop:
         # every canvas with a step left is forwarded, in one call (over a cache: those whose next step is a cached
         # step of the block their chain began in; a canvas that starts a new block is refreshed if it is picked)
         left = ~chain.done
-        if self.cached:
+        if self.per_block:
             left &= chain.block == lanes.block[self.slots[:, 0]]
         todo = left.nonzero().squeeze(1)
         verified = logits[:0]
@@ -305,7 +337,7 @@ class SpeculativeLoop:
             forwarded = chain.take(todo)
             self._charge(forwarded)
             self.calls += 1
-            verified = self.span(forwarded) if self.cached else self.forward(forwarded)
+            verified = self.span(forwarded) if self.per_block else self.forward(forwarded)
         matches = self._verify(chain, table, todo, verified)
         accepted = matches.long().cumprod(dim=1).sum(dim=1)  # leading verified drafts
         self.round_stats = (todo.numel(), accepted, (table[:, 1:] >= 0).sum(dim=1))  # canvases, verified, drafted
@@ -320,7 +352,7 @@ class SpeculativeLoop:
         new_lanes = exact.take(keep)
         self._report(new_lanes, advanced)
         source = row_in_verified[pick[keep]]
-        if not self.cached:
+        if not self.per_block:
             return new_lanes, verified[source]
         fresh = source < 0  # the exact canvas starts a block: the reference's refresh forward gives its logits
         logits = torch.empty((keep.numel(), self.block_length, logits.shape[-1]), dtype=logits.dtype,
@@ -347,7 +379,7 @@ class SpeculativeLoop:
         count = n
         for depth in range(1, self.k):  # k is small: a loop over depths, batched over rows
             going = ~parts[-1].done
-            if self.cached:  # a chain ends where its canvas completes the block (module docstring)
+            if self.per_block:  # a chain ends where its canvas completes the block (module docstring)
                 going &= parts[-1].block == lanes.block[src]
             live = going.nonzero().squeeze(1)
             if live.numel() == 0:
@@ -371,7 +403,7 @@ class SpeculativeLoop:
         truth = self.reference_step(chain.take(todo), verified)
         has = successor >= 0
         same = torch.zeros_like(has)
-        same[has] = (truth.canvas[has] == chain.canvas[successor[has]]).all(dim=1)
+        same[has] = truth.take(has).matches(chain.take(successor[has]))
         matches[lane, depth] = same
         return matches
 
@@ -379,25 +411,33 @@ class SpeculativeLoop:
         """Rows whose exact canvas is complete: their tokens, reference steps and finish time."""
         if lanes.row.numel() == 0:
             return
+        self._record(lanes)
+        self.finished_at[lanes.row.cpu()] = time.perf_counter() - self.start_time
+
+    def _record(self, lanes: Lanes) -> None:
+        """The rows' state from their exact lanes: canvas and reference steps."""
         self.tokens[lanes.row] = lanes.canvas
         self.steps[lanes.row] = lanes.draws
-        self.finished_at[lanes.row.cpu()] = time.perf_counter() - self.start_time
+
+    def _answer(self) -> Tensor:
+        """``[B, L]`` the rows' generated canvases, as the step callback sees them."""
+        return self.tokens
 
     def _report(self, lanes: Lanes, advanced: Tensor) -> None:
         """The live rows' exact canvases, and the step callback after every verifying forward (no edits: they would
         change the reference). ``details``: ``block`` (the lowest block still decoding), ``rows``,
         ``transfer_index [B, L]`` (committed since the last callback), ``reference_steps [B]`` (the stepwise run's
         steps so far) and ``advanced [B]`` (the steps this forward verified)."""
-        self.tokens[lanes.row] = lanes.canvas
-        self.steps[lanes.row] = lanes.draws
+        self._record(lanes)
         if self.callback is None:
             return
-        decided = self.tokens != self.ids.mask
+        answer = self._answer()
+        decided = answer != self.ids.mask
         block = torch.full_like(self.steps, self.num_blocks)
         block[lanes.row] = lanes.block
         details = {"block": int(block.min()), "rows": lanes.row.clone(), "transfer_index": decided & ~self.reported,
                    "reference_steps": self.steps.clone(), "advanced": advanced.clone()}
-        edit, self.interrupted = report_progress(self.callback, self.calls - 1, self.tokens, decided, details)
+        edit, self.interrupted = report_progress(self.callback, self.calls - 1, answer, decided, details)
         if self.interrupted:
             return
         self.reported = decided
@@ -407,11 +447,14 @@ class SpeculativeLoop:
 
     # ------------------------------------------------------------------ result
     def output(self) -> DecodeOutput:
-        speculation = {"draft_length": self.k}
-        if self.chooser is not None:
-            speculation = {"draft_length": "auto", "rounds_by_draft_length": dict(sorted(self.chooser.chosen.items()))}
-        labels = {"scheduler": type(self.scheduler).__name__, "cache": self.options.cache, "speculative": speculation}
+        labels = {"scheduler": type(self.scheduler).__name__, "cache": self.options.cache,
+                  "speculative": self._speculation_label()}
         return decode_output(self, self.tokens, labels, {"steps": self.steps.cpu(), "canvases": self.canvases.cpu()})
+
+    def _speculation_label(self) -> dict:
+        if self.chooser is None:
+            return {"draft_length": self.k}
+        return {"draft_length": "auto", "rounds_by_draft_length": dict(sorted(self.chooser.chosen.items()))}
 
 
 @torch.no_grad()
@@ -431,6 +474,9 @@ def self_drafting_limit(model: Any, input_ids: Tensor, options: "UnmaskingOption
 
     from vispec.kernels.philox import per_sample_seeds
 
+    if is_block_causal(model):
+        raise ValueError(f"self_drafting_limit analyses the bidirectional block loop; {type(model).__name__} is "
+                         "block-causal (decode it with speculative=k and read stats['steps'] and nfe)")
     options = replace(options, speculative=SelfSpeculation(1))
     ids = check_decode_inputs(model, input_ids, None, options, scheduler)
     scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
