@@ -431,7 +431,7 @@ def _caption_texts(texts: list[str], clean: bool) -> list[str]:
 
             cleaner = PixArtAlphaPipeline._clean_caption  # reads only the class's bad_punct_regex
             return [cleaner(PixArtAlphaPipeline, cleaner(PixArtAlphaPipeline, text)) for text in texts]
-        warnings.warn("clean_caption=True needs beautifulsoup4 and ftfy (pip install beautifulsoup4 ftfy) for "
+        warnings.warn("clean_caption=True needs beautifulsoup4 and ftfy (pip install vispec[t2i]) for "
                       "LlamaGen's caption cleaning; captions are only lower-cased and stripped", stacklevel=3)
     return [text.lower().strip() for text in texts]
 

@@ -229,3 +229,20 @@ def test_convert_writes_the_text_encoder_and_tokenizer(tmp_path, capsys):
     assert "--text-encoder is for caption-conditioned (t2i) checkpoints" in capsys.readouterr().err
     assert main([*argv, "--out", str(tmp_path / "z"), "--tokenizer", str(t5_folder)]) == 2
     assert "--tokenizer goes with --text-encoder" in capsys.readouterr().err
+
+
+def test_generate_image_takes_prompt_on_a_llamagen_t2i_folder(tmp_path, capsys):
+    """``vispec generate image --prompt`` on a LlamaGen t2i folder: the T5 encodes the prompt as the pipeline's
+    ``prompt=`` does; --class and the unified-token flags are refused naming the flag, before the model loads."""
+    from vispec.cli import main
+
+    make_pipe().save_pretrained(tmp_path / "t2i")
+    out = tmp_path / "cat.png"
+    assert main(["generate", "image", "--model", str(tmp_path / "t2i"), "--prompt", "a photo of a cat",
+                 "--out", str(out), "--quiet"]) == 0
+    assert out.is_file()
+    for flags, words in ((["--class", "1"], "pass --prompt (not --class)"), (["--height", "64"], "--height applies to")):
+        capsys.readouterr()
+        assert main(["generate", "image", "--model", str(tmp_path / "t2i"), "--prompt", "a cat", *flags,
+                     "--out", str(out)]) == 2
+        assert words in capsys.readouterr().err

@@ -56,6 +56,23 @@ def _image_kind(name: str) -> "str | None":
     return kind
 
 
+def _takes_captions(name: str, kind: "str | None") -> bool:
+    """Whether the image pipeline ``name`` is conditioned on captions (``--prompt``): a unified-token folder, or a
+    LlamaGen text-to-image one (``transformer/config.json``'s ``model_type``; its T5 ``text_encoder`` then encodes
+    the prompt, :meth:`vispec.pipelines.LlamaGenPipeline.encode_prompt`)."""
+    import json
+
+    from vispec.pipelines.embedded import resolve_model_path
+
+    if kind != "LlamaGenPipeline":
+        return True
+    try:
+        with open(os.path.join(resolve_model_path(name), "transformer", "config.json")) as handle:
+            return json.load(handle).get("model_type") == "t2i"
+    except (OSError, ValueError, AttributeError):
+        return False  # the loader then says what is wrong with the folder
+
+
 def image_paths(out: str, num_images: int) -> list[str]:
     """Where ``generate image`` saves: ``out`` for one image, ``stem-i.ext`` for several."""
     if num_images == 1:
@@ -93,8 +110,9 @@ def _cmd_image(args: argparse.Namespace) -> int:
         check_output_file(args.npz, "--npz")
         if not args.npz.endswith(".npz"):
             raise ValueError(f"--npz must name a .npz file, got {args.npz!r}")
-    text = _image_kind(args.model) == UnifiedImagePipeline.__name__
-    _check_condition_flags(args, text)
+    kind = _image_kind(args.model)
+    text, unified = _takes_captions(args.model, kind), kind == UnifiedImagePipeline.__name__
+    _check_condition_flags(args, text, unified)
     source = _source_image(args.image) if args.image is not None else None  # read before the model loads
     workers = Workers.start(args.device, args.num_processes)
     _quiet(args)
@@ -110,10 +128,12 @@ def _cmd_image(args: argparse.Namespace) -> int:
         generators = [torch.Generator().manual_seed(args.seed + i) for i in range(lo, hi)]
         common = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       decoding=args.decoding, generator=generators, max_batch_size=args.max_batch_size)
-        if text:
+        if unified:
             edit = {} if source is None else {"image": source}
             out = pipe(prompt=[args.prompt] * (hi - lo), negative_prompt=args.negative_prompt, height=args.height,
                        width=args.width, **edit, **common)
+        elif text:  # LlamaGen text-to-image: its T5 text encoder encodes the prompt
+            out = pipe(prompt=[args.prompt] * (hi - lo), compile=args.compile, **common)
         else:
             out = pipe(class_labels=labels[lo:hi], compile=args.compile, **common)
         for path, image, stats in zip(paths[lo:hi], out.images, out.stats):
@@ -199,14 +219,20 @@ def _source_image(path: str):
         raise ValueError(f"--image {path!r} could not be read as an image ({err})") from None
 
 
-def _check_condition_flags(args: argparse.Namespace, text: bool) -> None:
-    """A text-to-image folder takes --prompt (and --negative-prompt, --height, --width, --image); a class-conditional
-    one takes --class."""
+def _check_condition_flags(args: argparse.Namespace, text: bool, unified: bool = True) -> None:
+    """A text-to-image folder takes --prompt (a unified-token one also --negative-prompt, --height, --width, --image);
+    a class-conditional one takes --class."""
     if text:
         if args.prompt is None or args.class_label is not None:
             raise ValueError(f"{args.model} is a text-to-image pipeline: pass --prompt (not --class)")
-        if args.compile:
+        if unified and args.compile:
             raise ValueError("--compile is not supported for unified-token (text-to-image) models yet")
+        if not unified:
+            for flag, value in (("--negative-prompt", args.negative_prompt), ("--height", args.height),
+                                ("--width", args.width), ("--image", args.image)):
+                if value is not None:
+                    raise ValueError(f"{flag} applies to unified-token pipelines; {args.model} is a LlamaGen "
+                                     "text-to-image pipeline (its image size is fixed by the model)")
         return
     if args.class_label is None or args.prompt is not None:
         raise ValueError(f"{args.model} is a class-conditional pipeline: pass --class (not --prompt)")
