@@ -22,14 +22,23 @@ MC-SJD, IAD (drafts copied from the source picture) and MC-SJD with source draft
 With the embedded ``tiny-mdlm`` installed, a text section follows: a few arithmetic word problems
 solved by LLaDA's one-token-per-step baseline and by the threshold rule with DualCache (Fast-dLLM),
 with accuracy, NFE, latency and the speed-up.
+
+Timing: in every section the decoders run interleaved, round-robin over the same items (the order rotated by one
+per item), so a machine that gets busier slows all of them alike. Each call is timed on the wall clock and on this
+process's CPU clock; a speed-up is the median over items of AR's time over the decoder's (as the benches report
+it), on both clocks, and the load average is printed beside each table. ``index.html`` in the output folder shows
+the tables and the grids on one page.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import statistics
 import textwrap
 import time
+from typing import Any, Callable, Sequence
 
 import torch
 from PIL import Image, ImageDraw
@@ -44,6 +53,56 @@ RANDOM_CONFIG = DecoderBenchConfig(
     model="GPT-mini", vocab_size=1024, image_tokens=256, num_classes=10, init_std=0.02,
     methods=ALL_METHODS, window=16, num_images=2, batch_size=1, guidance_scale=2.0, seed=0,
 )
+
+
+def interleaved(items: Sequence[Any], methods: Sequence[str], call: Callable[[str, int, Any], Any]) -> dict[str, dict]:
+    """``call(method, index, item)`` for every item and method, round-robin: item ``i`` runs the methods in their order
+    rotated by ``i``. Returns per method the results in item order and each call's wall and CPU seconds."""
+    runs = {m: {"results": [None] * len(items), "wall": [0.0] * len(items), "cpu": [0.0] * len(items)} for m in methods}
+    for i, item in enumerate(items):
+        for k in range(len(methods)):
+            method = methods[(i + k) % len(methods)]
+            wall, cpu = time.perf_counter(), time.process_time()
+            runs[method]["results"][i] = call(method, i, item)
+            runs[method]["wall"][i] = time.perf_counter() - wall
+            runs[method]["cpu"][i] = time.process_time() - cpu
+    return runs
+
+
+def timing(runs: dict[str, dict], reference: str) -> dict[str, dict]:
+    """Per method: mean wall and CPU seconds per item, and the speed-ups over ``reference`` (median over items of
+    the per-item ratios, each clock)."""
+    out = {}
+    for method, run in runs.items():
+        base = runs[reference]
+        out[method] = {
+            "wall_s": statistics.fmean(run["wall"]), "cpu_s": statistics.fmean(run["cpu"]),
+            "speedup_wall": statistics.median(b / t for b, t in zip(base["wall"], run["wall"])),
+            "speedup_cpu": statistics.median(b / t for b, t in zip(base["cpu"], run["cpu"])),
+        }
+    return out
+
+
+def load_note(before: float) -> str:
+    """The one-minute load average at a section's start and end, against this machine's cores."""
+    return f"load average {before:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Fixed-width lines: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(str(row[j])) for row in [header, *rows]) for j in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        return " ".join(f"{cell:<{w}}" if j == 0 else f"{cell:>{w}}" for j, (cell, w) in enumerate(zip(row, widths)))
+
+    return [line(header), *(line(row) for row in rows)]
+
+
+TIMING_HEADER = ["wall s", "CPU s", "speed-up wall", "speed-up CPU"]
+
+
+def timing_cells(row: dict) -> list[str]:
+    return [f"{row['wall_s']:.3f}", f"{row['cpu_s']:.3f}", f"{row['speedup_wall']:.2f}", f"{row['speedup_cpu']:.2f}"]
 
 
 def _grid(rows: list[list[Image.Image]], row_names: list[str], col_names: list[str], scale: int = 2,
@@ -75,20 +134,22 @@ def run_tiny_c2i_demo(out_dir: str) -> dict:
     pipe.set_progress_bar_config(disable=True)
     labels = list(DEMO_CLASSES)
     pipe(class_labels=[0], decoding="sjd")  # warm-up, not timed
+    print(f"  {', '.join(DEMO_METHODS)}: {len(labels)} images each, one at a time, interleaved ...", flush=True)
+    load = os.getloadavg()[0]
+    runs = interleaved(labels, DEMO_METHODS, lambda method, i, label: pipe(
+        class_labels=[label], decoding=method, generator=[torch.Generator().manual_seed(1000 + label)]))
+    clocks, note = timing(runs, "ar"), load_note(load)
     rows, methods = [], {}
     for method in DEMO_METHODS:
-        print(f"  {method}: {len(labels)} images, one at a time ...", flush=True)
-        images, stats = [], []
-        for label in labels:
-            out = pipe(class_labels=[label], decoding=method, generator=[torch.Generator().manual_seed(1000 + label)])
-            images += out.images
-            stats += out.stats
+        outs = runs[method]["results"]
+        images = [image for out in outs for image in out.images]
+        stats = [s for out in outs for s in out.stats]
         rows.append(images)
         methods[method] = {
             "decoder": stats[0]["method"],
             "nfe": sum(s["nfe"] for s in stats) / len(stats),
-            "latency_s": sum(s["latency_s"] for s in stats) / len(stats),
             "accepted_per_forward": sum(s["accepted_per_forward"] for s in stats) / len(stats),
+            **clocks[method],
         }
         if "tv_mean" in stats[0]:
             methods[method].update(tv_mean=sum(s["tv_mean"] for s in stats) / len(stats), tv_max=max(s["tv_max"] for s in stats))
@@ -99,30 +160,35 @@ def run_tiny_c2i_demo(out_dir: str) -> dict:
                                    budget_binding=sum(s["budget_binding"] for s in stats) / len(stats))
     for row in methods.values():
         row["step_compression"] = methods["ar"]["nfe"] / row["nfe"]
-        row["speedup"] = methods["ar"]["latency_s"] / row["latency_s"]
     grid = _grid(rows, [methods[m]["decoder"].split(":")[0] for m in DEMO_METHODS], [CLASS_NAMES[c] for c in labels])
     grid_path = os.path.join(out_dir, "grid.png")
     grid.save(grid_path)
     sampling = pipe.decoding_config.sampling().to_dict()
-    width = max(len("method"), *(len(methods[m]["decoder"]) for m in DEMO_METHODS))
-    table = [f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'latency s':>10} {'speedup':>8} {'budget':>7} {'TV mean':>8} {'TV max':>7}"]
+    header = ["method", "nfe", "step x", *TIMING_HEADER, "budget", "TV mean", "TV max"]
+    cells = []
     for m in DEMO_METHODS:
         r = methods[m]
-        budget = f"{r['tv_budget_requested']:>7.3f}" if "tv_budget_requested" in r else f"{'-':>7}"
-        tv = f"{r['tv_mean']:>8.4f} {r['tv_max']:>7.4f}" if "tv_mean" in r else f"{'exact':>8} {'exact':>7}"
-        table.append(f"{r['decoder']:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>10.3f} "
-                     f"{r['speedup']:>8.2f} {budget} {tv}")
+        budget = f"{r['tv_budget_requested']:.3f}" if "tv_budget_requested" in r else "-"
+        tv = [f"{r['tv_mean']:.4f}", f"{r['tv_max']:.4f}"] if "tv_mean" in r else ["exact", "exact"]
+        cells.append([r["decoder"], f"{r['nfe']:.1f}", f"{r['step_compression']:.2f}", *timing_cells(r), budget, *tv])
+    table = text_table(header, cells)
     report = {"model": "vispec/tiny-c2i", "classes": {c: CLASS_NAMES[c] for c in labels}, "sampling": sampling,
-              "window": pipe.decoding_config.window, "methods": methods, "grid": grid_path}
-    print("\n".join(table))
+              "window": pipe.decoding_config.window, "methods": methods, "grid": grid_path, "load": note,
+              "header": header, "rows": cells, "table": table}
+    print("\n".join(table) + f"\n  ({note})")
     with open(os.path.join(out_dir, "report.md"), "w") as handle:
         handle.write("# vispec demo: tiny-c2i with AR, SJD, MC-SJD, SJD-PAC and budgeted MC-SJD\n\n")
         handle.write(f"Classes {', '.join(CLASS_NAMES[c] for c in labels)} at fixed seeds, batch 1, CPU; sampling {sampling}.\n\n")
-        handle.write("SJD and MC-SJD are exact: each image differs from AR's, the distribution does not. "
-                     "Budgeted MC-SJD is lossy within a budget: `budget` is the requested TV budget per verification, `TV mean` / "
-                     "`TV max` the measured distance of a verification's output from the exact target (never above the budget).\n\n")
+        handle.write(C2I_TEXT + f" {TIMING_TEXT} ({note}).\n\n")
         handle.write("![grid](grid.png)\n\n```\n" + "\n".join(table) + "\n```\n")
     return report
+
+
+C2I_TEXT = ("SJD, MC-SJD and SJD-PAC are exact: each image differs from AR's, the distribution does not. "
+            "Budgeted MC-SJD is lossy within a budget: `budget` is the requested TV budget per verification, `TV mean` / "
+            "`TV max` the measured distance of a verification's output from the exact target (never above the budget).")
+TIMING_TEXT = ("Timings: the rows ran interleaved over the same items; seconds per item on the wall clock and on this "
+               "process's CPU clock; speed-ups are medians over items of the first row's time over this row's, on each clock")
 
 
 DEMO_T2I_PROMPTS = 8
@@ -144,41 +210,40 @@ def run_t2i_demo(out_dir: str) -> dict:
     scenes = SceneSampler("test", seed=0).sample(DEMO_T2I_PROMPTS).scenes
     prompts = [scene.caption for scene in scenes]
     pipe(prompts[0], height=scenes[0].height, width=scenes[0].width, decoding="sjd")  # warm-up, not timed
+    print(f"  {', '.join(DEMO_T2I_METHODS)}: {len(prompts)} prompts each, one at a time, interleaved ...", flush=True)
+    load = os.getloadavg()[0]
+    runs = interleaved(scenes, DEMO_T2I_METHODS, lambda method, i, scene: pipe(
+        scene.caption, height=scene.height, width=scene.width, decoding=method, output_type="pt",
+        generator=torch.Generator().manual_seed(2000 + i)))
+    clocks, note = timing(runs, "ar"), load_note(load)
     rows, methods = [], {}
     for method in DEMO_T2I_METHODS:
-        print(f"  {method}: {len(prompts)} prompts, one at a time ...", flush=True)
-        images, stats = [], []
-        for i, scene in enumerate(scenes):
-            out = pipe(scene.caption, height=scene.height, width=scene.width, decoding=method, output_type="pt",
-                       generator=torch.Generator().manual_seed(2000 + i))
-            images.append(out.images[0] * 2 - 1)
-            stats += out.stats
+        outs = runs[method]["results"]
+        images = [out.images[0] * 2 - 1 for out in outs]
+        stats = [s for out in outs for s in out.stats]
         rows.append([Image.fromarray(((x + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()) for x in images])
         accuracy = check_images(images, prompts)["accuracy"]
         methods[method] = {
             "decoder": stats[0]["method"],
             "nfe": sum(s["nfe"] for s in stats) / len(stats),
-            "latency_s": sum(s["latency_s"] for s in stats) / len(stats),
             "accuracy": accuracy["overall"],
             "accuracy_by_attribute": accuracy,
             "clip_score": clip_score(images, prompts, *clip),
             "clip_score_mismatched": clip_score(images, prompts[1:] + prompts[:1], *clip),
+            **clocks[method],
         }
     for row in methods.values():
         row["step_compression"] = methods["ar"]["nfe"] / row["nfe"]
-        row["speedup"] = methods["ar"]["latency_s"] / row["latency_s"]
     grid_path = os.path.join(out_dir, "t2i_grid.png")
     _grid(rows, [methods[m]["decoder"].split(":")[0] for m in DEMO_T2I_METHODS], prompts, label_chars=20).save(grid_path)
-    width = max(len("method"), *(len(methods[m]["decoder"]) for m in DEMO_T2I_METHODS))
-    table = [f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'latency s':>10} {'speedup':>8} {'checks':>7} "
-             f"{'CLIP':>6} {'CLIP mismatched':>16}"]
-    for m in DEMO_T2I_METHODS:
-        r = methods[m]
-        table.append(f"{r['decoder']:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>10.3f} "
-                     f"{r['speedup']:>8.2f} {r['accuracy']:>7.3f} {r['clip_score']:>6.2f} {r['clip_score_mismatched']:>16.2f}")
-    print("\n".join(table))
+    header = ["method", "nfe", "step x", *TIMING_HEADER, "checks", "CLIP", "CLIP mismatched"]
+    cells = [[r["decoder"], f"{r['nfe']:.1f}", f"{r['step_compression']:.2f}", *timing_cells(r), f"{r['accuracy']:.3f}",
+              f"{r['clip_score']:.2f}", f"{r['clip_score_mismatched']:.2f}"] for r in (methods[m] for m in DEMO_T2I_METHODS)]
+    table = text_table(header, cells)
+    print("\n".join(table) + f"\n  ({note})")
     return {"model": "vispec/tiny-t2i", "prompts": prompts, "sizes": [[s.height, s.width] for s in scenes],
-            "sampling": pipe.decoding_config.sampling().to_dict(), "methods": methods, "grid": grid_path, "table": table}
+            "sampling": pipe.decoding_config.sampling().to_dict(), "methods": methods, "grid": grid_path, "load": note,
+            "header": header, "rows": cells, "table": table}
 
 
 def _t2i_report_md(t2i: dict) -> str:
@@ -187,7 +252,8 @@ def _t2i_report_md(t2i: dict) -> str:
              f"sampling {t2i['sampling']}. checks: the fraction of images whose every asked attribute (colour, shape, count, "
              "position, size) the scene checks find; CLIP: tiny-t2i's CLIP score with the true captions and with "
              "mismatched ones (each image against the next prompt). SJD and MC-SJD are exact: on so few images their "
-             "scores differ from AR's by sampling noise (`vispec bench image --model tiny-t2i` measures it).\n",
+             "scores differ from AR's by sampling noise (`vispec bench image --model tiny-t2i` measures it). "
+             f"{TIMING_TEXT} ({t2i['load']}).\n",
              "![text-to-image grid](t2i_grid.png)\n", "```", *t2i["table"], "```"]
     return "\n".join(lines) + "\n"
 
@@ -212,35 +278,33 @@ def run_edit_demo(out_dir: str) -> dict:
     pipe(pairs[0].instruction, image=sources[0], decoding="sjd", output_type="latent")  # warm-up, not timed
     to_pil = lambda x: Image.fromarray(((x + 1) * 127.5).round().clamp(0, 255).byte().permute(1, 2, 0).numpy())  # noqa: E731
     rows = [[to_pil(p.source) for p in pairs], [to_pil(p.target) for p in pairs]]
+    print(f"  {', '.join(DEMO_EDIT_METHODS)}: {len(pairs)} edits each, one at a time, interleaved ...", flush=True)
+    load = os.getloadavg()[0]
+    runs = interleaved(list(zip(pairs, sources)), DEMO_EDIT_METHODS, lambda method, i, job: pipe(
+        job[0].instruction, image=job[1], decoding=method, output_type="pt", generator=torch.Generator().manual_seed(3000 + i)))
+    clocks, note = timing(runs, "ar"), load_note(load)
     methods = {}
     for method in DEMO_EDIT_METHODS:
-        print(f"  {method}: {len(pairs)} edits, one at a time ...", flush=True)
-        images, stats = [], []
-        for i, (pair, source) in enumerate(zip(pairs, sources)):
-            out = pipe(pair.instruction, image=source, decoding=method, output_type="pt",
-                       generator=torch.Generator().manual_seed(3000 + i))
-            images.append(out.images[0] * 2 - 1)
-            stats += out.stats
+        outs = runs[method]["results"]
+        images = [out.images[0] * 2 - 1 for out in outs]
+        stats = [s for out in outs for s in out.stats]
         rows.append([to_pil(x) for x in images])
         methods[method] = {"decoder": stats[0]["method"], "nfe": sum(s["nfe"] for s in stats) / len(stats),
-                           "latency_s": sum(s["latency_s"] for s in stats) / len(stats),
                            "source_kept": sum(s["source_kept"] for s in stats) / len(stats),
-                           "accuracy": check_images(images, captions)["accuracy"]["overall"]}
+                           "accuracy": check_images(images, captions)["accuracy"]["overall"], **clocks[method]}
     for row in methods.values():
         row["step_compression"] = methods["ar"]["nfe"] / row["nfe"]
-        row["speedup"] = methods["ar"]["latency_s"] / row["latency_s"]
     grid_path = os.path.join(out_dir, "edit_grid.png")
     names = ["source", "true edit"] + [methods[m]["decoder"].split(":guidance")[0] for m in DEMO_EDIT_METHODS]
     _grid(rows, names, [p.instruction for p in pairs], label_chars=20).save(grid_path)
-    width = max(len("method"), *(len(methods[m]["decoder"]) for m in DEMO_EDIT_METHODS))
-    table = [f"{'method':<{width}} {'nfe':>7} {'step x':>7} {'latency s':>10} {'speedup':>8} {'checks':>7} {'kept':>6}"]
-    for m in DEMO_EDIT_METHODS:
-        r = methods[m]
-        table.append(f"{r['decoder']:<{width}} {r['nfe']:>7.1f} {r['step_compression']:>7.2f} {r['latency_s']:>10.3f} "
-                     f"{r['speedup']:>8.2f} {r['accuracy']:>7.3f} {r['source_kept']:>6.1%}")
-    print("\n".join(table))
+    header = ["method", "nfe", "step x", *TIMING_HEADER, "checks", "kept"]
+    cells = [[r["decoder"], f"{r['nfe']:.1f}", f"{r['step_compression']:.2f}", *timing_cells(r), f"{r['accuracy']:.3f}",
+              f"{r['source_kept']:.1%}"] for r in (methods[m] for m in DEMO_EDIT_METHODS)]
+    table = text_table(header, cells)
+    print("\n".join(table) + f"\n  ({note})")
     return {"model": "vispec/tiny-edit", "instructions": [p.instruction for p in pairs], "target_captions": captions,
-            "sampling": pipe.decoding_config.sampling().to_dict(), "methods": methods, "grid": grid_path, "table": table}
+            "sampling": pipe.decoding_config.sampling().to_dict(), "methods": methods, "grid": grid_path, "load": note,
+            "header": header, "rows": cells, "table": table}
 
 
 def _edit_report_md(edit: dict) -> str:
@@ -249,7 +313,7 @@ def _edit_report_md(edit: dict) -> str:
              f"batch 1, CPU; sampling {edit['sampling']}. checks: the fraction of edited pictures whose every attribute of "
              "the target caption the scene checks find (the edit and what must stay); kept: the share of output codes "
              "equal to the source's. IAD drafts each position from the source's code there (input-guided aggressive "
-             "decoding); every decoder here is exact.\n",
+             f"decoding); every decoder here is exact. {TIMING_TEXT} ({edit['load']}).\n",
              "![image-to-image grid](edit_grid.png)\n", "```", *edit["table"], "```"]
     return "\n".join(lines) + "\n"
 
@@ -284,29 +348,36 @@ def run_text_demo(model: str = "vispec/tiny-mdlm", tasks: tuple[str, ...] = ("ar
     work = [(get_task(name), item) for name in tasks for item in split_items(name, "test", problems, seed=0)]
     settings = _text_settings(long=pipe.filter is not None)
     pipe(prompt=work[0][1].prompt, strategy="threshold")  # warm-up, not timed
+    names = list(settings)
+    print(f"  {' | '.join(names)}: {len(work)} problems each, one at a time, interleaved ...", flush=True)
+    load = os.getloadavg()[0]
+
+    def solve(name: str, i: int, job: tuple) -> Any:
+        scheduler, cache, early_stop, options = settings[name]
+        return pipe(prompt=job[1].prompt, strategy=scheduler, cache=cache, early_stop_eos=early_stop, **options)
+
+    runs = interleaved(work, names, solve)
+    clocks, note = timing(runs, names[0]), load_note(load)
     rows, examples = {}, []
-    for name, (scheduler, cache, early_stop, options) in settings.items():
-        print(f"  {name}: {len(work)} problems, one at a time ...", flush=True)
-        nfe = correct = 0
-        start = time.perf_counter()
-        for task, item in work:
-            out = pipe(prompt=item.prompt, strategy=scheduler, cache=cache, early_stop_eos=early_stop, **options)
-            nfe += out.stats[0]["nfe"]
-            correct += task.score(out.texts[0], item)[task.metrics[0]]
-            if cache == "dual":
-                examples.append({"prompt": item.prompt, "answer": out.texts[0], "reference": item.answer})
-        wall = time.perf_counter() - start
-        rows[name] = {"nfe": nfe / len(work), "latency_s": wall / len(work), "accuracy": correct / len(work)}
-    base = rows[next(iter(rows))]
+    for name in names:
+        outs = runs[name]["results"]
+        correct = sum(task.score(out.texts[0], item)[task.metrics[0]] for out, (task, item) in zip(outs, work))
+        if settings[name][1] == "dual":
+            examples += [{"prompt": item.prompt, "answer": out.texts[0], "reference": item.answer}
+                         for out, (task, item) in zip(outs, work)]
+        rows[name] = {"nfe": sum(out.stats[0]["nfe"] for out in outs) / len(work), "accuracy": correct / len(work),
+                      **clocks[name]}
+    base = rows[names[0]]
     for row in rows.values():
         row["nfe_reduction"] = base["nfe"] / row["nfe"]
-        row["speedup"] = base["latency_s"] / row["latency_s"]
-    table = [f"{'setting':<40} {'accuracy':>8} {'nfe':>7} {'NFE x':>6} {'latency s':>10} {'speedup':>8}"]
-    for name, r in rows.items():
-        table.append(f"{name:<40} {r['accuracy']:>8.3f} {r['nfe']:>7.1f} {r['nfe_reduction']:>6.2f} {r['latency_s']:>10.3f} {r['speedup']:>8.2f}")
-    print("\n".join(table))
+    header = ["setting", "accuracy", "nfe", "NFE x", *TIMING_HEADER]
+    cells = [[name, f"{r['accuracy']:.3f}", f"{r['nfe']:.1f}", f"{r['nfe_reduction']:.2f}", *timing_cells(r)]
+             for name, r in rows.items()]
+    table = text_table(header, cells)
+    print("\n".join(table) + f"\n  ({note})")
     return {"model": model, "tasks": list(tasks), "gen_length": pipe.config.default_gen_length,
-            "block_length": pipe.config.default_block_length, "settings": rows, "examples": examples, "table": table}
+            "block_length": pipe.config.default_block_length, "settings": rows, "examples": examples, "load": note,
+            "header": header, "rows": cells, "table": table}
 
 
 def run_random_model_demo() -> dict:
@@ -320,11 +391,51 @@ def run_random_model_demo() -> dict:
 def _text_report_md(text: dict) -> str:
     lines = [f"\n## Masked diffusion LM: {text['model']} on {', '.join(text['tasks'])}\n",
              f"Test-split problems, batch 1, CPU, temperature 0, gen length {text['gen_length']}, block {text['block_length']}; "
-             "accuracy is strict-match for arithmetic, exact match otherwise.\n",
+             f"accuracy is strict-match for arithmetic, exact match otherwise. {TIMING_TEXT} ({text['load']}).\n",
              "```", *text["table"], "```", "", "Answers of the fast setting:", ""]
     for ex in text["examples"]:
         lines.append(f"- `{ex['prompt']}` -> `{ex['answer']}` (reference `{ex['reference']}`)")
     return "\n".join(lines) + "\n"
+
+
+SECTIONS = (  # report key, title, grid file
+    ("c2i", "Class-to-image: tiny-c2i", "grid.png"),
+    ("t2i", "Text-to-image: tiny-t2i on held-out scene captions", "t2i_grid.png"),
+    ("edit", "Image-to-image: tiny-edit on held-out scene edits", "edit_grid.png"),
+    ("text", "Masked diffusion LM: tiny-mdlm", None),
+    ("text_long", "Masked diffusion LM at gen length 256: tiny-mdlm-long", None),
+)
+
+
+def write_index(out_dir: str, sections: dict[str, dict]) -> str:
+    """``index.html``: each section's table and grid on one page. A script marks on ``<body>`` how many images loaded
+    (``data-images-loaded="ok/all"``) and how many tables have rows (``data-tables``), so a headless browser can check
+    the page as a reader sees it."""
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>vispec demo</title><style>"
+             "body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right} td:first-child,th:first-child{text-align:left}"
+             "img{max-width:100%;image-rendering:pixelated}</style></head><body>",
+             "<h1>vispec demo</h1>", f"<p>{html.escape(TIMING_TEXT)}.</p>"]
+    for key, title, grid in SECTIONS:
+        if key not in sections:
+            continue
+        section = sections[key]
+        parts.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(section.get('load', ''))}</p><table><thead><tr>")
+        parts.append("".join(f"<th>{html.escape(str(cell))}</th>" for cell in section["header"]) + "</tr></thead><tbody>")
+        for row in section["rows"]:
+            parts.append("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>")
+        parts.append("</tbody></table>")
+        if grid:
+            parts.append(f"<img src='{grid}' alt='{html.escape(title)}'>")
+    parts.append("<script>window.addEventListener('load',function(){var im=document.images,ok=0;"
+                 "for(var i=0;i<im.length;i++){if(im[i].complete&&im[i].naturalWidth>0)ok++;}"
+                 "document.body.dataset.imagesLoaded=ok+'/'+im.length;"
+                 "document.body.dataset.tables=document.querySelectorAll('table tbody tr:first-child').length;});</script>")
+    parts.append("</body></html>")
+    path = os.path.join(out_dir, "index.html")
+    with open(path, "w") as handle:
+        handle.write("\n".join(parts) + "\n")
+    return path
 
 
 def run_demo(out_dir: str = "out/demo") -> dict:
@@ -369,5 +480,10 @@ def run_demo(out_dir: str = "out/demo") -> dict:
     report["wall_s"] = time.perf_counter() - start
     with open(os.path.join(out_dir, "report.json"), "w") as handle:
         json.dump(report, handle, indent=2)
+    sections = {key: report[key] for key in ("t2i", "edit", "text", "text_long") if key in report}
+    if embedded:
+        sections["c2i"] = report
+    page = write_index(out_dir, sections)
     print(f"report: {out_dir}/report.md, {out_dir}/report.json" + (f", {out_dir}/grid.png" if embedded else ""))
+    print(f"page: file://{os.path.abspath(page)} ({report['wall_s']:.0f} s)")
     return report
