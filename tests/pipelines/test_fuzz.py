@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import numpy as np
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -26,11 +27,16 @@ ANY_VALUE = st.one_of(
     st.dictionaries(st.text(max_size=3), st.integers(0, 3), max_size=2),
 )
 
-SPEC_KEYS = ["window", "init", "coupling", "guidance_scale", "temperature", "top_k", "top_p", "cfg_interval", "k", "delta"]
+# the window and tree sizes, and the budget / LANTERN / GSD values, with the huge ones issue 47 found unbounded
+SPEC_KEYS = ["window", "init", "coupling", "guidance_scale", "temperature", "top_k", "top_p", "cfg_interval", "k", "delta",
+             "tree_width", "tree_depth", "neighbors", "ratio", "decay", "end", "half_width", "p_thr", "d_thr"]
 SPEC_VALUES = st.one_of(st.integers(-3, 40).map(str), st.sampled_from(["auto", "nan", "inf", "-1.5", "0.5", "x", "", "1e9",
-                                                                        "random", "horizontal", "maximal", "gumbel"]))
+                                                                        "random", "horizontal", "maximal", "gumbel",
+                                                                        "1000000", "20000", "1000000000", "4097", "65",
+                                                                        "0.123456789", "1e-300", "2.5"]))
 SPEC_NAMES = st.sampled_from(["ar", "sjd", "mc-sjd", "sjd-random", "sjd-vertical", "mc-sjd-gumbel", "sd", "gsd", "lantern",
-                              "mc-sjd+lantern", "mc-sjd+gsd", "nope", "", "+", "sjd+", "sjd:"])
+                              "mc-sjd+lantern", "mc-sjd+gsd", "sjd-pac", "sjd-pac-gumbel", "auto", "mc-sjd+budget",
+                              "sjd-pac+budget", "iad", "nope", "", "+", "sjd+", "sjd:"])
 
 
 @st.composite
@@ -109,7 +115,7 @@ def test_image_pipeline_arguments(image_pipe, kwargs):
 
 TEXT_ARGS = ["prompt", "messages", "input_ids", "attention_mask", "gen_length", "block_length", "num_inference_steps",
              "temperature", "guidance_scale", "strategy", "threshold", "cache", "num_sequences_per_prompt", "steps",
-             "output_type", "generator", "top_k", "top_p"]
+             "output_type", "generator", "top_k", "top_p", "speculative"]
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +142,7 @@ SMALL = st.one_of(st.integers(-2, 16), ANY_VALUE)
               "num_sequences_per_prompt": _or_any(st.integers(1, 2)),
               "strategy": _or_any(st.sampled_from(["llada", "threshold", "entropy"])),
               "cache": _or_any(st.sampled_from(["none", "prefix", "dual"])),
+              "speculative": _or_any(st.sampled_from([None, 2, 4, "auto", 0, -3, 10**9, 2.5, "four"])),
               "output_type": _or_any(st.sampled_from(["str", "seq", None])),
               "input_ids": st.one_of(st.none(), st.none(), st.lists(st.lists(st.integers(-3, 100), min_size=1, max_size=4),
                                                          min_size=1, max_size=2).map(_as_tensor))}))
@@ -155,7 +162,7 @@ def test_text_pipeline_arguments(text_pipe, kwargs):
 # ---- the unified-token pipeline (issue 28) --------------------------------------------------------
 
 UNIFIED_ARGS = ["prompt", "negative_prompt", "height", "width", "num_images_per_prompt", "guidance_scale", "temperature",
-                "top_k", "top_p", "output_type", "generator", "decoding", "max_batch_size"]
+                "top_k", "top_p", "output_type", "generator", "decoding", "max_batch_size", "image"]
 LONG_PROMPT = " ".join(["cat"] * 300)  # past the tiny transformer's 256 positions
 
 
@@ -229,7 +236,10 @@ UNIFIED_VALID = {
 # bad values the types and ranges above miss: past the context, past the resolution tokens, past memory
 UNIFIED_BAD = {"prompt": [LONG_PROMPT, [], ["a", 3]], "negative_prompt": [LONG_PROMPT, [], 5, ["a", "b", "c"]],
                "height": [64, 72, 160, 12], "width": [64, 160, 20], "num_images_per_prompt": [10**5, 10**7, 0],
-               "generator": [[torch.Generator()] * 3, "seed", 0], "output_type": ["jpg", None]}
+               "generator": [[torch.Generator()] * 3, "seed", 0], "output_type": ["jpg", None],
+               # image-to-image sources: empty, NaN, the wrong shape or type (issue 47 items 7, 10)
+               "image": [torch.zeros(3, 0, 0), np.zeros((0, 0, 3)), torch.full((3, 16, 16), float("nan")),
+                         torch.rand(2, 16, 16), "source.png", 5]}
 
 
 @settings(FUZZ, max_examples=30)
