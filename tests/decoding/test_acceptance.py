@@ -36,6 +36,10 @@ class IgnoresBudget(LanternRule):
         mass = p.gather(-1, neighbors.flatten(1)).view(neighbors.shape).sum(-1)
         return neighbors, everything, mass
 
+    def _absorbed_prefix(self, p, r, x, p_at, q_at):  # the closed form's prefixes (output_tv): all k as well
+        neighbors = self.neighbors.to(p.device)[x]
+        return torch.full_like(r, neighbors.shape[1]), p[r[:, None], neighbors].sum(-1)
+
 
 @pytest.mark.parametrize("delta", [0.02, 0.1, 0.3])
 def test_lantern_tv_stays_within_the_budget_for_initialised_drafts(delta):

@@ -183,3 +183,63 @@ def test_config_round_trip_and_refusals(tmp_path):
     threshold.set_timesteps(4, block_length=4)
     with pytest.raises(ValueError, match="threshold"):
         threshold.step(logits, 0, sample, mask_token_id=MASK_ID, threshold=1.5)
+
+
+@pytest.fixture(scope="module")
+def tiny_llada2():
+    pipe = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-llada2")  # embedded: offline
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_llada2_pipeline_refuses_a_block_length_the_model_does_not_attend_over(tiny_llada2):
+    """Issue 47 item 27: tiny-llada2 attends block-causally over blocks of 32 under LLaDA2Pipeline's 2-D mask. Blocks of
+    16 (the scheduler's default or the call's) silently gave other tokens than vispec's pipeline; now set_timesteps
+    refuses them before the first forward, naming block_length and both values. Blocks of 32 give vispec's tokens
+    (diffusers leaves mask ids after an early-stopping EOS where vispec writes EOS)."""
+    model, tokenizer = tiny_llada2.model, tiny_llada2.tokenizer
+    prompt = tiny_llada2.prepare_input_ids(prompt=["what is 12 + 7 ?"])[0]
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        for scheduler_length, call_length in ((16, None), (32, 16)):
+            pipe = LLaDA2Pipeline(model=model, scheduler=VispecPolicyScheduler(block_length=scheduler_length), tokenizer=tokenizer)
+            pipe.set_progress_bar_config(disable=True)
+            with pytest.raises(ValueError, match=r"block_length=16 \(the pipeline's blocks\) differs from the model's "
+                                                 r"block_length=32"):
+                pipe(input_ids=prompt, gen_length=32, block_length=call_length, output_type="seq")
+        assert not forwards, "the mismatch must be refused before any denoising step"
+        pipe = LLaDA2Pipeline(model=model, scheduler=VispecPolicyScheduler(block_length=16), tokenizer=tokenizer)
+        pipe.set_progress_bar_config(disable=True)
+        theirs = pipe(input_ids=prompt, gen_length=64, block_length=32, threshold=0.7, output_type="seq").sequences
+    finally:
+        hook.remove()
+    ours = tiny_llada2(input_ids=prompt, gen_length=64, block_length=32, strategy="threshold", threshold=0.7).sequences
+    assert torch.equal(torch.where(theirs == tokenizer.mask_token_id, tokenizer.eos_token_id, theirs), ours)
+    with pytest.raises(ValueError, match="block_length=16 .* block_length=32"):  # the check, called directly
+        VispecPolicyScheduler().check_model(model, 16)
+
+
+@pytest.mark.parametrize("strategy", ["editing", "gemma"])
+def test_llada2_pipeline_refuses_what_vispecs_pipeline_refuses_on_a_bidirectional_model(strategy):
+    """Issue 47 item 27: on tiny-mdlm (bidirectional) vispec's pipeline refuses the editing policy; inside LLaDA2Pipeline
+    the scheduler now applies the same check (vispec.dllm.checks.check_policy_fits_model), with the same message, before
+    any forward. DiffusionGemma's rule runs in vispec's pipeline on this model, and so it does inside LLaDA2Pipeline."""
+    mdlm = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
+    mdlm.set_progress_bar_config(disable=True)
+    ids, mask = mdlm.prepare_input_ids(prompt=["sort the numbers : 5 3 9 3 1"])
+    pipe = LLaDA2Pipeline(model=mdlm.model, scheduler=VispecPolicyScheduler(strategy=strategy, block_length=32),
+                          tokenizer=mdlm.tokenizer)
+    pipe.set_progress_bar_config(disable=True)
+    outcomes = []
+    for run in (lambda: mdlm(input_ids=ids, attention_mask=mask, gen_length=32, block_length=32, strategy=strategy),
+                lambda: pipe(input_ids=ids, attention_mask=mask, gen_length=32, output_type="seq")):
+        try:
+            run()
+            outcomes.append(None)
+        except ValueError as error:
+            outcomes.append(str(error))
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] is not None) == (strategy == "editing")
+    if strategy == "editing":
+        assert "needs a block-causal model" in outcomes[1]

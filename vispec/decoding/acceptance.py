@@ -277,13 +277,12 @@ class AcceptanceRule:
         return torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
 
 
-def _output_distribution(p: Tensor, q: Tensor, accepted_mass: Tensor, residual: Tensor, zeroed_mass: Tensor,
-                         zeroed_index: Optional[Tensor] = None, zeroed_valid: Optional[Tensor] = None) -> Tensor:
-    """``P(y) = a(y) + Σ_x w(x) R_x(y) / Z_x`` with ``R_x = R`` outside the set ``S_x`` zeroed on rejecting ``x``.
+def _output_distribution(p: Tensor, q: Tensor, accepted_mass: Tensor, residual: Tensor, zeroed_mass: Tensor) -> Tensor:
+    """``P(y) = a(y) + Σ_x w(x) R_x(y) / Z_x`` with ``R_x = R`` outside ``S_x = {x}``, zeroed on rejecting ``x``.
 
-    ``residual R [R, V]``; ``zeroed_mass [R, V]``: ``R(S_x)`` for each ``x``; ``zeroed_index [R, V, k]`` and
-    ``zeroed_valid`` list ``S_x`` beyond ``x`` itself (``None``: ``S_x = {x}``). A rejected ``x`` whose residual has no
-    mass left outputs token 0 (what the exponential race returns on all-zero weights).
+    ``residual R [R, V]``; ``zeroed_mass [R, V]``: ``R(S_x)`` for each ``x``. A rejected ``x`` whose residual has no
+    mass left outputs token 0 (what the exponential race returns on all-zero weights). (LANTERN's larger sets
+    ``S_x``, ``x`` and its absorbed neighbours, are summed sparsely in :meth:`LanternRule.output_tv`.)
     """
     p, q, residual = p.double(), q.double(), residual.double()
     rejected = q - accepted_mass
@@ -291,11 +290,7 @@ def _output_distribution(p: Tensor, q: Tensor, accepted_mass: Tensor, residual: 
     left = total - zeroed_mass
     empty = left <= 0
     c = torch.where(empty, torch.zeros_like(rejected), rejected / left.clamp_min(1e-300))
-    hits = c.clone()  # Σ_{x : y ∈ S_x} c(x): x itself ...
-    if zeroed_index is not None:  # ... and its zeroed neighbours
-        spread = torch.where(zeroed_valid, c[..., None].expand_as(zeroed_valid), torch.zeros((), dtype=c.dtype, device=c.device))
-        hits = hits.scatter_add(-1, zeroed_index.flatten(1), spread.flatten(1))
-    out = accepted_mass + residual * (c.sum(-1, keepdim=True) - hits)
+    out = accepted_mass + residual * (c.sum(-1, keepdim=True) - c)  # Σ_{x : y ∉ S_x} c(x)
     out[:, 0] += (rejected * empty).sum(-1)
     return out
 
@@ -339,15 +334,72 @@ class LanternRule(AcceptanceRule):
         return verify.residual_weights(zeroed, q)
 
     def output_tv(self, p: Tensor, q: Tensor) -> Tensor:
-        vocab = p.shape[-1]
+        """``[R]`` TV between one verification's output (draft ``x ~ q``) and ``p``: :func:`_output_distribution`'s
+        ``P(y) = a(y) + Σ_x w(x) R_x(y) / Z_x`` with ``a = min(q, p + c_J)``, computed only where it is not ``q``.
+
+        A draft ``x`` with ``q(x) <= p(x)``, or whose absorbed mass reaches ``q(x) - p(x)``, is always kept (``w(x) =
+        0``): its neighbours matter only through ``c_J(x)``, and only until ``p(x) + c_j(x) >= q(x)``. So the
+        neighbour masses are summed for the pairs ``(row, x)`` with ``q > p`` only, over prefixes of growing length
+        (:meth:`_absorbed_prefix`), and the zeroed sets ``N_1..N_J(x)`` are read for the drafts a rejection can hit.
+        The work follows the prefixes a verification reaches (about 3000 neighbour reads per row of tiny-c2i at
+        ``k = 1000``), not ``V k`` per row, so a decode can measure every verified row."""
         p64, q64 = p.double(), q.double()
-        every = torch.arange(vocab, device=p.device).expand(p.shape[0], vocab)
-        neighbors, absorbed, moved = self._absorbed(p64, every)
-        accepted_mass = torch.minimum(q64, p64 + moved)
+        rows, vocab = p64.shape
         residual = (p64 - q64).clamp_min(0.0)
-        zeroed_mass = residual + (residual.gather(-1, neighbors.flatten(1)).view(neighbors.shape) * absorbed).sum(-1)
-        out = _output_distribution(p64, q64, accepted_mass, residual, zeroed_mass, neighbors, absorbed)
+        r, x = (q64 > p64).nonzero(as_tuple=True)  # drafts that may be rejected
+        p_at, q_at = p64[r, x], q64[r, x]
+        count, moved = self._absorbed_prefix(p64, r, x, p_at, q_at)
+        accepted_mass = q64.index_put((r, x), torch.minimum(q_at, p_at + moved))
+        rejected = q_at - accepted_mass[r, x]  # w(x)
+        hit = (rejected > 0).nonzero().squeeze(1)
+        r, x, count, rejected = r[hit], x[hit], count[hit], rejected[hit]
+        longest = int(count.max()) if count.numel() else 0
+        neighbors = self.neighbors.to(p.device)[x, :longest]  # [S, J_max]: the absorbed prefix N_1..N_J(x)
+        absorbed = torch.arange(longest, device=p.device) < count[:, None]
+        zeroed = residual[r, x] + (residual[r[:, None], neighbors] * absorbed).sum(-1)  # R(S_x)
+        left = residual.sum(-1)[r] - zeroed
+        empty = left <= 0
+        c = torch.where(empty, torch.zeros_like(rejected), rejected / left.clamp_min(1e-300))
+        share = torch.zeros(rows, dtype=torch.float64, device=p.device).index_add_(0, r, c)
+        hits = torch.zeros(rows * vocab, dtype=torch.float64, device=p.device).index_add_(0, r * vocab + x, c)
+        hits.index_add_(0, (r[:, None] * vocab + neighbors)[absorbed], c[:, None].expand_as(absorbed)[absorbed])
+        out = accepted_mass + residual * (share[:, None] - hits.view(rows, vocab))
+        out[:, 0] += torch.zeros(rows, dtype=torch.float64, device=p.device).index_add_(0, r, rejected * empty)
         return 0.5 * (out - p64).abs().sum(-1)
+
+    def _absorbed_prefix(self, p: Tensor, r: Tensor, x: Tensor, p_at: Tensor, q_at: Tensor) -> tuple[Tensor, Tensor]:
+        """For pairs ``(r, x)`` of rows of ``p`` and tokens (``p_at = p[r, x]``, ``q_at = q[r, x]``): ``(J, c_J)``, or
+        a shorter absorbed prefix ``(j, c_j)`` with ``p(x) + c_j >= q(x)`` (the draft is then kept whatever ``J``).
+
+        :meth:`_absorbed`'s cumulative masses, read over prefixes of 16, 64, 256, ... columns of the neighbour table
+        (up to ``k``); a pair leaves once its prefix ends inside the table (``c_{j+1}`` over the budget) or reaches
+        ``q(x)``. A few passes over the pairs still open, never one per row or token."""
+        count = torch.zeros(r.shape, dtype=torch.long, device=p.device)
+        moved = torch.zeros(r.shape, dtype=p.dtype, device=p.device)
+        k = self.neighbors.shape[1]
+        if k == 0 or r.numel() == 0:
+            return count, moved
+        table = self.neighbors.to(p.device)
+        delta = self.config.lantern_delta
+        budget = torch.full_like(p_at, delta) if delta <= 1 else (delta - 1) * p_at
+        pending = torch.arange(r.numel(), device=p.device)
+        length = min(k, 16)
+        while True:
+            mass = p[r[pending, None], table[x[pending], :length]].cumsum(-1)
+            n = (mass <= budget[pending, None]).sum(-1)  # c_j is nondecreasing: a prefix
+            c = torch.where(n > 0, mass.gather(-1, (n - 1).clamp_min(0)[:, None]).squeeze(-1), torch.zeros_like(mass[:, 0]))
+            count[pending], moved[pending] = n, c
+            if length == k:
+                break
+            pending = pending[(n == length) & (p_at[pending] + c < q_at[pending])]
+            if pending.numel() == 0:
+                break
+            length = min(k, 4 * length)
+        return count, moved
+
+
+GSD_TABLE_MAX_VOCAB = 16384  # GSD's [V, V] embedding-closeness table (at most 256 MiB of bools); above: per pair
+TV_CHUNK_ELEMENTS = 1 << 24  # elements per chunk of GSD's closeness table and its per-pair test
 
 
 class GSDRule(AcceptanceRule):
@@ -358,6 +410,7 @@ class GSDRule(AcceptanceRule):
         if embeddings.dim() != 2:
             raise ValueError(f"embeddings must be [vocab, dim], got shape {tuple(embeddings.shape)}")
         self.embeddings = embeddings.detach().float()
+        self._close: dict[torch.device, Tensor] = {}  # per device: the [V, V] embedding-distance test (close_tokens)
 
     def groups(self, p: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """For ``tokens [R, M]``: group members ``[R, M, 2H]`` and membership flags (the token itself is always in)."""
@@ -388,11 +441,74 @@ class GSDRule(AcceptanceRule):
         p_group, q_group = self._group_sums(p, q, drafts[:, None])
         return verify.speculative_test(u, q_group.squeeze(-1), p_group.squeeze(-1))
 
+    def all_group_sums(self, p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
+        """``(Σ_G p, Σ_G q)`` ``[R, V]`` of every token's group: :meth:`_group_sums` of every token, from the sorted ranks.
+
+        A token's group is itself and the tokens ``d`` ranks away (``-H <= d < H``, inside the vocabulary) that pass
+        both closeness tests, which are symmetric in the pair: so the pairs ``(order[i], order[i + d])`` for
+        ``d = 1..H`` cover every group, ``H`` passes over ``[R, V]`` tensors whatever ``R``; the embedding test of a pair
+        is read from :meth:`close_tokens` (no ``[R, V, 2H, D]`` gather)."""
+        width, vocab = self.config.gsd_half_width, p.shape[-1]
+        order = p.argsort(dim=-1, stable=True)  # as groups()
+        p_sorted, q_sorted = p.gather(-1, order), q.to(p.dtype).gather(-1, order)
+        p_sum, q_sum = p_sorted.clone(), q_sorted.clone()
+        for d in range(1, min(width, vocab - 1) + 1):
+            joined = (((p_sorted[:, d:] - p_sorted[:, :-d]).abs() < self.config.gsd_p_thr)
+                      & self.close_tokens(order[:, :-d], order[:, d:]))
+            p_sum[:, d:] += p_sorted[:, :-d] * joined  # order[i + d]'s group holds order[i] (d ranks below)
+            q_sum[:, d:] += q_sorted[:, :-d] * joined
+            if d < width:  # order[i]'s group holds order[i + d] (d ranks above: d < H)
+                p_sum[:, :-d] += p_sorted[:, d:] * joined
+                q_sum[:, :-d] += q_sorted[:, d:] * joined
+        return torch.empty_like(p_sum).scatter_(-1, order, p_sum), torch.empty_like(q_sum).scatter_(-1, order, q_sum)
+
+    def close_tokens(self, a: Tensor, b: Tensor) -> Tensor:
+        """``||E_b - E_a||² < d_thr`` elementwise for token ids ``a, b``: :meth:`groups`' embedding test, as it decides
+        it (the float32 expression; NaN rows pass none). Up to :data:`GSD_TABLE_MAX_VOCAB` tokens it is read from a
+        ``[V, V]`` table made once per device (:meth:`_close_table`); above, computed for the given pairs."""
+        if self.embeddings.shape[0] <= GSD_TABLE_MAX_VOCAB:
+            if a.device not in self._close:
+                self._close[a.device] = self._close_table(a.device)
+            return self._close[a.device][a, b]
+        return self._close_direct(a.reshape(-1), b.reshape(-1)).view(a.shape)
+
+    def _close_direct(self, a: Tensor, b: Tensor) -> Tensor:
+        """:meth:`groups`' own expression for the pairs ``(a, b)`` (1-D), in chunks of :data:`TV_CHUNK_ELEMENTS`."""
+        emb = self.embeddings.to(a.device)
+        close = torch.zeros(a.shape, dtype=torch.bool, device=a.device)
+        step = max(1, TV_CHUNK_ELEMENTS // emb.shape[1])
+        for lo in range(0, a.numel(), step):
+            close[lo:lo + step] = ((emb[b[lo:lo + step]] - emb[a[lo:lo + step]]) ** 2).sum(-1) < self.config.gsd_d_thr
+        return close
+
+    def _close_table(self, device: torch.device) -> Tensor:
+        """``[V, V]`` bool, :meth:`_close_direct` of every pair without its ``V² D`` work: the squared distances in
+        float64 by the Gram matrix (``|a|² + |b|² - 2 a·b``, chunks of rows), then every pair whose float64 distance lies
+        within the float32 expression's rounding of ``d_thr`` (``(D + 8) 2^-24`` relative, four times over, plus the
+        Gram's own float64 error) is decided by :meth:`_close_direct` itself. The other pairs' float32 result
+        cannot fall on the other side, so the table is the expression's."""
+        emb = self.embeddings.to(device)
+        vocab, dim = emb.shape
+        threshold = self.config.gsd_d_thr
+        finite = torch.isfinite(emb).all(-1)
+        e64 = torch.where(finite[:, None], emb.double(), torch.zeros((), dtype=torch.float64, device=device))
+        norms = (e64 * e64).sum(-1)
+        close = torch.zeros(vocab, vocab, dtype=torch.bool, device=device)
+        relative, absolute = 4 * (dim + 8) * 2.0 ** -24, 4 * (dim + 8) * 2.0 ** -52
+        step = max(1, TV_CHUNK_ELEMENTS // vocab)
+        for lo in range(0, vocab, step):
+            rows = slice(lo, lo + step)
+            sizes = norms[rows, None] + norms[None, :]
+            dist = sizes - 2 * (e64[rows] @ e64.T)
+            close[rows] = dist < threshold
+            unsure = (dist - threshold).abs() <= relative * torch.maximum(dist.abs(), torch.full_like(dist, threshold)) + absolute * sizes
+            a, b = unsure.nonzero(as_tuple=True)
+            close[a + lo, b] = self._close_direct(a + lo, b)
+        return close & finite[:, None] & finite[None, :]
+
     def output_tv(self, p: Tensor, q: Tensor) -> Tensor:
-        vocab = p.shape[-1]
         p64, q64 = p.double(), q.double()
-        every = torch.arange(vocab, device=p.device).expand(p.shape[0], vocab)
-        p_group, q_group = self._group_sums(p64, q64, every)
+        p_group, q_group = self.all_group_sums(p64, q64)
         ratio = torch.where(q_group > 0, (p_group / q_group.clamp_min(1e-300)).clamp(max=1.0), torch.ones_like(q_group))
         accepted_mass = q64 * ratio
         residual = (p64 - q64).clamp_min(0.0)
@@ -485,15 +601,15 @@ class LuminaRule(AcceptanceRule):
         return 0.5 * (out - p64).abs().sum(-1)
 
 
-TV_SAMPLES_PER_STEP = 4
-
-
 class TVTracker:
     """Per-sample mean and max of :meth:`AcceptanceRule.output_tv` over a decode (lossy rules only).
 
-    Each pass measures the first draft row of up to :data:`TV_SAMPLES_PER_STEP` samples (the
-    lowest indices that have a draft): that row's output is always committed, and the closed form
-    costs ``O(V k)`` per row for LANTERN."""
+    Every pass measures every verified row of every sample: the window rows ``j < D_b`` that test a draft, whether or
+    not the pass commits their output (a verification's TV is the rule's at that row's ``p`` and ``q``, fixed before
+    the draft is tested). One batched :meth:`AcceptanceRule.measure_tv` call per pass covers them all: the budgeted
+    rule reads the mass its relaxation moved (:meth:`vispec.decoding.budget.BudgetVerification.measure_tv`), the
+    others compute their closed forms (LANTERN's reads only the neighbour prefixes a rejection can reach,
+    :meth:`LanternRule.output_tv`; GSD's groups come from the sorted ranks, :meth:`GSDRule.all_group_sums`)."""
 
     def __init__(self, batch: int, device: torch.device):
         self.total = torch.zeros(batch, dtype=torch.float64, device=device)
@@ -501,16 +617,21 @@ class TVTracker:
         self.worst = torch.zeros(batch, dtype=torch.float64, device=device)
         self.budget: Optional[dict[str, Tensor]] = None  # the budgeted rule's sums (record_budget)
 
+    @torch.compiler.disable
     def measure(self, target: Target, rule: AcceptanceRule, ids: Tensor, num_drafts: Tensor, width: int, drafts: Drafts) -> None:
-        """``target`` rows ``b * width`` are the first draft rows of the active samples ``ids``."""
-        have = (num_drafts > 0).nonzero().squeeze(1)[:TV_SAMPLES_PER_STEP]
-        if have.numel() == 0:
-            return
-        tv = rule.measure_tv(target, have * width, drafts)
-        at = ids[have]
-        self.total.index_add_(0, at, tv)
-        self.count.index_add_(0, at, torch.ones_like(tv))
-        self.worst[at] = torch.maximum(self.worst[at], tv)
+        """Add the TV of every verified row: ``target`` row ``b * width + j`` is sample ``ids[b]``'s window row ``j``,
+        verified when ``j < num_drafts[b]``. Eager inside a compiled step (:mod:`vispec.decoding.compiled` compiles
+        static shapes): the closed forms' sizes follow the pass (rows verified, drafts a rejection can reach), and each
+        size would be a graph of its own."""
+        slot = torch.arange(width, device=num_drafts.device)
+        verified = slot[None, :] < num_drafts[:, None]  # [B, W]
+        rows = verified.reshape(-1).nonzero().squeeze(1)
+        tv = torch.zeros(verified.numel(), dtype=torch.float64, device=num_drafts.device)
+        tv[rows] = rule.measure_tv(target, rows, drafts).to(torch.float64)
+        tv = tv.view(verified.shape)  # 0 on rows without a draft: neither a sum's term nor (TV >= 0) a new max
+        self.total.index_add_(0, ids, tv.sum(1))
+        self.count.index_add_(0, ids, verified.sum(1).to(torch.float64))
+        self.worst.scatter_reduce_(0, ids, tv.amax(1), reduce="amax")
 
     def record_budget(self, ids: Tensor, decided: Tensor, moved: Tensor, budget: Tensor, binding: Tensor) -> None:
         """Add the budgeted rule's verifications that decided a token (``decided [B, W]``, rows of samples ``ids``):
@@ -532,7 +653,10 @@ class TVTracker:
                 "budget_binding": binding.cpu(), "verifications": count.long().cpu()}
 
     def result(self) -> tuple[Tensor, Tensor]:
-        """``(mean, max)`` per sample, NaN where nothing was measured."""
-        mean = torch.where(self.count > 0, self.total / self.count.clamp_min(1), torch.full_like(self.total, float("nan")))
+        """``(mean, max)`` per sample, NaN where nothing was measured. The mean is capped at the max: a mean never
+        exceeds the largest of its terms, but the float sum can by rounding (the budgeted rule's rows all at δ = 0.1
+        averaged 0.10000000000000002), and the cap keeps the mean within the budget as the max is."""
+        mean = torch.where(self.count > 0, torch.minimum(self.total / self.count.clamp_min(1), self.worst),
+                           torch.full_like(self.total, float("nan")))
         worst = torch.where(self.count > 0, self.worst, torch.full_like(self.worst, float("nan")))
         return mean.cpu(), worst.cpu()

@@ -176,8 +176,8 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
 
     ``rule``: the built acceptance rule of ``decoding.acceptance`` (:mod:`vispec.decoding.acceptance`);
     a lossy rule also reports, per sample, the mean and max total-variation distance of a
-    verification's output from the target (``stats.tv_mean``, ``stats.tv_max``; measured on the first
-    draft of up to ``TV_SAMPLES_PER_STEP`` samples per pass). ``stats.windows`` counts the passes run
+    verification's output from the target (``stats.tv_mean``, ``stats.tv_max``; over every verified
+    row of every pass, :class:`~vispec.decoding.acceptance.TVTracker`). ``stats.windows`` counts the passes run
     with each window, ``stats.extra["single_passes"]`` each sample's passes that committed one token. With
     ``window="auto"`` and an exact rule, a decode the chooser's measurements give
     to AR (:meth:`~vispec.decoding.windows.WindowChooser.prefers_ar`) runs :func:`decode_ar`.

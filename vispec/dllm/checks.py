@@ -19,6 +19,16 @@ from vispec.dllm.schedulers import UnmaskingScheduler
 from vispec.dllm.tokens import TokenIds, config_id
 
 
+def check_policy_fits_model(model: object, scheduler: UnmaskingScheduler) -> None:
+    """The policies ``model``'s attention cannot run, refused naming both: the editing policy needs a block-causal model.
+    :func:`check_decode_inputs` asks it, and so does :class:`vispec.dllm.diffusers_scheduler.VispecPolicyScheduler` for
+    the model of the diffusers pipeline it runs in."""
+    if isinstance(scheduler, TokenEditingScheduler) and not is_block_causal(model):
+        raise ValueError(f"the editing policy (TokenEditingScheduler, LLaDA2's M2T + T2T rule) needs a block-causal "
+                         f"model (LLaDA2 layout, vispec.models.llada2), got {type(model).__name__}; for LLaDA / "
+                         "Dream use strategy='threshold' (threshold commits) or 'llada' (a fixed quota per step)")
+
+
 def check_decode_inputs(model: object, input_ids: Tensor, attention_mask: Optional[Tensor], options: UnmaskingOptions,
                         scheduler: UnmaskingScheduler) -> TokenIds:
     """The checks of :func:`vispec.dllm.decode` that need the model, the prompts or the policy (the options checked themselves when
@@ -33,10 +43,7 @@ def check_decode_inputs(model: object, input_ids: Tensor, attention_mask: Option
     block_causal = is_block_causal(model)
     if not block_causal:
         cache_class(model, options.cache).check_model(model)
-        if isinstance(scheduler, TokenEditingScheduler):
-            raise ValueError(f"the editing policy (TokenEditingScheduler, LLaDA2's M2T + T2T rule) needs a block-causal "
-                             f"model (LLaDA2 layout, vispec.models.llada2), got {type(model).__name__}; for LLaDA / "
-                             "Dream use strategy='threshold' (threshold commits) or 'llada' (a fixed quota per step)")
+    check_policy_fits_model(model, scheduler)
     own_checks = getattr(model, "check_decode", None)  # a model's own limits (vispec.models.diffusion_gemma)
     if own_checks is not None:
         own_checks(input_ids, attention_mask, options, scheduler)

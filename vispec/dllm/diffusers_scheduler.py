@@ -9,7 +9,9 @@ contiguous run, Learn2PD's filter, Dream's sampler, DiffusionGemma's own rule):
 * ``config.block_length`` (``LLaDA2Pipeline``'s default block) and ``set_timesteps(num_inference_steps, device=,
   block_length=)``: the policy's step budget per block is ``num_inference_steps`` (fixed-step policies: LLaDA's quota,
   Dream, DiffusionGemma's rule); adaptive policies commit at least one position per step and run until the block is
-  complete.
+  complete. ``set_timesteps`` also checks the calling pipeline's model (:meth:`VispecPolicyScheduler.check_model`,
+  before any forward): a block-causal model's ``config.block_length`` must be the pipeline's ``block_length``, and
+  the policies vispec's own decode refuses for that model are refused (the editing policy on a bidirectional one).
 * ``step(model_output, timestep, sample, *, mask_token_id=, temperature=, generator=, ...)`` returns
   ``prev_sample``, ``transfer_index``, ``editing_transfer_index``, ``sampled_tokens``, ``sampled_probs`` and
   ``pred_logits`` (:class:`PolicySchedulerOutput`):
@@ -49,8 +51,9 @@ policy object, :meth:`VispecPolicyScheduler.from_policy`).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -59,6 +62,8 @@ from diffusers.utils import BaseOutput
 from torch import Tensor
 
 from vispec.checks import check_int, check_number
+from vispec.dllm.block_causal import is_block_causal
+from vispec.dllm.checks import check_policy_fits_model
 from vispec.dllm.options import SelfSpeculation
 from vispec.dllm.schedulers import UnmaskingScheduler, UnmaskNoise, make_scheduler
 from vispec.dllm.uniform import SharedGenerator
@@ -150,10 +155,33 @@ class VispecPolicyScheduler(SchedulerMixin, ConfigMixin):
         check_int("num_inference_steps", num_inference_steps, minimum=1, hint=" (steps per block)")
         block_length = self.config.block_length if block_length is None else block_length
         check_int("block_length", block_length, minimum=1)
+        model = _calling_pipeline_model(self)
+        if model is not None:  # before the pipeline's first forward
+            self.check_model(model, block_length)
         self._reset(num_inference_steps, block_length)
         self.timesteps = self.timesteps.to(device) if device is not None else self.timesteps
         for policy in (self.policy, *self._by_threshold.values()):
             policy.set_timesteps(num_inference_steps if policy.fixed_steps else None, block_length, block_length, device)
+
+    def check_model(self, model: Any, block_length: Optional[int] = None) -> None:
+        """Refuse what ``model`` cannot run with this scheduler in a diffusers pipeline, naming both values (``set_timesteps``
+        asks it for the model of the pipeline that calls it, before any denoising step):
+
+        * a block-causal model (vispec's LLaDA2 layout, :func:`vispec.dllm.block_causal.is_block_causal`) attends over
+          blocks of its ``config.block_length`` under the 2-D padding mask ``LLaDA2Pipeline`` passes: the pipeline's
+          ``block_length`` (``block_length`` here, default the config's) must be that one, or the pipeline denoises
+          blocks the attention does not have and gives other tokens than vispec's pipeline (which lays out its own
+          block mask);
+        * the policies the model's attention cannot run, :func:`vispec.dllm.checks.check_policy_fits_model` (the
+          check vispec's own decode applies: the editing policy needs a block-causal model)."""
+        block_length = self.config.block_length if block_length is None else block_length
+        trained = getattr(getattr(model, "config", None), "block_length", None)
+        if is_block_causal(model) and trained is not None and trained != block_length:
+            raise ValueError(f"block_length={block_length} (the pipeline's blocks) differs from the model's block_length="
+                             f"{trained}: {type(model).__name__} attends block-causally over blocks of {trained} under the "
+                             f"2-D mask LLaDA2Pipeline passes, so blocks of {block_length} would denoise other tokens than "
+                             f"vispec's pipeline; pass block_length={trained} to the call or to VispecPolicyScheduler")
+        check_policy_fits_model(model, self.policy)
 
     # ------------------------------------------------------------------ the step
     def step(self, model_output: Tensor, timestep: "int | Tensor", sample: Tensor, *, mask_token_id: Optional[int] = None,
@@ -306,6 +334,26 @@ class VispecPolicyScheduler(SchedulerMixin, ConfigMixin):
         if not masks_remaining:
             return bool(editing_enabled and editing_transfer_index.any() and post_steps <= max_post_steps)
         return not (self.policy.fixed_steps and step_idx >= self.policy.steps_per_block)
+
+
+def _calling_pipeline_model(scheduler: VispecPolicyScheduler) -> Optional[Any]:
+    """The ``model`` of the pipeline whose call runs ``scheduler.set_timesteps`` (``LLaDA2Pipeline.__call__``,
+    ``DiffusionGemmaPipeline.__call__``), or None when no caller holds this scheduler as its ``scheduler``. diffusers'
+    pipelines hand their scheduler no model; the calling frames are the one place it can see the pipeline before the
+    first forward."""
+    frame = sys._getframe(2)  # set_timesteps' caller
+    for _ in range(4):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not scheduler:
+            try:
+                if getattr(owner, "scheduler", None) is scheduler:
+                    return getattr(owner, "model", None)
+            except Exception:  # an object whose attributes raise is not a pipeline
+                pass
+        frame = frame.f_back
+    return None
 
 
 _SPECULATIVE = ("exact self-speculative decoding verifies several canvases in one forward; diffusers' pipelines run "
