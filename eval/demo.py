@@ -107,8 +107,10 @@ def timing_cells(row: dict) -> list[str]:
 
 def _grid(rows: list[list[Image.Image]], row_names: list[str], col_names: list[str], scale: int = 2,
           label_chars: int = 14) -> Image.Image:
-    """Images in labelled rows and columns; each cell is as wide and tall as the largest image (scaled), an image
-    sits at its own aspect ratio in the cell's top-left corner. Column names wrap at ``label_chars`` characters."""
+    """Images in labelled rows and columns of equal cells, the column names (wrapped at ``label_chars`` characters)
+    above them. A cell is as wide and tall as the largest image times ``scale``; each image is enlarged as far as it
+    fits the cell at its own aspect ratio (nearest neighbour: the codes stay visible) and centred in it, so images of
+    other shapes (text-to-image scenes of several sizes) leave only a thin even margin, not a blank corner."""
     cell_w = max(image.size[0] for images in rows for image in images) * scale
     cell_h = max(image.size[1] for images in rows for image in images) * scale
     wrapped = [textwrap.wrap(name, label_chars) or [""] for name in col_names]
@@ -117,12 +119,16 @@ def _grid(rows: list[list[Image.Image]], row_names: list[str], col_names: list[s
     draw = ImageDraw.Draw(canvas)
     for j, lines in enumerate(wrapped):
         for k, line in enumerate(lines):
-            draw.text((left + j * cell_w + 4, 4 + 12 * k), line, fill="black")
+            x = left + j * cell_w + max(2, (cell_w - int(draw.textlength(line))) // 2)  # centred above its column
+            draw.text((x, 4 + 12 * k), line, fill="black")
     for i, (images, name) in enumerate(zip(rows, row_names)):
         draw.text((5, top + i * cell_h + cell_h // 2 - 6), name, fill="black")
         for j, image in enumerate(images):
             w, h = image.size
-            canvas.paste(image.resize((w * scale, h * scale), Image.NEAREST), (left + j * cell_w, top + i * cell_h))
+            fit = min(cell_w / w, cell_h / h)
+            size = (max(1, round(w * fit)), max(1, round(h * fit)))
+            x, y = left + j * cell_w + (cell_w - size[0]) // 2, top + i * cell_h + (cell_h - size[1]) // 2
+            canvas.paste(image.resize(size, Image.NEAREST), (x, y))
     return canvas
 
 
