@@ -289,7 +289,6 @@ def _check_warm_start(cfg: "GADDrafterTrainConfig", name: Namer) -> None:
     width at ``multiple_of=256``, the target's vocabulary and classes). Each error names the flag, its value and the
     value the warm start requires (or the warm start itself, for what no flag sets). Runs after
     :func:`_check_sampled_target` (``target`` is a LlamaGen pipeline)."""
-    import json
 
     from vispec.pipelines.embedded import resolve_model_path
 
@@ -301,18 +300,16 @@ def _check_warm_start(cfg: "GADDrafterTrainConfig", name: Namer) -> None:
     off = f"{start} '' to start from random weights"
 
     def read(component: str) -> dict:
+        from vispec.models.checkpoints import read_json_object
+
         path = os.path.join(folder, component, "config.json")
-        try:
-            with open(path) as handle:
-                config = json.load(handle)
-        except FileNotFoundError:
+        if not os.path.isfile(path):
             raise ValueError(f"{start} {cfg.warm_start}: {target} {cfg.target!r} has no {component} (no {path}); "
-                             f"train one with `vispec train drafter`, or pass {off}") from None
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{start} {cfg.warm_start}: {path} is not a readable JSON file: {err}") from None
-        if not isinstance(config, dict):
-            raise ValueError(f"{start} {cfg.warm_start}: {path} must hold a JSON object")
-        return config
+                             f"train one with `vispec train drafter`, or pass {off}")
+        try:
+            return read_json_object(path)
+        except ValueError as err:
+            raise ValueError(f"{start} {cfg.warm_start}: {err}") from None
 
     source, own = read(cfg.warm_start), read("transformer")
     if source.get("model_type", "c2i") != "c2i":
