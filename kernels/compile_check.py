@@ -10,7 +10,11 @@ in a subprocess. ``--kernel`` (repeatable) keeps the configurations whose name s
 the configurations on stderr (a full check takes minutes; ``vispec bench kernels`` passes it when its stderr is a
 terminal). ``--spot-arch`` (repeatable) compiles only the first configuration of each kernel for an architecture: a spot
 check that the kernels build there, at a tenth of a full pass's cost (the test suite runs every configuration for
-sm_90 and this for sm_80).
+sm_90 and this for sm_80). ``--pairwise`` compiles, for the ``--arch`` targets, a pairwise covering of each kernel's
+configurations instead of all of them (:func:`pairwise_cover`: every value of every option and every combination of two
+options' values is compiled at least once; about a third of the configurations, since the options' branches are
+independent ``tl.constexpr`` ifs and a compiler rejection shows with one option or a pair of them). The test suite runs
+that for sm_90; ``vispec bench kernels`` compiles every configuration.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import importlib
 import json
 import sys
+import itertools
 import time
 from typing import Callable, Optional
 
@@ -59,11 +64,43 @@ def first_of_each_kernel(configs: list) -> list:
     return kept
 
 
+def options_of(name: str) -> frozenset[tuple[str, str]]:
+    """The options a configuration's name lists: ``"verify.sample[fp32,greedy=False]"`` -> ``{("0", "fp32"),
+    ("greedy", "False")}`` (an option without ``=`` is keyed by its place); no brackets: no options."""
+    inside = name.partition("[")[2].removesuffix("]")
+    items = [part.partition("=") for part in inside.split(",")] if inside else []
+    return frozenset((key, value) if sep else (str(place), key) for place, (key, sep, value) in enumerate(items))
+
+
+def pairwise_cover(configs: list) -> list:
+    """A greedy pairwise covering of each kernel's configurations, in their order: the kept configurations of a kernel
+    hold every option value and every pair of option values (of two options) that any of its configurations holds.
+    Greedy set cover: each pick is the configuration adding the most uncovered singles and pairs (the first on ties)."""
+    def combos(options: frozenset) -> set:
+        items = sorted(options)
+        return {(item,) for item in items} | set(itertools.combinations(items, 2))
+
+    kernels: dict[str, list] = {}
+    for config in configs:
+        kernels.setdefault(config[0].split("[")[0], []).append(config)
+    kept = []
+    for group in kernels.values():
+        wanted = [combos(options_of(config[0])) for config in group]
+        uncovered = set().union(*wanted)
+        chosen = [0] if not uncovered else []
+        while uncovered:
+            best = max(range(len(group)), key=lambda i: (len(wanted[i] & uncovered), -i))
+            chosen.append(best)
+            uncovered -= wanted[best]
+        kept += [group[i] for i in sorted(chosen)]
+    return kept
+
+
 def compile_all(arch: int, prefixes: tuple[str, ...] = (), done: Optional[Callable[[dict], None]] = None,
-                spot: bool = False) -> list[dict]:
+                spot: bool = False, pairwise: bool = False) -> list[dict]:
     """Compile each configuration (those whose name starts with one of ``prefixes``, if given; with ``spot`` only the
-    first of each kernel) for ``GPUTarget("cuda", arch, 32)``; one record per configuration, also passed to
-    ``done(record)`` as it is made."""
+    first of each kernel; with ``pairwise`` the :func:`pairwise_cover` of them) for ``GPUTarget("cuda", arch, 32)``;
+    one record per configuration, also passed to ``done(record)`` as it is made."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -72,8 +109,8 @@ def compile_all(arch: int, prefixes: tuple[str, ...] = (), done: Optional[Callab
     if interpreter_enabled():
         raise RuntimeError("TRITON_INTERPRET=1 is set: kernels are interpreted and cannot be compiled; unset it")
     records = []
-    configs = selected_configs(prefixes)
-    for name, fn, signature, constexprs in first_of_each_kernel(configs) if spot else configs:
+    configs = chosen_configs(selected_configs(prefixes), spot, pairwise)
+    for name, fn, signature, constexprs in configs:
         start = time.perf_counter()
         try:
             compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
@@ -86,6 +123,11 @@ def compile_all(arch: int, prefixes: tuple[str, ...] = (), done: Optional[Callab
         if done is not None:
             done(records[-1])
     return records
+
+
+def chosen_configs(configs: list, spot: bool, pairwise: bool) -> list:
+    """``configs`` as one pass compiles them: the first of each kernel (``spot``), a pairwise covering, or all."""
+    return first_of_each_kernel(configs) if spot else pairwise_cover(configs) if pairwise else configs
 
 
 def _bar(total: int, enabled: bool):
@@ -102,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only configurations whose name starts with this prefix (e.g. multi_verify); repeatable")
     parser.add_argument("--spot-arch", type=int, action="append", default=[],
                         help="compile only the first configuration of each kernel for this architecture; repeatable")
+    parser.add_argument("--pairwise", action="store_true",
+                        help="for the --arch targets, compile a pairwise covering of each kernel's configurations")
     parser.add_argument("--json", help="write the records to this file")
     parser.add_argument("--progress", action="store_true", help="a progress bar over the configurations on stderr")
     args = parser.parse_args(argv)
@@ -109,12 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     arches = [(arch, False) for arch in (args.arch or ([] if args.spot_arch else [80, 90]))]
     arches += [(arch, True) for arch in args.spot_arch if arch not in (args.arch or [])]
     configs = selected_configs(prefixes)
-    total = sum(len(first_of_each_kernel(configs)) if spot else len(configs) for _, spot in arches)
+    total = sum(len(chosen_configs(configs, spot, args.pairwise)) for _, spot in arches)
     records = []
     with _bar(total, args.progress) as bar:
         for arch, spot in arches:
             bar.set_description(f"compiling for sm_{arch}{' (one per kernel)' if spot else ''}", refresh=False)
-            records += compile_all(arch, prefixes, done=lambda record: bar.update(1), spot=spot)
+            records += compile_all(arch, prefixes, done=lambda record: bar.update(1), spot=spot, pairwise=args.pairwise)
     failed = [r for r in records if not r["ok"]]
     for record in failed:
         print(f"FAILED {record['kernel']} {record['arch']}: {record['error']}")

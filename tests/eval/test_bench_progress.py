@@ -54,9 +54,9 @@ def test_compile_check_bar_counts_every_configuration(capsys, monkeypatch):
     configs = [("verify.a[x=1]", None, {}, {}), ("verify.a[x=2]", None, {}, {}), ("unmask.c", None, {}, {})]
     monkeypatch.setattr(compile_check, "selected_configs", lambda prefixes=(): configs)
 
-    def compile_all(arch, prefixes=(), done=None, spot=False):
+    def compile_all(arch, prefixes=(), done=None, spot=False, pairwise=False):
         records = []
-        for name, *_ in compile_check.first_of_each_kernel(configs) if spot else configs:
+        for name, *_ in compile_check.chosen_configs(configs, spot, pairwise):
             records.append({"kernel": name, "arch": f"sm_{arch}", "ok": True, "seconds": 0.0, "error": None})
             done(records[-1])
         return records

@@ -439,11 +439,34 @@ def test_bad_inputs_name_the_argument():
 # ---- compile for real GPUs without one -------------------------------------------------------------
 
 
+def test_the_pairwise_covering_holds_every_option_and_pair_of_options_of_each_kernel():
+    """What the compile test below compiles for sm_90: for each kernel, every option value and every pair of two
+    options' values that any configuration has, in fewer configurations than all of them."""
+    from itertools import combinations
+
+    from vispec.kernels.compile_check import kernel_configs, options_of, pairwise_cover
+
+    configs = kernel_configs()
+    kept = pairwise_cover(configs)
+    assert len(kept) < len(configs) / 2 and len({c[0] for c in kept}) == len(kept)
+    for kernel in {c[0].split("[")[0] for c in configs}:
+        def combos(group):
+            return {pair for c in group for pair in combinations(sorted(options_of(c[0])), 2)} | {
+                (item,) for c in group for item in options_of(c[0])}
+        group = [c for c in configs if c[0].split("[")[0] == kernel]
+        chosen = [c for c in kept if c[0].split("[")[0] == kernel]
+        assert chosen and combos(chosen) == combos(group), kernel
+    assert options_of("verify.sample[fp32,greedy=False]") == {("0", "fp32"), ("greedy", "False")}
+    assert options_of("unmask.unmask_argmax_fp32_b1024") == frozenset()
+
+
 @pytest.mark.slow
-def test_every_kernel_configuration_compiles_for_cuda_90_and_each_kernel_for_80(tmp_path):
-    """In a subprocess: the interpreter (on in this process) replaces kernels before they can be compiled. Every
-    configuration for sm_90 (the recursive rejection sampling kernel's included, with and without a dense q); the first
-    configuration of each kernel for sm_80 (a spot check: the same Triton source, another ptxas target)."""
+def test_a_pairwise_covering_of_kernel_configurations_compiles_for_cuda_90_and_each_kernel_for_80(tmp_path):
+    """In a subprocess: the interpreter (on in this process) replaces kernels before they can be compiled. A pairwise
+    covering of each kernel's configurations for sm_90 (the test above: every option value and pair of option values,
+    the recursive rejection sampling kernel's with and without a dense q included); the first configuration of each
+    kernel for sm_80 (a spot check: the same Triton source, another ptxas target). ``vispec bench kernels`` compiles
+    every configuration."""
     import json
     import os
     import subprocess
@@ -452,8 +475,8 @@ def test_every_kernel_configuration_compiles_for_cuda_90_and_each_kernel_for_80(
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "0"
     report = tmp_path / "compile.json"
-    run = subprocess.run([sys.executable, "-m", "vispec.kernels.compile_check", "--arch", "90", "--spot-arch", "80",
-                          "--json", str(report)], env=env, capture_output=True, text=True, timeout=1200)
+    run = subprocess.run([sys.executable, "-m", "vispec.kernels.compile_check", "--arch", "90", "--pairwise",
+                          "--spot-arch", "80", "--json", str(report)], env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     records = json.loads(report.read_text())
     kernels = {r["kernel"].split("[")[0] for r in records}
