@@ -472,7 +472,7 @@ def run_demo(out_dir: str = "out/demo") -> dict:
         with open(os.path.join(out_dir, "report.md"), "w") as handle:
             handle.write("# vispec demo: decoders on a random-init GPT-mini\n\n```\n" + format_table(report) + "\n```\n")
     if installed("vispec/tiny-t2i"):
-        print("vispec demo: text-to-image on tiny-t2i, AR vs SJD vs MC-SJD vs SJD-PAC", flush=True)
+        print("vispec demo: text-to-image on tiny-t2i, AR vs MC-SJD vs SJD-PAC", flush=True)
         report["t2i"] = run_t2i_demo(out_dir)
         with open(os.path.join(out_dir, "report.md"), "a") as handle:
             handle.write(_t2i_report_md(report["t2i"]))
