@@ -65,15 +65,26 @@ def _restore_thread_count():
     torch.set_num_threads(threads)
 
 
+def embedded_text_pipeline(name: str):
+    """An embedded masked diffusion LM pipeline (``"vispec/tiny-mdlm"``, ...), progress bars off."""
+    from vispec.pipelines import MaskedDiffusionLMPipeline
+
+    pipeline = MaskedDiffusionLMPipeline.from_pretrained(name)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
 @pytest.fixture(scope="module")
 def tiny_mdlm():
     """The embedded tiny-mdlm pipeline, progress bars off. Module scope, not session: ``compile=True`` caches
     its graphs on the model (``_compiled_cores``), which later ``copy.deepcopy(pipe.model)`` calls would copy."""
-    from vispec.pipelines import MaskedDiffusionLMPipeline
+    return embedded_text_pipeline("vispec/tiny-mdlm")
 
-    pipeline = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+
+@pytest.fixture(scope="module")
+def tiny_llada2():
+    """The embedded tiny-llada2 pipeline (block-causal MoE), progress bars off; module scope as :func:`tiny_mdlm`."""
+    return embedded_text_pipeline("vispec/tiny-llada2")
 
 
 @pytest.fixture(scope="module")

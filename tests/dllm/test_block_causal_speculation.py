@@ -36,12 +36,8 @@ POLICIES = {"threshold": dict(strategy="threshold", threshold=0.5), "llada": dic
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    from vispec.pipelines import MaskedDiffusionLMPipeline
-
-    pipe = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-llada2")
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+def pipe(tiny_llada2):
+    return tiny_llada2
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,8 @@ PROMPTS = ["sort the numbers : 5 3 9 3 1", "reverse the letters : k d m a", "sor
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    pipe = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-mdlm")
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+def pipe(tiny_mdlm):
+    return tiny_mdlm
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,12 @@ from diffusers import BlockRefinementScheduler, LLaDA2Pipeline
 
 from vispec.dllm import TokenEditingScheduler
 from vispec.eval.bench.text_tasks import get_task, split_items
-from vispec.pipelines import MaskedDiffusionLMPipeline
 from vispec.pipelines.embedded import resolve_model_path
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    pipe = MaskedDiffusionLMPipeline.from_pretrained("vispec/tiny-llada2")
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+def pipe(tiny_llada2):
+    return tiny_llada2
 
 
 def test_tiny_llada2_loads_with_its_defaults(pipe):
