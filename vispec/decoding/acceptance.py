@@ -424,9 +424,8 @@ class GSDRule(AcceptanceRule):
         members = order.gather(-1, (start[..., None] + span).flatten(1)).view(*tokens.shape, span.numel())
         inside = ((start[..., None] + span) >= r[..., None] - width) & ((start[..., None] + span) < r[..., None] + width)
         close_p = (p.gather(-1, members.flatten(1)).view(members.shape) - p.gather(-1, tokens)[..., None]).abs() < self.config.gsd_p_thr
-        emb = self.embeddings.to(p.device)
-        dist = ((emb[members] - emb[tokens][..., None, :]) ** 2).sum(-1)
-        member = inside & close_p & (dist < self.config.gsd_d_thr)
+        close = self._close_direct(tokens[..., None].expand_as(members).reshape(-1), members.reshape(-1))
+        member = inside & close_p & close.view(members.shape)
         member |= members == tokens[..., None]
         return members, member
 
@@ -473,7 +472,9 @@ class GSDRule(AcceptanceRule):
         return self._close_direct(a.reshape(-1), b.reshape(-1)).view(a.shape)
 
     def _close_direct(self, a: Tensor, b: Tensor) -> Tensor:
-        """:meth:`groups`' own expression for the pairs ``(a, b)`` (1-D), in chunks of :data:`TV_CHUNK_ELEMENTS`."""
+        """The embedding test ``||E_b - E_a||² < d_thr`` in float32 for the pairs ``(a, b)`` (1-D), in chunks of
+        :data:`TV_CHUNK_ELEMENTS`: the one expression :meth:`groups` decides membership with and :meth:`_close_table`
+        reproduces."""
         emb = self.embeddings.to(a.device)
         close = torch.zeros(a.shape, dtype=torch.bool, device=a.device)
         step = max(1, TV_CHUNK_ELEMENTS // emb.shape[1])
