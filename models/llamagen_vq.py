@@ -64,6 +64,7 @@ __all__ = [
     "load_llamagen_vq",
     "decode_tokens",
     "encode_to_tokens",
+    "downsample_factor",
     "to_uint8",
 ]
 
@@ -302,7 +303,8 @@ def decode_tokens(vq: VQModel, tokens: torch.Tensor) -> torch.Tensor:
     return vq.decode(quant, force_not_quantize=True).sample
 
 
-def _downsample_factor(vq: VQModel) -> int:
+def downsample_factor(vq: VQModel) -> int:
+    """Pixels per code along each side: ``2 ** (levels - 1)`` (4 for VQ-4, 8 for VQ-8, 16 for VQ-16)."""
     return 2 ** (len(vq.config.block_out_channels) - 1)
 
 
@@ -312,7 +314,7 @@ def _check_images(vq: VQModel, images: Any) -> None:
         raise ValueError(f"images must be a tensor of shape [B, 3, H, W]; got {shape}")
     if not images.dtype.is_floating_point:
         raise ValueError(f"images must be floating point in [-1, 1]; got dtype {images.dtype}")
-    factor = _downsample_factor(vq)
+    factor = downsample_factor(vq)
     if images.shape[2] % factor or images.shape[3] % factor:
         raise ValueError(f"images height and width must be multiples of {factor}; got {tuple(images.shape[2:])}")
     if images.numel() and (float(images.min()) < -1.001 or float(images.max()) > 1.001):

@@ -197,7 +197,8 @@ def scene_pipeline(transformer: Any, tokenizer: Any, vqvae: Any, vocab: dict, cf
     """A ``UnifiedImagePipeline`` over a scene model's vocabulary (tiny-t2i's layout: image start / end, end of row,
     resolution tokens, codes), with ``cfg``'s decoding defaults; ``what`` names the model in the error raised when
     its vocabulary and the VQ disagree on the number of codes."""
-    from vispec.eval.train.t2i import DOWNSAMPLE, RESOLUTION_UNIT
+    from vispec.eval.train.t2i import RESOLUTION_UNIT
+    from vispec.models.llamagen_vq import downsample_factor
     from vispec.pipelines import UnifiedImagePipeline
 
     num_codes = vqvae.config.num_vq_embeddings
@@ -209,7 +210,7 @@ def scene_pipeline(transformer: Any, tokenizer: Any, vqvae: Any, vocab: dict, cf
         transformer=transformer, tokenizer=tokenizer, vqvae=vqvae, decoding_config=decoding, family="chameleon",
         num_codes=num_codes, code_offset=vocab["code_offset"], eol_id=vocab["end_of_row"],
         image_start_id=vocab["image_start"], image_end_ids=[vocab["image_end"]], resolution_token_base=vocab["resolution_base"],
-        resolution_unit=RESOLUTION_UNIT, downsample=DOWNSAMPLE, prompt_template="{prompt}", cfg_mode="image_start",
+        resolution_unit=RESOLUTION_UNIT, downsample=downsample_factor(vqvae), prompt_template="{prompt}", cfg_mode="image_start",
         default_height=size[0], default_width=size[1], image_to_image=image_to_image)
 
 
@@ -218,7 +219,7 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
     its model card; the layout ids come from the trainer's record (:func:`vispec.eval.train.t2i.t2i_vocabulary`)."""
     from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
 
-    from vispec.eval.train.t2i import DOWNSAMPLE, RESOLUTION_UNIT
+    from vispec.eval.train.t2i import RESOLUTION_UNIT
 
     cfg.validate()
     record = read_record(cfg.t2i, required=True)
@@ -239,7 +240,7 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
         "captions such as 'two red circles' or 'a blue square left of a yellow triangle'; held-out compositions are",
         "never trained on. Sizes 64x64 and 64x96 (height x width).",
         "",
-        f"- VQ tokenizer: LlamaGen VQ family at downsample {DOWNSAMPLE}, {num_codes} codes, trained on the scenes.",
+        f"- VQ tokenizer: LlamaGen VQ family at downsample {pipe.config.downsample}, {num_codes} codes, trained on the scenes.",
         f"- Decoder: transformers' Chameleon architecture, {c.num_hidden_layers} layers, hidden {c.hidden_size}; one vocabulary of "
         f"caption words, image start / end, end of row, resolution tokens (n = pixels / {RESOLUTION_UNIT}) and the codes;",
         "  caption dropout for classifier-free guidance from image start.",
@@ -263,7 +264,7 @@ def assemble_edit(cfg: EditAssembleConfig) -> dict:
     (:func:`vispec.eval.train.edit.edit_vocabulary`), the measured numbers from ``cfg.evaluation`` when given."""
     from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
 
-    from vispec.eval.train.edit import PANEL, PANEL_TOKENS
+    from vispec.eval.train.edit import PANEL, panel_tokens
     from vispec.eval.train.t2i import RESOLUTION_UNIT
     from vispec.pipelines.embedded import resolve_model_path
 
@@ -275,7 +276,7 @@ def assemble_edit(cfg: EditAssembleConfig) -> dict:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(cfg.edit, "tokenizer"))
     vqvae = VQModel.from_pretrained(os.path.join(base, "vqvae"), **diffusers_load_kwargs()).eval()
     pipe = scene_pipeline(transformer, tokenizer, vqvae, vocab, cfg, "editor", PANEL, image_to_image=True)
-    num_codes = pipe.config.num_codes
+    num_codes, side = pipe.config.num_codes, pipe.config.downsample
     evaluation = {}
     if cfg.evaluation:
         with open(cfg.evaluation) as handle:
@@ -291,8 +292,9 @@ def assemble_edit(cfg: EditAssembleConfig) -> dict:
         "objects; held-out pairs have target compositions never trained on.",
         "",
         "- Sequence: Lumina-mGPT 2.0's dual-panel image-to-image layout: instruction words, `[image_start, "
-        f"res(2H), res(W)]` (the header declares twice the height), the SOURCE panel rows ({PANEL_TOKENS} tokens: 16 rows of",
-        "  16 codes and end of row), then the TARGET panel rows, then image_end. Guidance starts at image start: the",
+        f"res(2H), res(W)]` (the header declares twice the height), the SOURCE panel rows ({panel_tokens(side)} tokens: "
+        f"{PANEL[0] // side} rows of",
+        f"  {PANEL[1] // side} codes and end of row), then the TARGET panel rows, then image_end. Guidance starts at image start: the",
         "  unconditional branch keeps the source panel and drops the instruction (instruction dropout "
         f"{config['instruction_dropout']} in training).",
         f"- Decoder: transformers' Chameleon, {c.num_hidden_layers} layers, hidden {c.hidden_size}, max positions "

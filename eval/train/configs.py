@@ -22,9 +22,11 @@ from vispec.eval.train.checks import (Footprint, Namer, check_choice, check_comm
                                       check_output_folder, check_pipeline_name, check_threads, check_training_memory,
                                       field_name)
 
-# LLAMAGEN_VQ_VARIANTS["VQ-4"] and llamagen_vq_config's norm_num_groups (vispec.models.llamagen_vq, which imports
-# torch); a test asserts they agree
+# LLAMAGEN_VQ_VARIANTS["VQ-4"] / ["VQ-8"] and llamagen_vq_config's norm_num_groups (vispec.models.llamagen_vq,
+# which imports torch); a test asserts they agree
 VQ4_CHANNEL_MULT = (1, 2, 4)
+VQ8_CHANNEL_MULT = (1, 2, 2, 4)
+VQ_LEVELS = {len(VQ4_CHANNEL_MULT): 4, len(VQ8_CHANNEL_MULT): 8}  # levels -> downsample factor
 VQ_NORM_GROUPS = 32
 # vispec.eval.bench.scenes.DEFAULT_SIZES (that module imports torch); a test asserts they agree
 SCENE_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (64, 96))
@@ -54,7 +56,7 @@ class VQTrainConfig:
     codebook_size: int = 1024
     embed_dim: int = 8
     base_channels: int = 32
-    channel_mult: tuple[int, ...] = (1, 1, 2)  # 64 -> 32 -> 16; sized for ~0.5 s/step on 2 CPU cores
+    channel_mult: tuple[int, ...] = (1, 1, 2)  # 64 -> 32 -> 16 (downsample 4); four levels: downsample 8
     z_channels: int = 32
     layers_per_block: int = 1
     beta: float = 0.25
@@ -71,11 +73,10 @@ class VQTrainConfig:
         check_fields(self, name, counts=("codebook_size", "embed_dim", "base_channels", "z_channels", "layers_per_block",
                                          "eval_images"),
                      non_negative=("restart_every",), non_negative_numbers=("beta",))
-        levels = len(VQ4_CHANNEL_MULT)
         mult = self.channel_mult
-        if len(mult) != levels or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in mult):
-            raise ValueError(f"{name('channel_mult')} must be {levels} integers >= 1 (one per level of the downsample-4 "
-                             f"VQ), got {','.join(map(str, mult)) or 'none'}")
+        if len(mult) not in VQ_LEVELS or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in mult):
+            raise ValueError(f"{name('channel_mult')} must be 3 or 4 integers >= 1 (one per level: 3 give a downsample-4 "
+                             f"VQ, 4 a downsample-8 one), got {','.join(map(str, mult)) or 'none'}")
         widths = [self.base_channels * m for m in mult]
         if any(w % VQ_NORM_GROUPS for w in widths):
             raise ValueError(f"{name('base_channels')} x {name('channel_mult')} gives channel widths {widths}; each must be "
@@ -362,24 +363,55 @@ class T2ITrainConfig:
     layers: int = 4  # ~3.2M parameters besides the embeddings; ~1.5 s per step of 16 sequences on 2 CPU cores
     heads: int = 4
     caption_dropout: float = 0.1
+    init_from: str = ""  # a tiny-t2i pipeline (embedded name or folder) to continue from, with its sizes and vocabulary
+    warmup: int = 100  # steps of linear warm-up before the cosine decay
     seed: int = 0
     log_every: int = 25
 
     def validate(self, name: Namer = field_name) -> None:
         """Every field, before any work (:mod:`vispec.eval.train.checks`), and the memory training needs; ``vq``
-        must be a local VQ folder."""
+        must be a local VQ folder, ``init_from`` (when set) an embedded model or a local pipeline folder."""
         check_common(self, name)
-        check_fields(self, name, counts=("hidden_size", "layers", "heads"), fractions=("caption_dropout",))
+        check_fields(self, name, counts=("hidden_size", "layers", "heads", "warmup"), fractions=("caption_dropout",))
         check_int(name("num_sequences"), self.num_sequences, minimum=len(SCENE_SIZES),
                   hint=f" (split between the {len(SCENE_SIZES)} scene sizes)")
         check_heads(self, "hidden_size", "heads", name)
         check_training_memory(self, self.footprint(), name)
         check_folder(self, "vq", name, holds="config.json", what="the scene VQ folder `vispec train vq --data scenes` wrote")
+        if self.init_from:
+            check_pipeline_name(self, "init_from", name, expected="UnifiedImagePipeline")
+            self._check_continued(name)
+
+    def _check_continued(self, name: Namer) -> None:
+        """The ``init_from`` pipeline (its JSON files, read without torch) must have this config's architecture and
+        as many codes as the ``vq`` folder: training continues it with its own layout."""
+        import json
+
+        from vispec.pipelines.embedded import resolve_model_path
+
+        folder = resolve_model_path(self.init_from)
+        try:
+            with open(os.path.join(folder, "model_index.json")) as f:
+                index = json.load(f)
+            with open(os.path.join(folder, "transformer", "config.json")) as f:
+                model = json.load(f)
+            with open(os.path.join(self.vq, "config.json")) as f:
+                codes = json.load(f).get("num_vq_embeddings")
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{name('init_from')} {self.init_from!r}: cannot read its configuration ({err})") from None
+        for key, theirs in (("hidden_size", "hidden_size"), ("layers", "num_hidden_layers"), ("heads", "num_attention_heads")):
+            if getattr(self, key) != model.get(theirs):
+                raise ValueError(f"{name(key)} {getattr(self, key)} differs from the {model.get(theirs)} of "
+                                 f"{name('init_from')} {self.init_from!r} (continued training keeps its architecture)")
+        if index.get("num_codes") != codes:
+            raise ValueError(f"{name('init_from')} {self.init_from!r} decodes {index.get('num_codes')} codes, {name('vq')} "
+                             f"{self.vq!r} has {codes}: continue with the VQ the model was trained on")
 
     def footprint(self) -> Footprint:
         """The Chameleon decoder's blocks (``intermediate = 11 hidden / 4``; the embeddings, sized by the VQ, left
         out), a batch's activations with eager attention at the longest scene (caption, layout and rows), and the
-        scene dataset (int16 codes and the caption ids of each)."""
+        scene dataset (int16 codes and the caption ids of each); sized for a downsample-4 VQ, which bounds the
+        downsample-8 one the shipped model uses."""
         hidden, intermediate = self.hidden_size, self.hidden_size * 11 // 4
         parameters = self.layers * (4 * hidden * hidden + 3 * hidden * intermediate + 6 * hidden) + hidden
         codes = max((h // 4) * (w // 4) for h, w in SCENE_SIZES)

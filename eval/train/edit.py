@@ -3,8 +3,9 @@ on scene pairs that differ in one stated attribute (:mod:`vispec.eval.bench.scen
 
 Sequence (Lumina-mGPT 2.0's dual-panel image-to-image layout): the instruction's word ids, then ``[image start,
 res(2 H), res(W)]`` (the header declares twice the height: two panels stacked vertically), then the SOURCE panel's
-rows (``W / 4`` codes as ``code_offset + code``, then end of row), then the TARGET panel's rows in the same format,
-then image end. Both panels are 64 x 64 pixels: 16 rows of 16 codes and the end-of-row token, 272 tokens each.
+rows (``W / d`` codes as ``code_offset + code``, ``d`` the VQ's downsampling, then end of row), then the TARGET panel's
+rows in the same format, then image end. Both panels are 64 x 64 pixels: with the shipped downsample-8 VQ, 8 rows of 8
+codes and the end-of-row token, 72 tokens each (:func:`panel_tokens`).
 Classifier-free guidance starts at image start: the unconditional sequence drops the instruction only (it keeps the
 source panel), so training drops the instruction with probability ``instruction_dropout``. The objective is
 next-token cross-entropy over the target panel's rows only, with logits over the codes and the end-of-row token
@@ -32,15 +33,18 @@ from tqdm.auto import tqdm
 from vispec.eval.bench.scene_edits import INSTRUCTION_WORDS, EditSampler, aligned_target_codes
 from vispec.eval.train.common import adamw, write_record
 from vispec.eval.train.configs import EditTrainConfig  # its home: torch-free, for the CLI (re-exported here)
-from vispec.eval.train.t2i import MAX_RESOLUTION, RESOLUTION_UNIT, image_rows, t2i_vocabulary
+from vispec.eval.train.t2i import MAX_RESOLUTION, RESOLUTION_UNIT, image_rows, load_t2i, t2i_vocabulary
 
 PANEL = (64, 64)  # each panel's (height, width) in pixels
-DOWNSAMPLE = 4
-PANEL_TOKENS = (PANEL[0] // DOWNSAMPLE) * (PANEL[1] // DOWNSAMPLE + 1)  # 272: rows of codes and end of row
 MAX_POSITIONS = 1024
 
 __all__ = ["EditTrainConfig", "edit_tokenizer", "edit_vocabulary", "init_from_t2i", "token_mapping", "panel_prefix",
-           "make_pair_dataset", "batch_pairs", "train_edit", "teacher_forced", "PANEL_TOKENS"]
+           "make_pair_dataset", "batch_pairs", "train_edit", "teacher_forced", "panel_tokens"]
+
+
+def panel_tokens(downsample: int) -> int:
+    """Tokens of one panel's rows: ``H / d`` rows of ``W / d`` codes and the end-of-row token (72 at ``d = 8``)."""
+    return (PANEL[0] // downsample) * (PANEL[1] // downsample + 1)
 
 
 def edit_tokenizer():
@@ -115,7 +119,7 @@ def init_from_t2i(t2i, old_tokenizer, old_vocab: dict[str, int], tokenizer, voca
 
 @torch.no_grad()
 def make_pair_dataset(vq, tokenizer, count: int, seed: int, split: str = "train", batch: int = 128) -> dict:
-    """``{"source", "target"}`` codes ``int16 [n, 16, 16]`` (the target's aligned to the source outside the edit,
+    """``{"source", "target"}`` codes ``int16 [n, H / d, W / d]`` (the target's aligned to the source outside the edit,
     :func:`~vispec.eval.bench.scene_edits.aligned_target_codes`), ``"instruction"`` ids (lists), ``"kind"`` and
     ``"target_caption"`` of ``count`` pairs of ``split`` (:class:`~vispec.eval.bench.scene_edits.EditSampler`)."""
     from vispec.models.llamagen_vq import encode_to_tokens
@@ -143,7 +147,7 @@ def batch_pairs(instructions: list[list[int]], source: torch.Tensor, target: tor
                 pad_id: int, drop: torch.Tensor) -> dict[str, torch.Tensor]:
     """Left-padded inputs: instruction (none where ``drop``), dual-panel header, source rows, target rows but the
     last token; ``targets`` the target rows in the decoder vocabulary, ``first`` the position predicting the first."""
-    prefix = panel_prefix(vocab, source.shape[1] * DOWNSAMPLE, source.shape[2] * DOWNSAMPLE)
+    prefix = panel_prefix(vocab)  # both panels are PANEL-sized, whatever the VQ's downsampling
     prompts = [([] if d else list(c)) + prefix for c, d in zip(instructions, drop.tolist())]
     longest = max(len(p) for p in prompts)
     source_ids, _ = image_rows(source, vocab)
@@ -200,23 +204,6 @@ def teacher_forced(model, data: dict, vocab: dict[str, int], pad_id: int, batch_
         changed_hits += ((pred == targets) & diff).sum().item()
     return {"pairs": n, "token_accuracy": hits / total, "loss": loss / total, "target_equals_source": copy / n,
             "accuracy_on_changed_codes": changed_hits / max(1.0, changed)}
-
-
-def load_t2i(name_or_path: str):
-    """``(transformer, tokenizer, vocabulary, vqvae folder)`` of a tiny-t2i pipeline folder or embedded name."""
-    from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
-
-    from vispec.pipelines.embedded import resolve_model_path
-
-    folder = resolve_model_path(name_or_path)
-    with open(os.path.join(folder, "model_index.json")) as handle:
-        index = json.load(handle)
-    t2i = ChameleonForConditionalGeneration.from_pretrained(os.path.join(folder, "transformer")).eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(folder, "tokenizer"))
-    vocab = {"image_start": index["image_start_id"], "image_end": index["image_end_ids"][0], "end_of_row": index["eol_id"],
-             "resolution_base": index["resolution_token_base"], "code_offset": index["code_offset"],
-             "vocab_size": index["code_offset"] + index["num_codes"]}
-    return t2i, tokenizer, vocab, folder
 
 
 def _cached(path: str, build) -> dict:
@@ -326,12 +313,13 @@ def _edit_visible(instruction: str, num_objects: int, source_detections: list[di
     return shift >= 0.1 * PANEL[1]
 
 
-def edit_layout(vocab: dict[str, int]):
-    """The decoders' :class:`~vispec.models.unified.ImageLayout` of the TARGET panel: 16 x 16 codes with end of row,
-    prefix ``[image start, res(128), res(64)]`` (the dual-panel header), suffix ``[image end]``."""
+def edit_layout(vocab: dict[str, int], downsample: int):
+    """The decoders' :class:`~vispec.models.unified.ImageLayout` of the TARGET panel: ``64 / d`` x ``64 / d`` codes
+    with end of row (``d`` = ``downsample``, the VQ's), prefix ``[image start, res(128), res(64)]`` (the dual-panel
+    header), suffix ``[image end]``."""
     from vispec.models.unified import ImageLayout
 
-    rows, cols = PANEL[0] // DOWNSAMPLE, PANEL[1] // DOWNSAMPLE
+    rows, cols = PANEL[0] // downsample, PANEL[1] // downsample
     return ImageLayout(rows=rows, cols=cols, num_codes=vocab["vocab_size"] - vocab["code_offset"],
                        code_offset=vocab["code_offset"], eol_id=vocab["end_of_row"], prefix=tuple(panel_prefix(vocab)),
                        suffix=(vocab["image_end"],))
@@ -355,7 +343,7 @@ def evaluate_edit(transformer: str, tokenizer_folder: str, vq_folder: str, *, pa
 
     from vispec.decoding import decode
     from vispec.eval.bench.scene_checks import check_images
-    from vispec.models.llamagen_vq import decode_tokens
+    from vispec.models.llamagen_vq import decode_tokens, downsample_factor
     from vispec.models.unified import UnifiedTokenModel
     from vispec.models.unified_families import chameleon_backbone
     from vispec.sampling import SamplingConfig
@@ -370,7 +358,7 @@ def evaluate_edit(transformer: str, tokenizer_folder: str, vq_folder: str, *, pa
         raise ValueError(f"transformer has {model.config.vocab_size} tokens, the tokenizer's layout {vocab['vocab_size']}")
     data = make_pair_dataset(vq, tokenizer, max(pairs, teacher_pairs), seed, "test")
     result: dict = {"teacher_forced": teacher_forced(model, data, vocab, tokenizer.pad_token_id, limit=teacher_pairs)}
-    layout = edit_layout(vocab)
+    layout = edit_layout(vocab, downsample_factor(vq))
     wrapped = UnifiedTokenModel(chameleon_backbone(model, layout), layout, cfg_mode="image_start")
     source_codes, target_codes = data["source"][:pairs].long(), data["target"][:pairs].long()
     source_tokens = image_rows(source_codes, vocab)[1]  # decoder tokens: codes, num_codes for end of row

@@ -5,15 +5,18 @@ Vocabulary (:func:`t2i_vocabulary`): the caption tokenizer's words and specials,
 end of row, the resolution tokens (``n`` = pixels / 16, ``n`` in 0..8) and the VQ codes. A training sequence
 is the caption (dropped with probability ``caption_dropout``, so the unconditional branch of classifier-free
 guidance sees the image prefix alone, as Lumina-mGPT 2.0's guidance does), then ``[image start, res(H),
-res(W)]``, then the rows: ``W / 4`` codes and the end-of-row token each. The objective is next-token
+res(W)]``, then the rows: ``W / d`` codes and the end-of-row token each (``d`` the VQ's downsampling, 8 for the
+shipped model). The objective is next-token
 cross-entropy over the rows only, with logits over the codes and the end-of-row token (the head rows
 the decoders use; :func:`vispec.models.unified.lm_head_backbone`). Both scene sizes are trained, one size per
 batch; captions are left-padded with position ids counted from each caption's first token, so a prompt sits
-at positions ``0..`` as at inference.
+at positions ``0..`` as at inference. ``init_from`` continues a trained tiny-t2i (same VQ, same architecture) on a
+fresh draw of scenes (another ``seed``) with a new warm-up and cosine schedule.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -30,7 +33,6 @@ from vispec.models.llamagen_vq import encode_to_tokens
 
 RESOLUTION_UNIT = 16  # pixels per resolution-token step
 MAX_RESOLUTION = 8  # resolution tokens for n = 0 .. 8 (up to 128 pixels)
-DOWNSAMPLE = 4
 
 
 def caption_tokenizer():
@@ -118,6 +120,34 @@ def row_logits(model, batch: dict[str, torch.Tensor], head_ids: torch.Tensor) ->
     return F.linear(hidden, model.lm_head.weight[head_ids])
 
 
+def load_t2i(name_or_path: str):
+    """``(transformer, tokenizer, vocabulary, vqvae folder)`` of a tiny-t2i pipeline folder or embedded name."""
+    from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
+
+    from vispec.pipelines.embedded import resolve_model_path
+
+    folder = resolve_model_path(name_or_path)
+    with open(os.path.join(folder, "model_index.json")) as handle:
+        index = json.load(handle)
+    t2i = ChameleonForConditionalGeneration.from_pretrained(os.path.join(folder, "transformer")).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(folder, "tokenizer"))
+    vocab = {"image_start": index["image_start_id"], "image_end": index["image_end_ids"][0], "end_of_row": index["eol_id"],
+             "resolution_base": index["resolution_token_base"], "code_offset": index["code_offset"],
+             "vocab_size": index["code_offset"] + index["num_codes"]}
+    return t2i, tokenizer, vocab, folder
+
+
+def continued_model(cfg: T2ITrainConfig, vocab: dict[str, int]):
+    """The decoder of ``cfg.init_from`` to continue training (its architecture and code count were checked by
+    ``cfg.validate``); its token layout must be the one :func:`t2i_vocabulary` gives for ``cfg.vq``'s codes."""
+    model, _, old_vocab, _ = load_t2i(cfg.init_from)
+    if old_vocab != vocab:
+        raise ValueError(f"init_from {cfg.init_from!r} has the token layout {old_vocab}, but the caption tokenizer and "
+                         f"the VQ give {vocab}")
+    model.config._attn_implementation = "eager"
+    return model
+
+
 def train_t2i(cfg: T2ITrainConfig) -> dict:
     cfg.validate()
     torch.manual_seed(cfg.seed)
@@ -125,6 +155,7 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
     tokenizer = caption_tokenizer()
     num_codes = vq.config.num_vq_embeddings
     vocab = t2i_vocabulary(tokenizer, num_codes)
+    model = (continued_model(cfg, vocab) if cfg.init_from else build_chameleon(cfg, vocab["vocab_size"], tokenizer)).train()
     os.makedirs(cfg.out, exist_ok=True)
     cache = os.path.join(cfg.out, f"scenes_{cfg.num_sequences}_{cfg.seed}.pt")
     if os.path.exists(cache):
@@ -132,10 +163,9 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
     else:
         data = make_scene_dataset(vq, tokenizer, cfg.num_sequences, cfg.seed)
         torch.save(list(data.items()), cache)
-    model = build_chameleon(cfg, vocab["vocab_size"], tokenizer).train()
     head_ids = torch.cat([torch.arange(num_codes) + vocab["code_offset"], torch.tensor([vocab["end_of_row"]])])
     opt = adamw(model, cfg.lr, cfg.weight_decay)
-    sched = warmup_cosine(opt, cfg.steps, warmup=100)
+    sched = warmup_cosine(opt, cfg.steps, warmup=cfg.warmup)
     gen = torch.Generator().manual_seed(cfg.seed)
     sizes = list(data)
 

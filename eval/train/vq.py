@@ -1,4 +1,4 @@
-"""Training the VQ tokenizers of the embedded models (LlamaGen VQ family at downsample 4, cosine codebook):
+"""Training the VQ tokenizers of the embedded models (LlamaGen VQ family at downsample 4 or 8, cosine codebook):
 tiny-c2i's on photo crops (``data="photos"``), tiny-t2i's on captioned scenes (``data="scenes"``,
 :mod:`vispec.eval.bench.scenes`, both aspect ratios; the convolutional VQ takes any multiple of 4).
 
@@ -28,7 +28,7 @@ from diffusers import VQModel
 from vispec.eval.bench.data import CropSampler, to_model_range
 from vispec.eval.bench.scenes import DEFAULT_SIZES, SceneSampler
 from vispec.eval.train.common import fit, warmup_cosine, write_record
-from vispec.eval.train.configs import VQTrainConfig  # its home: torch-free, for the CLI (re-exported here)
+from vispec.eval.train.configs import VQ_LEVELS, VQTrainConfig  # its home: torch-free, for the CLI (re-exported here)
 from vispec.models.llamagen_vq import llamagen_vq_config
 
 
@@ -55,8 +55,9 @@ def image_sources(cfg: VQTrainConfig) -> tuple:
 
 
 def build_vq(cfg: VQTrainConfig) -> VQModel:
+    """The LlamaGen VQ family at downsample 4 (three channel levels) or 8 (four), with ``cfg``'s widths."""
     kwargs = llamagen_vq_config(
-        "VQ-4", codebook_size=cfg.codebook_size, codebook_embed_dim=cfg.embed_dim, z_channels=cfg.z_channels,
+        f"VQ-{VQ_LEVELS[len(cfg.channel_mult)]}", codebook_size=cfg.codebook_size, codebook_embed_dim=cfg.embed_dim, z_channels=cfg.z_channels,
         base_channels=cfg.base_channels,
     )
     kwargs.update(

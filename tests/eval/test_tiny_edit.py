@@ -14,8 +14,8 @@ pytest.importorskip("skimage", reason="the scene pairs need the train extra (sci
 
 from vispec.eval.bench.scene_edits import EDIT_WORDS, INSTRUCTION_WORDS  # noqa: E402
 from vispec.eval.train.configs import EditAssembleConfig, EditTrainConfig  # noqa: E402
-from vispec.eval.train.edit import (PANEL_TOKENS, batch_pairs, edit_layout, edit_tokenizer, edit_vocabulary,  # noqa: E402
-                                    image_rows, init_from_t2i, load_t2i, panel_prefix, token_mapping)
+from vispec.eval.train.edit import (batch_pairs, edit_layout, edit_tokenizer, edit_vocabulary, image_rows,  # noqa: E402
+                                    init_from_t2i, load_t2i, panel_prefix, panel_tokens, token_mapping)
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +24,25 @@ def t2i():
 
 
 @pytest.fixture(scope="module")
-def new():
+def new(t2i):
+    """tiny-edit's tokenizer and vocabulary over the embedded tiny-t2i's codes."""
+    _, _, old_vocab, _ = t2i
     tokenizer = edit_tokenizer()
-    return tokenizer, edit_vocabulary(tokenizer, 512)
+    return tokenizer, edit_vocabulary(tokenizer, old_vocab["vocab_size"] - old_vocab["code_offset"])
+
+
+@pytest.fixture(scope="module")
+def downsample(t2i):
+    """The embedded tiny-t2i VQ's pixels per code (its pipeline config's ``downsample``)."""
+    with open(os.path.join(t2i[3], "model_index.json")) as handle:
+        return json.load(handle)["downsample"]
 
 
 def test_tokenizer_holds_every_instruction_word(new):
     tokenizer, vocab = new
     ids = tokenizer(" ".join(INSTRUCTION_WORDS))["input_ids"]
     assert tokenizer.unk_token_id not in ids and len(ids) == len(INSTRUCTION_WORDS)
-    assert vocab["image_start"] == len(tokenizer) and vocab["vocab_size"] == vocab["code_offset"] + 512
+    assert vocab["image_start"] == len(tokenizer) and vocab["vocab_size"] > vocab["code_offset"] + 255
 
 
 def test_mapping_pairs_tokens_by_meaning(t2i, new):
@@ -49,7 +58,8 @@ def test_mapping_pairs_tokens_by_meaning(t2i, new):
     for key in ("image_start", "image_end", "end_of_row"):
         assert mapping[vocab[key]] == old_vocab[key]
     assert mapping[vocab["resolution_base"] + 8] == old_vocab["resolution_base"] + 8
-    assert mapping[vocab["code_offset"] + 511] == old_vocab["code_offset"] + 511
+    last = vocab["vocab_size"] - vocab["code_offset"] - 1
+    assert mapping[vocab["code_offset"] + last] == old_vocab["code_offset"] + last
     assert len(mapping) == old_vocab["vocab_size"]  # every tiny-t2i token has its place
     with pytest.raises(ValueError, match="codes"):
         token_mapping(old_tokenizer, old_vocab, tokenizer, edit_vocabulary(tokenizer, 256))
@@ -72,28 +82,30 @@ def test_init_copies_rows_by_meaning_and_every_other_weight(t2i, new):
             assert torch.equal(value, ref_state[key]), key
 
 
-def test_sequences_follow_the_dual_panel_layout(new):
+@pytest.mark.parametrize("side", [16, 8])  # downsample-4 and downsample-8 VQs
+def test_sequences_follow_the_dual_panel_layout(new, side):
     tokenizer, vocab = new
     gen = torch.Generator().manual_seed(0)
-    source, target = torch.randint(512, (2, 16, 16), generator=gen), torch.randint(512, (2, 16, 16), generator=gen)
+    source, target = torch.randint(512, (2, side, side), generator=gen), torch.randint(512, (2, side, side), generator=gen)
+    tokens = panel_tokens(64 // side)
     instructions = [tokenizer("make the red square blue")["input_ids"], tokenizer("add a red circle")["input_ids"]]
     batch = batch_pairs(instructions, source, target, vocab, tokenizer.pad_token_id, torch.tensor([False, True]))
     prefix = panel_prefix(vocab)
     assert prefix == [vocab["image_start"], vocab["resolution_base"] + 8, vocab["resolution_base"] + 4]
     source_ids, _ = image_rows(source, vocab)
     target_ids, targets = image_rows(target, vocab)
-    assert source_ids.shape[1] == PANEL_TOKENS == 272 and int((source_ids == vocab["end_of_row"]).sum()) == 2 * 16
+    assert source_ids.shape[1] == tokens == side * (side + 1) and int((source_ids == vocab["end_of_row"]).sum()) == 2 * side
     first = instructions[0] + prefix + source_ids[0].tolist() + target_ids[0].tolist()[:-1]
     assert batch["input_ids"][0].tolist() == first
     dropped = batch["input_ids"][1][batch["attention_mask"][1].bool()].tolist()
     assert dropped == prefix + source_ids[1].tolist() + target_ids[1].tolist()[:-1]  # no instruction
     assert int(batch["position_ids"][1][batch["attention_mask"][1].bool()][0]) == 0
-    assert torch.equal(batch["targets"], targets) and targets.shape == (2, 272)
+    assert torch.equal(batch["targets"], targets) and targets.shape == (2, tokens)
     # the logits at `first` predict the first target token: it sits right after the source panel
-    assert int(batch["first"]) == batch["input_ids"].shape[1] - 272
+    assert int(batch["first"]) == batch["input_ids"].shape[1] - tokens
 
 
-def test_the_decoders_condition_is_the_training_layout(t2i, new):
+def test_the_decoders_condition_is_the_training_layout(t2i, new, downsample):
     """``UnifiedTokenModel.condition(source=...)`` (the pipeline side) builds the prompts training saw."""
     from vispec.models.unified import UnifiedTokenModel
     from vispec.models.unified_families import chameleon_backbone
@@ -101,9 +113,10 @@ def test_the_decoders_condition_is_the_training_layout(t2i, new):
     model_t2i, old_tokenizer, old_vocab, _ = t2i
     tokenizer, vocab = new
     model, _ = init_from_t2i(model_t2i, old_tokenizer, old_vocab, tokenizer, vocab)
-    layout = edit_layout(vocab)
+    layout = edit_layout(vocab, downsample)
     wrapped = UnifiedTokenModel(chameleon_backbone(model, layout), layout, cfg_mode="image_start")
-    source = torch.randint(512, (1, 16, 16), generator=torch.Generator().manual_seed(1))
+    assert (layout.rows, layout.cols) == (64 // downsample, 64 // downsample)
+    source = torch.randint(512, (1, layout.rows, layout.cols), generator=torch.Generator().manual_seed(1))
     ids, tokens = image_rows(source, vocab)
     instruction = tokenizer("remove the blue square")["input_ids"]
     condition = wrapped.condition([instruction], source=tokens)

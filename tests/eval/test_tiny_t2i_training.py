@@ -68,3 +68,25 @@ def test_the_chain_assembles_a_pipeline_that_generates_both_sizes(assembled):
         out = pipe("two red circles", height=height, width=width, decoding="mc-sjd", output_type="pt",
                    generator=torch.Generator().manual_seed(0))
         assert out.images.shape == (1, 3, height, width)
+
+
+def test_training_continues_from_an_assembled_pipeline(assembled, tmp_path):
+    """``init_from``: the decoder starts from the pipeline's weights (the same VQ and layout); another architecture
+    or another VQ is refused, naming the flag."""
+    root, _ = assembled
+    common = dict(vq=str(root / "vq"), num_sequences=8, batch_size=2, hidden_size=32, layers=1, heads=2, log_every=1,
+                  init_from=str(root / "pipe"), warmup=1)
+    start = UnifiedImagePipeline.from_pretrained(str(root / "pipe")).transformer.state_dict()
+    train_t2i(T2ITrainConfig(out=str(tmp_path / "next"), steps=1, lr=1e-12, **common))
+    from transformers import ChameleonForConditionalGeneration
+
+    continued = ChameleonForConditionalGeneration.from_pretrained(str(tmp_path / "next")).state_dict()
+    key = "model.layers.0.mlp.down_proj.weight"
+    assert torch.allclose(continued[key], start[key], atol=1e-6)  # a 1e-12 step from the pipeline's weights
+    with pytest.raises(ValueError, match="layers 2 differs from the 1 of init_from"):
+        train_t2i(T2ITrainConfig(out=str(tmp_path / "bad"), steps=1, **{**common, "layers": 2}))
+    train_vq(VQTrainConfig(out=str(tmp_path / "vq16"), data="scenes", steps=1, batch_size=2, codebook_size=16, eval_images=2))
+    with pytest.raises(ValueError, match="init_from .* decodes 32 codes, vq .* has 16"):
+        train_t2i(T2ITrainConfig(out=str(tmp_path / "bad"), steps=1, **{**common, "vq": str(tmp_path / "vq16")}))
+    with pytest.raises(ValueError, match="init_from .* is a LlamaGenPipeline, not a UnifiedImagePipeline"):
+        T2ITrainConfig(out=str(tmp_path / "bad"), **{**common, "init_from": "tiny-c2i"}).validate()

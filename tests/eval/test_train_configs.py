@@ -74,6 +74,7 @@ def test_the_copied_constants_agree_with_the_models():
     from vispec.models.llamagen_vq import LLAMAGEN_VQ_VARIANTS, llamagen_vq_config
 
     assert configs.VQ4_CHANNEL_MULT == LLAMAGEN_VQ_VARIANTS["VQ-4"]
+    assert configs.VQ8_CHANNEL_MULT == LLAMAGEN_VQ_VARIANTS["VQ-8"]
     assert configs.VQ_NORM_GROUPS == llamagen_vq_config("VQ-4")["norm_num_groups"]
     assert configs.SCENE_SIZES == DEFAULT_SIZES
     assert configs.PHOTO_PIXELS == IMAGE_SIZE**2 and configs.GPT_TOKENS == (IMAGE_SIZE // 4) ** 2
@@ -86,14 +87,23 @@ def _parameters(model, skip: tuple[str, ...] = ()) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if not any(s in name for s in skip))
 
 
-@pytest.mark.parametrize("cfg", [VQTrainConfig(), VQTrainConfig(base_channels=64, channel_mult=(1, 2, 4), layers_per_block=2)])
+@pytest.mark.parametrize("cfg", [VQTrainConfig(), VQTrainConfig(base_channels=64, channel_mult=(1, 2, 4), layers_per_block=2),
+                                 VQTrainConfig(channel_mult=(1, 1, 2, 2))])
 def test_vq_footprint_is_near_the_built_vq(cfg):
-    """The VQ estimate leaves out the shortcut convolutions and the norms: within 10% of the built VQModel."""
+    """The VQ estimate leaves out the shortcut convolutions and the norms: within 10% of the built VQModel; three
+    channel levels give a downsample-4 VQ, four a downsample-8 one."""
     pytest.importorskip("skimage")
-    from vispec.eval.train.vq import build_vq
+    import torch
 
-    built = _parameters(build_vq(cfg))
+    from vispec.eval.train.vq import build_vq
+    from vispec.models.llamagen_vq import downsample_factor, encode_to_tokens
+
+    vq = build_vq(cfg).eval()
+    built = _parameters(vq)
     assert 0.9 * built <= cfg.footprint().parameters <= built
+    side = 64 // downsample_factor(vq)
+    assert side == {3: 16, 4: 8}[len(cfg.channel_mult)]
+    assert encode_to_tokens(vq, torch.zeros(1, 3, 64, 64)).shape == (1, side, side)
 
 
 def test_the_other_footprints_count_the_built_models_parameters():
