@@ -79,8 +79,8 @@ from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
-from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_dir, cost_growth, cost_level, hand_to_ar,
-                                     save_step_costs, scaled_level, window_set)
+from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_dir, cost_growth, cost_level, depth_rates,
+                                     hand_to_ar, save_step_costs, scaled_level, window_set)
 
 SHRINK = 4.0  # pseudo-observations of the prior in a smoothed rate (module docstring)
 POOL_DECAY = 0.995  # the pooled counts decay per pass (a decode's acceptance drifts over the image)
@@ -205,11 +205,7 @@ class ShapeRates:
         a class with no tries takes the nearest narrower measured class's rates (the prior where none is)."""
         a = np.empty((CLASSES, MAX_DEPTH))
         for c in range(CLASSES):
-            hits, tries = self.main[c, :, 0], self.main[c, :, 1]
-            previous = PRIOR_DRAFT
-            for d in range(MAX_DEPTH):
-                previous = (hits[d] + SHRINK * previous) / (tries[d] + SHRINK)
-                a[c, d] = previous
+            a[c] = depth_rates(self.main[c, :, 0], self.main[c, :, 1], PRIOR_DRAFT, SHRINK)
         seen = self.main[..., 1].sum(axis=1) > 0
         for c in range(CLASSES):
             if not seen[c]:

@@ -59,6 +59,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional
 
+import numpy as np
+
 KEEP = 64
 SPAN = 32  # cached-token range over which step times are fitted by a line rather than a median
 
@@ -159,6 +161,19 @@ def _append(table: dict[int, list], window: int, value: Any) -> None:
     values = table.setdefault(window, [])
     values.append(value)
     del values[:-KEEP]
+
+
+def depth_rates(hits: np.ndarray, tries: np.ndarray, prior: float, shrink: float) -> np.ndarray:
+    """Acceptance rates per chain depth, smoothed down the depths: ``r_d = (hits_d + shrink r_{d-1}) / (tries_d +
+    shrink)`` with ``r_{-1} = prior``, so an unmeasured depth borrows the deepest measured one's rate. The image
+    half's shape chooser (:mod:`vispec.decoding.shapes`) and the dLLM draft-length chooser
+    (:mod:`vispec.dllm.draft_length`) both estimate with it."""
+    rates = np.empty(len(hits))
+    previous = prior
+    for d in range(len(hits)):
+        previous = (hits[d] + shrink * previous) / (tries[d] + shrink)
+        rates[d] = previous
+    return rates
 
 
 def robust_line(samples: list[tuple[int, float]], span: int = SPAN) -> Optional[tuple[float, float]]:

@@ -33,7 +33,7 @@ from typing import Callable, Hashable, Optional
 import numpy as np
 from torch import Tensor
 
-from vispec.decoding.windows import WindowStats, robust_line
+from vispec.decoding.windows import WindowStats, depth_rates, robust_line
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 EXPLORE = (2, 8)  # the first rounds' draft lengths (then the largest), for the cost line and the rates
@@ -69,12 +69,8 @@ class DraftLengthChooser:
     def rates(self) -> np.ndarray:
         """``a [largest + 1]`` (index ``d``; 0 unused), smoothed down the depths (module docstring)."""
         a = np.empty(len(self.counts))
-        previous = PRIOR
-        for d in range(1, len(self.counts)):
-            hits, tries = self.counts[d]
-            previous = (hits + SHRINK * previous) / (tries + SHRINK)
-            a[d] = previous
         a[0] = 1.0
+        a[1:] = depth_rates(self.counts[1:, 0], self.counts[1:, 1], PRIOR, SHRINK)
         return np.clip(a, 0.0, 0.999)
 
     def expected_steps(self) -> np.ndarray:
