@@ -410,8 +410,8 @@ class T2ITrainConfig:
     def footprint(self) -> Footprint:
         """The Chameleon decoder's blocks (``intermediate = 11 hidden / 4``; the embeddings, sized by the VQ, left
         out), a batch's activations with eager attention at the longest scene (caption, layout and rows), and the
-        scene dataset (int16 codes and the caption ids of each); sized for a downsample-4 VQ, which bounds the
-        downsample-8 one the shipped model uses."""
+        scene dataset (int16 codes and the caption ids of each); sized for a downsample-4 VQ (the shipped
+        model's), which bounds a downsample-8 one."""
         hidden, intermediate = self.hidden_size, self.hidden_size * 11 // 4
         parameters = self.layers * (4 * hidden * hidden + 3 * hidden * intermediate + 6 * hidden) + hidden
         codes = max((h // 4) * (w // 4) for h, w in SCENE_SIZES)

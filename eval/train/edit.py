@@ -4,8 +4,8 @@ on scene pairs that differ in one stated attribute (:mod:`vispec.eval.bench.scen
 Sequence (Lumina-mGPT 2.0's dual-panel image-to-image layout): the instruction's word ids, then ``[image start,
 res(2 H), res(W)]`` (the header declares twice the height: two panels stacked vertically), then the SOURCE panel's
 rows (``W / d`` codes as ``code_offset + code``, ``d`` the VQ's downsampling, then end of row), then the TARGET panel's
-rows in the same format, then image end. Both panels are 64 x 64 pixels: with the shipped downsample-8 VQ, 8 rows of 8
-codes and the end-of-row token, 72 tokens each (:func:`panel_tokens`).
+rows in the same format, then image end. Both panels are 64 x 64 pixels: with the shipped downsample-4 VQ, 16 rows of
+16 codes and the end-of-row token, 272 tokens each (:func:`panel_tokens`).
 Classifier-free guidance starts at image start: the unconditional sequence drops the instruction only (it keeps the
 source panel), so training drops the instruction with probability ``instruction_dropout``. The objective is
 next-token cross-entropy over the target panel's rows only, with logits over the codes and the end-of-row token
@@ -43,7 +43,7 @@ __all__ = ["EditTrainConfig", "edit_tokenizer", "edit_vocabulary", "init_from_t2
 
 
 def panel_tokens(downsample: int) -> int:
-    """Tokens of one panel's rows: ``H / d`` rows of ``W / d`` codes and the end-of-row token (72 at ``d = 8``)."""
+    """Tokens of one panel's rows: ``H / d`` rows of ``W / d`` codes and the end-of-row token (272 at ``d = 4``)."""
     return (PANEL[0] // downsample) * (PANEL[1] // downsample + 1)
 
 

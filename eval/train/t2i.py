@@ -5,7 +5,7 @@ Vocabulary (:func:`t2i_vocabulary`): the caption tokenizer's words and specials,
 end of row, the resolution tokens (``n`` = pixels / 16, ``n`` in 0..8) and the VQ codes. A training sequence
 is the caption (dropped with probability ``caption_dropout``, so the unconditional branch of classifier-free
 guidance sees the image prefix alone, as Lumina-mGPT 2.0's guidance does), then ``[image start, res(H),
-res(W)]``, then the rows: ``W / d`` codes and the end-of-row token each (``d`` the VQ's downsampling, 8 for the
+res(W)]``, then the rows: ``W / d`` codes and the end-of-row token each (``d`` the VQ's downsampling, 4 for the
 shipped model). The objective is next-token
 cross-entropy over the rows only, with logits over the codes and the end-of-row token (the head rows
 the decoders use; :func:`vispec.models.unified.lm_head_backbone`). Both scene sizes are trained, one size per

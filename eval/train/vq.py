@@ -1,6 +1,6 @@
 """Training the VQ tokenizers of the embedded models (LlamaGen VQ family at downsample 4 or 8, cosine codebook):
 tiny-c2i's on photo crops (``data="photos"``), tiny-t2i's on captioned scenes (``data="scenes"``,
-:mod:`vispec.eval.bench.scenes`, both aspect ratios; the convolutional VQ takes any multiple of 4).
+:mod:`vispec.eval.bench.scenes`, both aspect ratios; the convolutional VQ takes any multiple of its downsampling).
 
 Objective (VQGAN without the adversarial and perceptual terms, which need pretrained networks we
 cannot download; LlamaGen's codebook choices kept):
