@@ -235,10 +235,9 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
     card = [
         "# tiny-t2i: vispec's embedded text-to-image model (unified tokens)",
         "",
-        "Captioned scenes (vispec.eval.bench.scenes): one to three shapes in six colours on plain grey backgrounds",
-        "(a level and a gentle ramp that vary between scenes),"
-        "captions such as 'two red circles' or 'a blue square left of a yellow triangle'; held-out compositions are",
-        "never trained on. Sizes 64x64 and 64x96 (height x width).",
+        "Captioned scenes (vispec.eval.bench.scenes): one to three shapes in six colours and two sizes on plain grey",
+        "backgrounds (one flat level per scene), captions such as 'two red circles' or 'a blue square left of a yellow",
+        "triangle'; held-out compositions are never trained on. Sizes 64x64 and 64x96 (height x width).",
         "",
         f"- VQ tokenizer: LlamaGen VQ family at downsample {pipe.config.downsample}, {num_codes} codes, trained on the scenes.",
         f"- Decoder: transformers' Chameleon architecture, {c.num_hidden_layers} layers, hidden {c.hidden_size}; one vocabulary of "
@@ -253,6 +252,10 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
         log = os.path.join(folder, "train_log.jsonl")
         if os.path.isfile(log):
             extras[f"logs/{name}.jsonl"] = lambda path, log=log: shutil.copy(log, path)
+    for relative in ("train_config.json", "train_log.jsonl"):  # the VQ keeps its record, for a decoder retrained on it
+        source = os.path.join(cfg.vq, relative)
+        if os.path.isfile(source):
+            extras[f"vqvae/{relative}"] = lambda path, source=source: shutil.copy(source, path)
     if cfg.clip:
         extras["clip"] = lambda path: shutil.copytree(cfg.clip, path)
     return write_pipeline_folder(pipe, cfg.out, card, info, record_title="Training records", extras=extras)
