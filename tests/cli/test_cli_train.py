@@ -121,7 +121,7 @@ def test_defaults_reach_the_trainer(trainer, folders, stubs, capsys):
     (["mdlm", "--warmup", "0"], "--warmup must be an integer >= 1"),
     (["mdlm", "--init-from", "MISSING"], "--init-from: unknown model"),
     (["t2i", "--init-from", "tiny-c2i"], "--init-from 'tiny-c2i' is a LlamaGenPipeline, not a UnifiedImagePipeline"),
-    (["t2i", "--init-from", "tiny-t2i", "--layers", "3"], "--layers 3 differs from the 4 of --init-from 'tiny-t2i'"),
+    (["t2i", "--init-from", "tiny-t2i", "--layers", "3"], "--layers 3 differs from the 6 of --init-from 'tiny-t2i'"),
     (["drafter", "--sample-decoding", "fast"], "--sample-decoding: unknown decoding 'fast'"),
     (["drafter", "--target", "MISSING"], "--target: unknown model"),
     (["filter", "--model", "MISSING"], "--model: unknown model"),

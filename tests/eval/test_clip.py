@@ -19,7 +19,7 @@ from vispec.eval.bench.scenes import (  # noqa: E402
 )
 from vispec.eval.train.clip import (  # noqa: E402
     OPPOSITE, SWAP_KINDS, CLIPTrainConfig, build_clip, caption_fits, caption_swaps, clip_processor, clip_tokenizer,
-    contrastive_loss, evaluate_clip, hard_negative, train_clip,
+    contrastive_loss, embed, evaluate_clip, hard_negative, train_clip,
 )
 
 TINY = dict(steps=2, batch_size=6, hidden_size=32, vision_layers=1, text_layers=1, heads=2, projection_dim=16,
@@ -166,10 +166,22 @@ def test_evaluate_clip_reports_retrieval_and_swap_accuracy(trained):
     _, metrics, model, processor = trained
     result = evaluate_clip(model, processor, n=8, seed=1)
     assert result["eval_scenes"] == 8 and 0 <= result["i2t_r1"] <= 1 and 0 <= result["t2i_r1"] <= 1
+    # recomputed image by image: win is the share of images beating every swap, pairwise the share of all
+    # (image, swap) pairs won, pooled (so images with more swaps weigh more, and win may exceed pairwise)
+    batch = SceneSampler("test", seed=1).sample(8)
+    captions = list(batch.captions)
+    swaps = {k: [caption_swaps(c, k) for c in captions] for k in SWAP_KINDS}
+    texts = sorted(set(captions) | {s for per in swaps.values() for ss in per for s in ss})
+    x, y = embed(model, processor, images=batch.images, texts=texts)
+    scores = x @ y.T
     for kind in SWAP_KINDS:
-        assert result[f"{kind}_images"] <= 8
-        if result[f"{kind}_images"]:
-            assert 0 <= result[f"{kind}_win"] <= result[f"{kind}_pairwise"] <= 1
+        won = [scores[i, texts.index(c)] > scores[i, [texts.index(s) for s in swaps[kind][i]]]
+               for i, c in enumerate(captions) if swaps[kind][i]]
+        assert result[f"{kind}_images"] == len(won) <= 8
+        if won:
+            assert result[f"{kind}_win"] == round(sum(bool(w.all()) for w in won) / len(won), 4)
+            assert result[f"{kind}_pairwise"] == round(float(torch.cat(won).float().mean()), 4)
+            assert 0 <= result[f"{kind}_win"] <= 1 and 0 <= result[f"{kind}_pairwise"] <= 1
     assert result["colour_images"] == result["shape_images"] == 8
     assert result["count_images"] + result["relation_images"] == 8
     assert {k for k in metrics if k.endswith("_r1")} == {"i2t_r1", "t2i_r1"}
