@@ -269,8 +269,11 @@ def check_images(
     """Prompt-following accuracy of images (``[B, 3, H, W]`` or a list of ``[3, H, W]``) against their captions.
 
     Returns ``{"accuracy": {attribute: fraction right, or None if no caption asks for it},
-    "asked": {attribute: number of captions asking for it}, "per_image": [check_image results]}`` over
-    :data:`ATTRIBUTES` and ``"overall"``. Captions are all parsed first (ValueError outside the grammar).
+    "asked": {attribute: number of captions asking for it}, "checks": share, "per_image": [check_image results]}``
+    over :data:`ATTRIBUTES` and ``"overall"``. ``accuracy["overall"]`` is the strict rate (images whose every asked
+    attribute is right); ``checks`` pools the individual checks: the number of (image, asked attribute) judgements
+    that pass over the number made, so a picture with the right colours and shapes but a wrong count passes 2 of 3.
+    Captions are all parsed first (ValueError outside the grammar).
     """
     if isinstance(images, Tensor) and images.ndim != 4:
         raise ValueError(
@@ -288,7 +291,9 @@ def check_images(
         judged = [r[attribute] for r in per_image if r[attribute] is not None]
         asked[attribute] = len(judged)
         accuracy[attribute] = sum(judged) / len(judged) if judged else None
-    return {"accuracy": accuracy, "asked": asked, "per_image": per_image}
+    passed = sum(sum(r[a] for a in ATTRIBUTES if r[a] is not None) for r in per_image)
+    made = sum(asked[a] for a in ATTRIBUTES)
+    return {"accuracy": accuracy, "asked": asked, "checks": passed / made if made else None, "per_image": per_image}
 
 
 def degrade(images: Tensor, factor: int = 4, noise_std: float = 0.03, seed: int = 0) -> Tensor:

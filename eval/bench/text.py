@@ -65,7 +65,10 @@ if TYPE_CHECKING:
 # `vispec ... --help` must not wait for torch (tests/cli/test_cli_startup.py). torch, the pipelines and the
 # distributed helpers are imported by the functions that run the benchmark.
 
-STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous", "learn2pd")
+GRID_STRATEGIES = ("llada", "threshold", "factor", "entropy", "contiguous", "learn2pd")  # --strategies' default
+# every strategy a setting may name: the grid's, and LLaDA2.1's token editing (block-causal models only; its settings
+# are TokenEditingScheduler's defaults, LLaDA2's)
+STRATEGIES = (*GRID_STRATEGIES, "editing")
 # rules a setting may add to its strategy (``strategy+rule@cache``): Learn2PD's end-of-text prediction, Prophet's
 # early commit, AdaBlock's adaptive blocks, and exact self-speculative decoding (``ssd`` or ``ssd=K``, K canvases per
 # verifying forward; :mod:`vispec.dllm.speculative`), whose tokens are the same setting's without it
@@ -119,7 +122,7 @@ def parse_setting(text: str) -> tuple[str, tuple[str, ...], str]:
 @dataclass
 class TextBenchConfig:
     model: str = "tiny-mdlm"
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = GRID_STRATEGIES
     caches: tuple[str, ...] = ("none", "prefix", "dual")
     tasks: tuple[str, ...] = ("arithmetic", "sort", "reverse")
     num_problems: int = 100

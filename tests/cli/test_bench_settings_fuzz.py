@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from vispec.cli import main
 from vispec.dllm import CACHES
 from vispec.eval.bench import decoders, image, text
-from vispec.eval.bench.text import RULES, STRATEGIES, parse_setting
+from vispec.eval.bench.text import RULES, STRATEGIES, TextBenchConfig, parse_setting
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -88,6 +88,8 @@ def test_malformed_settings_are_refused(setting, benches, capsys):
 def test_well_formed_settings_parse():
     assert parse_setting("threshold") == ("threshold", (), "none")
     assert parse_setting("learn2pd+eotp+prophet@dkv") == ("learn2pd", ("eotp", "prophet"), "dkv")
+    assert parse_setting("editing+ssd=auto@prefix") == ("editing", ("ssd=auto",), "prefix")  # LLaDA2's rule, by name
+    assert "editing" not in TextBenchConfig().strategies  # the default grid runs on every model family
 
 
 @FUZZ

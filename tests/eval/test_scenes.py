@@ -214,6 +214,17 @@ def test_checks_pass_ground_truth_renders(batches):
         assert len(result["per_image"]) == PER_SPLIT
 
 
+def test_checks_pool_the_individual_judgements_and_overall_is_strict(batches):
+    batch = batches["train"]
+    assert check_images(batch.images, batch.captions)["checks"] >= 0.95
+    counted = next(i for i, c in enumerate(batch.captions) if c.split(" ")[0] in ("two", "three"))
+    wrong = batch.captions[counted].replace("two", "THREE").replace("three", "two").replace("THREE", "three")
+    result = check_images([batch.images[counted]], [wrong])
+    asked = [a for a in ATTRIBUTES if result["per_image"][0][a] is not None]
+    assert not result["per_image"][0]["count"] and result["accuracy"]["overall"] == 0.0
+    assert result["checks"] == (len(asked) - 1) / len(asked)  # colour and shape (and size) pass, the count does not
+
+
 def test_value_range_flags_agree(batches):
     batch = batches["train"]
     images = torch.stack([im for im in batch.images if im.shape[2] == 64][:8])

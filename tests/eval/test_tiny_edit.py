@@ -157,3 +157,17 @@ def test_embedded_folder_loads_by_name():
     assert pipe.transformer.config.vocab_size == vocab["vocab_size"]
     assert pipe.tokenizer.unk_token_id not in pipe.tokenizer(" ".join(INSTRUCTION_WORDS))["input_ids"]
     assert os.path.isfile(os.path.join(folder, "logs", "transformer.jsonl")) and "tiny-t2i" in record
+
+
+@pytest.mark.slow
+def test_demo_edit_section_writes_grid_and_scores(tmp_path, monkeypatch):
+    from vispec.eval import demo
+
+    monkeypatch.setattr(demo, "DEMO_EDIT_PAIRS", 2)
+    monkeypatch.setattr(demo, "DEMO_EDIT_METHODS", ("ar", "iad"))
+    report = demo.run_edit_demo(str(tmp_path))
+    assert os.path.isfile(tmp_path / "edit_grid.png") and len(report["instructions"]) == 2
+    assert report["header"][-3:] == ["checks", "strict", "kept"]
+    for row in report["methods"].values():
+        assert 0.0 <= row["checks"] <= 1.0 and 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["source_kept"] <= 1.0
+    assert report["methods"]["ar"]["step_compression"] == 1.0 and report["methods"]["iad"]["step_compression"] > 1.0

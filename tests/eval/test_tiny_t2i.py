@@ -97,8 +97,8 @@ def test_demo_section_writes_grid_and_scores(tmp_path, monkeypatch):
     report = demo.run_t2i_demo(str(tmp_path))
     assert os.path.isfile(tmp_path / "t2i_grid.png") and len(report["prompts"]) == 2
     for row in report["methods"].values():
-        assert {"nfe", "step_compression", "latency_s", "accuracy", "clip_score", "clip_score_mismatched"} <= set(row)
-        assert 0.0 <= row["accuracy"] <= 1.0 and row["clip_score"] >= 0.0
+        assert {"nfe", "step_compression", "latency_s", "checks", "accuracy", "clip_score", "clip_score_mismatched"} <= set(row)
+        assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["checks"] <= 1.0 and row["clip_score"] >= 0.0
     assert report["methods"]["ar"]["step_compression"] == 1.0
     assert report["methods"]["mc-sjd"]["step_compression"] > 1.0
     assert "CLIP mismatched" in demo._t2i_report_md(report)

@@ -78,9 +78,10 @@ IMAGE_HELP = {
 }
 TEXT_HELP = {
     "model": "embedded model name or a pipeline folder",
-    "strategies": "comma-separated: llada, threshold, factor, entropy, contiguous, learn2pd (needs the model's filter)",
+    "strategies": "comma-separated: llada, threshold, factor, entropy, contiguous, learn2pd (needs the model's filter), "
+                  "editing (LLaDA2.1's token editing; block-causal models)",
     "settings": "comma-separated strategy[+rule...][@cache] (rules eotp, prophet, adablock, ssd[=K|=auto]; e.g. "
-                "learn2pd+eotp@dual, llada+ssd=8, threshold+ssd=auto@dual); "
+                "learn2pd+eotp@dual, llada+ssd=8, threshold+ssd=auto@dual, editing+ssd=auto@prefix); "
                 "replaces the --strategies x --cache grid",
     "reference": "with --settings: run LLaDA's one-token baseline row too (the ratios NFE x and speedup need it)",
     "filter_threshold": "Learn2PD's acceptance threshold τ",
