@@ -201,7 +201,7 @@ TIMING_TEXT = ("Timings: the rows ran interleaved over the same items; seconds p
                "process's CPU clock; speed-ups are medians over items of the first row's time over this row's, on each clock")
 
 
-DEMO_T2I_PROMPTS = 6
+DEMO_T2I_PROMPTS = 12
 DEMO_T2I_METHODS = ("ar", "mc-sjd", "sjd-pac")  # SJD runs in the class-to-image section
 DEMO_T2I_SIZE = (64, 64)  # one size: the grid's columns are equal, with no gaps
 DEMO_SEED = 10_000  # the scene and edit streams of the demo: the trainers draw from seeds 0 and 1
@@ -275,7 +275,7 @@ def _t2i_report_md(t2i: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-DEMO_EDIT_PAIRS = 4
+DEMO_EDIT_PAIRS = 6
 DEMO_EDIT_METHODS = ("ar", "mc-sjd", "iad", "mc-sjd:init=source")
 
 
