@@ -9,7 +9,7 @@ from helpers import left_padded, tiny_llada, tiny_llada_prompts
 
 from vispec.decoding.windows import WindowStats
 from vispec.dllm import SelfSpeculation, decode, make_scheduler
-from vispec.dllm.draft_length import EXPLORE, DraftLengthChooser
+from vispec.dllm.draft_length import EXPLORE, DraftLengthChooser, model_costs
 from vispec.eval.bench.text import parse_rule, parse_setting
 
 
@@ -36,8 +36,8 @@ def test_the_choice_follows_acceptance_and_cost(accept, seconds, best):
     now = [0.0]
     chooser = DraftLengthChooser(16, WindowStats(clock=lambda: now[0]))
     chosen = _rounds(chooser, now, 40, rows=2, accept=accept, seconds=seconds)
-    assert chosen[: len(EXPLORE) + 1] == sorted(set(EXPLORE) | {16})  # exploration first (the cost line)
-    steady = [k for i, k in enumerate(chosen[10:], start=10) if i % 8]  # without the rounds that try a larger k
+    assert chosen[: len(EXPLORE)] == sorted(EXPLORE)  # narrow exploration first (the cost line)
+    steady = [k for i, k in enumerate(chosen[10:], start=10) if i not in (16, 32)]  # without those trying a larger k
     assert max(set(steady), key=steady.count) == best
     assert sum(chooser.chosen.values()) == 40
 
@@ -57,6 +57,46 @@ def test_a_second_decode_starts_from_the_kept_cost_line():
     first = DraftLengthChooser(16, stats, key="k")
     _rounds(first, now, 6, rows=1, accept=0.9, seconds=lambda c: 1.0 + c)
     assert DraftLengthChooser(16, stats, key="k").explore == []
+
+
+def test_a_models_decodes_share_the_cost_line_and_pool_acceptance_by_policy():
+    """A decode is a few rounds: its successor starts from the kept cost line (no exploration) and from the pooled
+    acceptance of the same policy and settings; another policy counts apart."""
+    model = tiny_llada()
+    assert model_costs(model) is model_costs(model) and model_costs(tiny_llada()) is not model_costs(model)
+    stats, now = model_costs(model), [0.0]
+    stats.clock = lambda: now[0]
+    first = DraftLengthChooser(16, stats, key="k", rates_key="llada")
+    _rounds(first, now, 12, rows=1, accept=0.9, seconds=lambda c: 1.0 + c)
+    second = DraftLengthChooser(16, stats, key="k", rates_key="llada")
+    assert second.explore == [] and second.counts is first.counts and second.counts[1, 1] > 0
+    assert DraftLengthChooser(16, stats, key="k", rates_key="threshold").counts[1:].sum() == 0
+    assert DraftLengthChooser(16, stats, key="k").counts[1:].sum() == 0  # no key: this decode's own counts
+
+
+def test_auto_hands_a_decode_to_the_stepwise_loop_when_no_draft_pays_and_rechecks():
+    """Where the kept line says every canvas costs in proportion and drafts rarely verify, a whole decode runs as the
+    stepwise loop (its steps are cheaper than k = 1 rounds), with the stepwise tokens; every recheck-th such decode
+    runs the chooser again."""
+    model = tiny_llada()
+    ids, mask = left_padded(tiny_llada_prompts(), 0)
+    kwargs = dict(steps=24, gen_length=24, block_length=8, temperature=0.8, early_stop_eos=True)
+    gens = lambda: [torch.Generator().manual_seed(10 + i) for i in range(3)]  # noqa: E731
+    ref = decode(model, ids, mask, scheduler=make_scheduler("llada"), generator=gens(), **kwargs)
+    first = decode(model, ids, mask, scheduler=make_scheduler("llada"), generator=gens(), speculative="auto", **kwargs)
+    assert "stepwise" not in first.labels["speculative"]  # nothing measured yet: the chooser runs
+    (key, costs), = model_costs(model).step_costs.items()
+    costs["round"][:] = [(c, 0.01 * c) for c in (3, 6, 12, 24) for _ in range(4)]  # canvases cost in proportion
+    (rates,) = model_costs(model).shape_rates.values()
+    rates[1:] = [[1, 100]] * (len(rates) - 1)  # drafts verify 1% of the time
+    runs = [decode(model, ids, mask, scheduler=make_scheduler("llada"), generator=gens(), speculative="auto", **kwargs)
+            for _ in range(model_costs(model).settings.recheck)]
+    handed = [out.labels["speculative"].get("stepwise", False) for out in runs]
+    assert handed == [True] * (len(runs) - 1) + [False]  # the last one rechecks
+    for out in runs:
+        assert torch.equal(out.tokens, ref.tokens)
+    out = runs[0]
+    assert out.stats.extra["steps"].tolist() == out.stats.extra["canvases"].tolist() == ref.stats.nfe.tolist()
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])

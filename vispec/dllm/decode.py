@@ -83,6 +83,7 @@ from vispec.dllm.block_causal import BlockCausalLoop, is_block_causal
 from vispec.dllm.checks import check_decode_inputs
 from vispec.dllm.loop import BlockLoop
 from vispec.dllm.block_causal_speculative import BlockCausalSpeculativeLoop
+from vispec.dllm.draft_length import model_chooser
 from vispec.dllm.speculative import SpeculativeLoop
 from vispec.dllm.options import UnmaskingOptions
 from vispec.dllm.schedulers import UnmaskingScheduler
@@ -175,16 +176,23 @@ def decode(
     ids = check_decode_inputs(model, input_ids, attention_mask, options, scheduler)
     shared = shared_generator(generator, model, input_ids, options, scheduler)
     scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
-    runner = SpeculativeLoop if options.speculative is not None else BlockLoop
+    # speculative="auto" hands a decode to the stepwise loop (the same tokens) when no draft length pays at this batch
+    stepwise = options.speculative is None or (options.speculative.auto and model_chooser(
+        model, input_ids.shape[0], input_ids.device, options, scheduler).prefers_stepwise(input_ids.shape[0]))
+    runner = BlockLoop if stepwise else SpeculativeLoop
     if is_block_causal(model):  # LLaDA2 layout: block-aligned canvas, exact prefix cache (vispec.dllm.block_causal)
-        runner = BlockCausalSpeculativeLoop if options.speculative is not None else BlockCausalLoop
+        runner = BlockCausalLoop if stepwise else BlockCausalSpeculativeLoop
     if shared is None:
         seeds, extra = per_sample_seeds(generator, input_ids.shape[0], input_ids.device), {}
     else:  # the reference implementations' batch-wide draws (vispec.dllm.uniform); shared_generator refused the
         seeds, extra = shared.row_seeds(), {"shared": shared}  # speculative and block-causal runners: a BlockLoop
     loop = runner(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback, **extra)
     loop.run()
-    return loop.output()
+    out = loop.output()
+    if stepwise and options.speculative is not None:  # handed over: reported as a self-speculative run of k = 1
+        out.labels["speculative"] = {"draft_length": "auto", "rounds_by_draft_length": {}, "stepwise": True}
+        out.stats.extra.update(steps=out.stats.nfe.clone(), canvases=out.stats.nfe.clone())
+    return out
 
 
 def shared_generator(generator: Any, model: Any, input_ids: Tensor, options: UnmaskingOptions,

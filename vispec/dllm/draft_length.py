@@ -8,39 +8,72 @@ anything at all; this module picks it for speed, as the image half's shape choos
 
 **Expected steps.** Let ``a_d`` be the probability that the ``d``-th draft of a chain is verified given the ``d - 1``
 before it were. A round of draft length ``k`` advances ``E[T_k] = 1 + sum_{d=1}^{k-1} prod_{j<=d} a_j`` reference
-steps per row. ``a_d`` is counted from the verified rounds of this decode (a chain that verified ``j`` drafts of the
-``m`` it had: hits at depths ``1..j``, a miss at ``j + 1`` when ``j < m``), smoothed down the depths (depth ``d``'s
+steps per row. ``a_d`` is counted from the verified rounds (a chain that verified ``j`` drafts of the ``m`` it had:
+hits at depths ``1..j``, a miss at ``j + 1`` when ``j < m``), pooled over this model's decodes with the same policy
+and settings (a decode is a few rounds: its own counts alone would leave the prior in charge), smoothed down the
+depths (depth ``d``'s
 counts plus :data:`SHRINK` pseudo-observations of depth ``d - 1``'s rate), so an unmeasured depth borrows the
 deepest measured one's rate, never a flattering prior.
 
 **Cost.** A round's seconds (drafting, the verifying forward and the verification) against the canvases it forwarded,
-``n`` rows times ``k`` (fewer where chains end at a block's end): the robust line of
-:func:`vispec.decoding.windows.robust_line`, the image half's cost-curve machinery, kept in a
-:class:`~vispec.decoding.windows.WindowStats` under the decode's cost key (model, device, dtype, batch, cache), so a
-pipeline's later decodes start from it. Until it has two distinct widths measured the chooser explores: one round
-at each of :data:`EXPLORE` (capped by the largest ``k``).
+``n`` rows times ``k`` (fewer where chains end at a block's end): a robust line (Theil-Sen through the median time of
+each canvas count: most rounds share one width, and a fit over raw rounds would take its scatter for the slope),
+kept in a
+:class:`~vispec.decoding.windows.WindowStats` under the decode's cost key (model, device, dtype, batch, cache), kept
+per model for the process (:func:`model_costs`), so later decodes of the model start from it. Until it has two
+distinct widths measured the chooser explores: one round at each of :data:`EXPLORE` (capped by the largest ``k``),
+narrow ones, since a wide round of a large batch costs many stepwise ones; wider rounds' costs are the line's.
 
 **Choice.** ``argmax_k n E[T_k] / t(n k)`` over :data:`CANDIDATES` up to the largest, re-scored every round (a few
-numpy operations; rounds cost milliseconds at least); every :data:`WIDER_EVERY` rounds the next larger ``k`` than the
-best runs once, so deeper rates keep being measured.
+numpy operations; rounds cost milliseconds at least), among the ``k`` whose rounds forward at most twice the canvases
+of the widest round measured (the line is a fit, not a law: on a CPU 4 and 16 canvases may cost alike and 64 four
+times more), if it beats ``k = 1`` by :data:`MARGIN` (else ``k = 1``: on a machine where canvases cost in
+proportion, a few percent of predicted gain is noise, and a lost bet costs more); at round :data:`WIDER_EVERY` of a decode, then 16, 32, ...
+(the interval doubling), the next larger ``k`` than the best runs once, so deeper rates keep being measured at a
+cost that shrinks with the decode's length.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Hashable, Optional
+import weakref
+from typing import Any, Callable, Hashable, Optional
 
 import numpy as np
 from torch import Tensor
 
-from vispec.decoding.windows import WindowStats, depth_rates, robust_line
+from vispec.decoding.windows import WindowStats, depth_rates, hand_to_ar
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-EXPLORE = (2, 8)  # the first rounds' draft lengths (then the largest), for the cost line and the rates
+EXPLORE = (1, 2, 4)  # the first rounds' draft lengths, for the cost line (narrow: cheap at any batch size)
 SHRINK = 4.0
 PRIOR = 0.5  # the rate of a depth nothing has measured yet (depth 1 only; deeper ones borrow)
-WIDER_EVERY = 8
+MARGIN = 0.1  # the predicted gain over k = 1 a longer draft must show
+WIDER_EVERY = 8  # the first round that tries a larger k than the best; then rounds 16, 32, 64, ...
 KEEP = 64  # cost samples kept
+_MODEL_COSTS: "weakref.WeakKeyDictionary[Any, WindowStats]" = weakref.WeakKeyDictionary()
+
+
+def model_chooser(model: Any, batch: int, device: Any, options: Any, scheduler: Any) -> DraftLengthChooser:
+    """The chooser of a ``speculative="auto"`` decode of ``model`` (``options``: its
+    :class:`~vispec.dllm.options.UnmaskingOptions`): costs kept per model (:func:`model_costs`) under the cost key
+    (model class, device, batch, cache, guidance on or off), acceptance pooled under the policy and the settings that
+    change it (the scheduler's config, cache, sampling or not, guidance scale, early stop)."""
+    return DraftLengthChooser(
+        options.speculative.max_draft_length, stats=model_costs(model),
+        key=("dllm", type(model).__name__, str(device), batch, options.cache, options.guidance_scale != 1),
+        rates_key=("dllm", repr(scheduler), options.cache, options.temperature > 0, options.guidance_scale,
+                   options.early_stop_eos))
+
+
+def model_costs(model: Any) -> WindowStats:
+    """The round costs measured on ``model`` in this process, kept while the model lives (weakly referenced), so the
+    next decode of the same model starts from them instead of exploring again: a decode of a few rounds would
+    otherwise spend most of them measuring. Cost keys separate devices, batch sizes, caches and guidance."""
+    try:
+        return _MODEL_COSTS.setdefault(model, WindowStats())
+    except TypeError:  # an object that cannot be weakly referenced: its decodes measure afresh
+        return WindowStats()
 
 
 class DraftLengthChooser:
@@ -48,19 +81,22 @@ class DraftLengthChooser:
 
     Args:
         largest: the largest draft length (``SelfSpeculation.max_draft_length``).
-        stats: where the cost samples are kept (between decodes, by a pipeline), under ``key``.
+        stats: where the cost samples are kept between decodes (:func:`model_costs`), under ``key``.
         clock: the round's seconds (``stats.clock``: the wall clock unless set).
+        rates_key: where the acceptance counts are pooled over decodes in ``stats`` (the policy and the settings
+            that change how deep chains verify); None: this decode's own counts only.
     """
 
     def __init__(self, largest: int, stats: Optional[WindowStats] = None, key: Hashable = ("dllm",),
-                 clock: Optional[Callable[[], float]] = None):
+                 clock: Optional[Callable[[], float]] = None, rates_key: Optional[Hashable] = None):
         self.lengths = [k for k in CANDIDATES if k < largest] + [largest]
-        self.stats = WindowStats() if stats is None else stats
+        self.stats, self.key = WindowStats() if stats is None else stats, key
         self.samples: list[tuple[int, float]] = self.stats.costs(key).setdefault("round", [])
         self.clock = clock or self.stats.clock or time.perf_counter
-        self.counts = np.zeros((largest + 1, 2))  # depth d: (verified, tried)
-        self.explore = [] if self._line() is not None else sorted({min(k, largest) for k in EXPLORE} | {largest})
-        self.rounds = 0
+        zeros = np.zeros((largest + 1, 2))  # depth d: (verified, tried)
+        self.counts = zeros if rates_key is None else self.stats.shape_rates.setdefault((rates_key, largest), zeros)
+        self.explore = [] if self._line() is not None else self._exploration()
+        self.rounds, self.wider_at = 0, WIDER_EVERY
         self.chosen: dict[int, int] = {}  # rounds per draft length
         self._start: Optional[float] = None
 
@@ -79,11 +115,23 @@ class DraftLengthChooser:
         totals = np.concatenate([[1.0], 1.0 + np.cumsum(reach)])  # E[T_k] at index k - 1
         return totals[np.asarray(self.lengths) - 1]
 
+    def _exploration(self) -> list[int]:
+        return sorted({min(k, self.lengths[-1]) for k in EXPLORE})
+
     def _line(self) -> Optional[tuple[float, float]]:
-        widths = {width for width, _ in self.samples}
-        if len(widths) < 2:
+        """``(intercept, slope)`` through the median round time of each canvas count (Theil-Sen: the median of the
+        pairwise slopes, at least 0), so the common width, however many rounds ran it, is one point among the
+        others and cannot flatten the line."""
+        by_width: dict[int, list[float]] = {}
+        for width, seconds in self.samples:
+            by_width.setdefault(width, []).append(seconds)
+        if len(by_width) < 2:
             return None
-        return robust_line(self.samples, span=1)
+        widths = np.array(sorted(by_width), dtype=float)
+        times = np.array([np.median(by_width[int(w)]) for w in widths])
+        i, j = np.triu_indices(len(widths), 1)
+        slope = max(float(np.median((times[j] - times[i]) / (widths[j] - widths[i]))), 0.0)
+        return float(np.median(times - slope * widths)), slope
 
     def cost(self, canvases: np.ndarray) -> Optional[np.ndarray]:
         """Seconds of rounds forwarding ``canvases`` canvas rows (each entry), None before the line is known (at least
@@ -100,18 +148,35 @@ class DraftLengthChooser:
         """The draft length of the next round of ``rows`` live rows."""
         self._start = self.clock()
         if not self.explore and self._line() is None:  # the rounds so far forwarded one width only: explore again
-            self.explore = sorted({min(k, self.lengths[-1]) for k in EXPLORE} | {self.lengths[-1]})
+            self.explore = self._exploration()
         if self.explore:
             k = self.explore.pop(0)
         else:
-            steps = self.expected_steps()
-            seconds = self.cost(rows * np.asarray(self.lengths))
-            best = int(np.argmax(rows * steps / seconds))
-            if self.rounds and self.rounds % WIDER_EVERY == 0 and best + 1 < len(self.lengths):
-                best += 1  # the next larger one runs once: deeper rates stay measured
+            best = self._best(rows)
+            if self.rounds >= self.wider_at:
+                self.wider_at *= 2  # the interval doubles: the exploring rounds' cost shrinks to nothing
+                best = min(best + 1, len(self.lengths) - 1)  # the next larger one runs once: deeper rates stay measured
             k = self.lengths[best]
         self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
+
+    def _best(self, rows: int) -> int:
+        """The index in :attr:`lengths` of the fastest draft length for ``rows`` rows (the cost line is known)."""
+        speed = rows * self.expected_steps() / self.cost(rows * np.asarray(self.lengths))
+        widest = max(canvases for canvases, _ in self.samples)
+        speed[rows * np.asarray(self.lengths) > 2 * widest] = 0.0  # the line is not stretched past twice the widest
+        best = int(np.argmax(speed))  # round measured: wider ones are reached by doubling, each measured in its turn
+        return best if speed[best] >= (1 + MARGIN) * speed[0] else 0  # k = 1 unless drafting clearly pays: a
+        # predicted gain this small is within the line's error
+
+    def prefers_stepwise(self, rows: int) -> bool:
+        """Whether a whole decode of ``rows`` rows should run as the stepwise loop: the cost line and acceptance are
+        measured and no draft length beats ``k = 1`` (whose rounds cost more than the stepwise loop's steps). Every
+        :attr:`~vispec.decoding.windows.ChooserSettings.recheck`-th such decode per cost key runs the chooser instead
+        (:func:`vispec.decoding.windows.hand_to_ar`, the image half's rule), so the measurements stay fresh."""
+        if self.explore or self.counts[1, 1] == 0 or self._best(rows) != 0:
+            return False
+        return hand_to_ar(self.stats, self.key)
 
     def record(self, canvases: int, verified: Tensor, drafted: Tensor) -> None:
         """After the round: ``canvases`` forwarded; per row, the drafts ``verified`` of the ``drafted`` it had."""

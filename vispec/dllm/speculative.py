@@ -78,7 +78,7 @@ from torch import Tensor
 from vispec.dllm.block_causal import is_block_causal
 from vispec.dllm.caches import Guidance
 from vispec.dllm.checks import check_decode_inputs
-from vispec.dllm.draft_length import DraftLengthChooser
+from vispec.dllm.draft_length import model_chooser
 from vispec.dllm.loop import decode_output, eos_filled
 from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
 from vispec.dllm.callback import report_progress
@@ -161,8 +161,7 @@ class SpeculativeLoop:
         speculation = options.speculative
         self.chooser = None  # speculative="auto": the draft length of every round (vispec.dllm.draft_length)
         if speculation.auto:
-            self.chooser = DraftLengthChooser(speculation.max_draft_length, key=(
-                "dllm", type(model).__name__, str(device), batch, options.cache, options.guidance_scale != 1))
+            self.chooser = model_chooser(model, batch, device, options, scheduler)
         self.k = speculation.max_draft_length if speculation.auto else speculation.draft_length
         self.round_stats: tuple[int, Tensor, Tensor] = (0, input_ids[:0, 0], input_ids[:0, 0])  # see _round
         self.slots: Optional[Tensor] = None  # the last chains' canvases' (lane, depth) (_draft)
