@@ -18,9 +18,8 @@ deepest measured one's rate, never a flattering prior.
 **Cost.** A round's seconds (drafting, the verifying forward and the verification) against the canvases it forwarded,
 ``n`` rows times ``k`` (fewer where chains end at a block's end): a robust line (Theil-Sen through the median time of
 each canvas count: most rounds share one width, and a fit over raw rounds would take its scatter for the slope),
-kept in a
-:class:`~vispec.decoding.windows.WindowStats` under the decode's cost key (model, device, dtype, batch, cache), kept
-per model for the process (:func:`model_costs`), so later decodes of the model start from it. Until it has two
+kept in a :class:`~vispec.decoding.windows.WindowStats` under the decode's cost key (model, device, dtype, batch,
+cache), per model for the process (:func:`model_costs`), so later decodes of the model start from it. Until it has two
 distinct widths measured the chooser explores: one round at each of :data:`EXPLORE` (capped by the largest ``k``),
 narrow ones, since a wide round of a large batch costs many stepwise ones; wider rounds' costs are the line's.
 
@@ -28,9 +27,11 @@ narrow ones, since a wide round of a large batch costs many stepwise ones; wider
 numpy operations; rounds cost milliseconds at least), among the ``k`` whose rounds forward at most twice the canvases
 of the widest round measured (the line is a fit, not a law: on a CPU 4 and 16 canvases may cost alike and 64 four
 times more), if it beats ``k = 1`` by :data:`MARGIN` (else ``k = 1``: on a machine where canvases cost in
-proportion, a few percent of predicted gain is noise, and a lost bet costs more); at round :data:`WIDER_EVERY` of a decode, then 16, 32, ...
-(the interval doubling), the next larger ``k`` than the best runs once, so deeper rates keep being measured at a
-cost that shrinks with the decode's length.
+proportion, a few percent of predicted gain is noise, and a lost bet costs more); at round :data:`WIDER_EVERY` of a
+decode, then 16, 32, ... (the interval doubling), the next larger ``k`` than the best runs once, so deeper rates
+keep being measured at a cost that shrinks with the decode's length. Where no ``k`` beats ``k = 1`` for a whole
+decode's batch, :func:`vispec.dllm.decode` runs the stepwise loop instead
+(:meth:`DraftLengthChooser.prefers_stepwise`): its steps cost less than ``k = 1`` rounds.
 """
 
 from __future__ import annotations
