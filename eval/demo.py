@@ -15,8 +15,8 @@ With the embedded ``tiny-t2i`` installed, a text-to-image section follows: scene
 training, on new pictures (:data:`DEMO_SEED`: a stream no trainer draws from), decoded by AR, MC-SJD and SJD-PAC at
 64x64, a grid (rows: decoders, columns: prompts), and per decoder the share of the scene checks passed (one judgement
 per image and asked attribute) beside the strict rate (images passing all of theirs), the CLIP score with tiny-t2i's
-CLIP (beside the score of the same images with mismatched captions), NFE, step compression and latency. Held-out compositions (never trained on) are measured apart, with their own rate, by
-``vispec bench image --model tiny-t2i``.
+CLIP (beside the score of the same images with mismatched captions), NFE, step compression and latency. Held-out
+compositions (never trained on) are measured apart, with their own rate, by ``vispec bench image --model tiny-t2i``.
 
 With the embedded ``tiny-edit`` installed, an image-to-image section follows: scene edits of the same kind (train
 compositions, new pictures) decoded by AR, MC-SJD, IAD (drafts copied from the source picture) and MC-SJD with source

@@ -38,10 +38,10 @@ objects' chroma (about 0.7), so colour segmentation separates them:
   0.005-0.02). Textured, so image tokens are not low-entropy.
 
 Geometry, in fractions of the image's shorter side ``m``: every object's box is square, with side
-``[0.26, 0.30] m`` (small) or ``[0.38, 0.42] m`` (large; three of them still fit in a square image); objects keep ``0.08 m`` apart and ``0.03 m`` from
-the border. Related objects lie along the relation's axis with a main-axis offset at least 1.5 times
-the cross-axis one. Shapes are drawn with PIL at 4x resolution and box-filtered down (anti-aliased
-edges), then alpha-composited; images are quantised to uint8 and returned in ``[-1, 1]``.
+``[0.26, 0.30] m`` (small) or ``[0.38, 0.42] m`` (large; three of them still fit in a square image); objects keep
+``0.08 m`` apart and ``0.03 m`` from the border. Related objects lie along the relation's axis with a main-axis
+offset at least 1.5 times the cross-axis one. Shapes are drawn with PIL at 4x resolution and box-filtered down
+(anti-aliased edges), then alpha-composited; images are quantised to uint8 and returned in ``[-1, 1]``.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from vispec.dllm.tokens import TokenIds
 from vispec.outputs import DecodeOutput, StepCallback
 
 if TYPE_CHECKING:
+    from vispec.dllm.draft_length import DraftLengthChooser
     from vispec.dllm.options import UnmaskingOptions
 
 
@@ -48,8 +49,9 @@ class BlockCausalSpeculativeLoop(SpeculativeLoop):
     :class:`~vispec.dllm.block_causal.BlockForwards`' (the reference's own, with the same cache)."""
 
     def __init__(self, model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], options: "UnmaskingOptions",
-                 ids: TokenIds, scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback]):
-        self._setup(model, input_ids, options, ids, scheduler, seeds, callback)
+                 ids: TokenIds, scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback],
+                 chooser: Optional[DraftLengthChooser] = None):
+        self._setup(model, input_ids, options, ids, scheduler, seeds, callback, chooser)
         self.input_ids = input_ids
         self.layout = layout = BlockCausalLayout(input_ids, attention_mask, options, ids.mask)
         self.rule = BlockCausalRule(layout, scheduler, options, ids, seeds)

@@ -177,8 +177,10 @@ def decode(
     shared = shared_generator(generator, model, input_ids, options, scheduler)
     scheduler.set_timesteps(options.steps, options.gen_length, options.block_length)
     # speculative="auto" hands a decode to the stepwise loop (the same tokens) when no draft length pays at this batch
-    stepwise = options.speculative is None or (options.speculative.auto and model_chooser(
-        model, input_ids.shape[0], input_ids.device, options, scheduler).prefers_stepwise(input_ids.shape[0]))
+    chooser = None
+    if options.speculative is not None and options.speculative.auto:
+        chooser = model_chooser(model, input_ids.shape[0], input_ids.device, options, scheduler)
+    stepwise = options.speculative is None or (chooser is not None and chooser.prefers_stepwise(input_ids.shape[0]))
     runner = BlockLoop if stepwise else SpeculativeLoop
     if is_block_causal(model):  # LLaDA2 layout: block-aligned canvas, exact prefix cache (vispec.dllm.block_causal)
         runner = BlockCausalLoop if stepwise else BlockCausalSpeculativeLoop
@@ -186,6 +188,8 @@ def decode(
         seeds, extra = per_sample_seeds(generator, input_ids.shape[0], input_ids.device), {}
     else:  # the reference implementations' batch-wide draws (vispec.dllm.uniform); shared_generator refused the
         seeds, extra = shared.row_seeds(), {"shared": shared}  # speculative and block-causal runners: a BlockLoop
+    if chooser is not None and not stepwise:
+        extra["chooser"] = chooser
     loop = runner(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback, **extra)
     loop.run()
     out = loop.output()

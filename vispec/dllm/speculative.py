@@ -78,7 +78,7 @@ from torch import Tensor
 from vispec.dllm.block_causal import is_block_causal
 from vispec.dllm.caches import Guidance
 from vispec.dllm.checks import check_decode_inputs
-from vispec.dllm.draft_length import model_chooser
+from vispec.dllm.draft_length import DraftLengthChooser, model_chooser
 from vispec.dllm.loop import decode_output, eos_filled
 from vispec.dllm.options import SelfSpeculation  # noqa: F401 - defined with the options, documented here
 from vispec.dllm.callback import report_progress
@@ -132,10 +132,11 @@ class SpeculativeLoop:
     """One self-speculative decode (module docstring): the rows' exact canvases and the draft-verify rounds."""
 
     def __init__(self, model: Any, input_ids: Tensor, attention_mask: Optional[Tensor], options: "UnmaskingOptions",
-                 ids: TokenIds, scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback]):
+                 ids: TokenIds, scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback],
+                 chooser: Optional[DraftLengthChooser] = None):
         batch, self.prompt_len = input_ids.shape
         device, L = input_ids.device, options.gen_length
-        self._setup(model, input_ids, options, ids, scheduler, seeds, callback)
+        self._setup(model, input_ids, options, ids, scheduler, seeds, callback, chooser)
         self.prompt = input_ids
         self.key_mask = None
         if attention_mask is not None and not bool(attention_mask.bool().all()):  # one read-back, before the loop
@@ -150,18 +151,20 @@ class SpeculativeLoop:
         self.kv: Any = None  # over a block cache: every row's K/V from its current block's refresh (2B rows guided)
 
     def _setup(self, model: Any, input_ids: Tensor, options: "UnmaskingOptions", ids: TokenIds,
-               scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback]) -> None:
+               scheduler: UnmaskingScheduler, seeds: Tensor, callback: Optional[StepCallback],
+               chooser: Optional[DraftLengthChooser] = None) -> None:
         """The state of the draft-verify rounds, whatever the model's layout. ``per_block`` (set by the layout): the
         logits of a forward are each lane's block's, ``[R, Lb, V]``, so a chain ends where its canvas leaves its block
         and a lane that starts a block runs the reference's block-start forward (:meth:`refresh`); otherwise they are
-        the whole generated canvas's, ``[R, L, V]``, and chains cross blocks."""
+        the whole generated canvas's, ``[R, L, V]``, and chains cross blocks. ``chooser``: ``speculative="auto"``'s,
+        the one :func:`vispec.dllm.decode` consulted before choosing this loop (built here if not given)."""
         batch, device = input_ids.shape[0], input_ids.device
         self.model, self.options, self.ids, self.scheduler, self.seeds, self.callback = (
             model, options, ids, scheduler, seeds, callback)
         speculation = options.speculative
         self.chooser = None  # speculative="auto": the draft length of every round (vispec.dllm.draft_length)
         if speculation.auto:
-            self.chooser = model_chooser(model, batch, device, options, scheduler)
+            self.chooser = chooser or model_chooser(model, batch, device, options, scheduler)
         self.k = speculation.max_draft_length if speculation.auto else speculation.draft_length
         self.round_stats: tuple[int, Tensor, Tensor] = (0, input_ids[:0, 0], input_ids[:0, 0])  # see _round
         self.slots: Optional[Tensor] = None  # the last chains' canvases' (lane, depth) (_draft)
