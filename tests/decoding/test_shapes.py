@@ -12,8 +12,8 @@ import torch
 from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.shapes import (CALIBRATION_BLOCK, MAX_DEPTH, Shape, ShapeChooser, ShapeRates, calibration_shapes,
-                                    candidate_shapes, expected_tokens, window_class)
+from vispec.decoding.shapes import (CALIBRATION_BLOCK, MAX_DEPTH, SAMPLE_DECAY, Shape, ShapeChooser, ShapeRates,
+                                    calibration_shapes, candidate_shapes, expected_tokens, settle_passes, window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
 
@@ -92,16 +92,26 @@ def test_expected_tokens_of_a_tree_matches_a_simulation_of_its_model():
     assert expected_tokens(shape, g, s, np.array([16]))[0] == pytest.approx(total / runs, rel=0.01)
 
 
-def test_rates_are_kept_per_window_class_and_smoothed_down_the_depths():
-    """A wide window's drafts are refined more often, so its rates are its own; a depth seen twice, both rejected, does
-    not zero the rates below it; an unmeasured class borrows the nearest narrower one's."""
+def test_rates_are_kept_per_window_class_and_deep_depths_shrink_towards_their_pooled_tail():
+    """A wide window's drafts are refined more often, so its rates are its own. Depth 1 shrinks towards the prior, a
+    deeper depth towards the class's pooled rate at it and below, not towards depth 1's lower rate: a depth seen
+    twice, both rejected, does not zero the rates below it; a fall of acceptance deep in the window shows; depths
+    never reached carry the last rate on. An unmeasured class borrows the nearest narrower one's."""
     rates = ShapeRates()
     rates.main[window_class(4), 1:4] = [30, 40]  # window 4: 3/4 accepted at depths 1-3
-    rates.main[window_class(16), 1:10] = [36, 40]  # window 16: 9/10
+    rates.main[window_class(16), 1] = [20, 40]  # window 16: 1/2 at depth 1 ...
+    rates.main[window_class(16), 2:10] = [18, 20]  # ... 9/10 at depths 2-9
     rates.main[window_class(16), 10] = [0, 2]  # depth 10 seen twice, both rejected
+    rates.main[window_class(32), 1:14] = [9, 10]
+    rates.main[window_class(32), 14:17] = [2, 10]  # window 32: 0.9 down to depth 13, then 0.2
     a, _ = rates.rates()
-    assert a[window_class(4), 1] == pytest.approx((30 + 4 * 0.5) / 44)
-    assert a[window_class(16), 9] > 0.85 and 0.5 < a[window_class(16), 10] < a[window_class(16), 9]
+    first = (20 + 4 * 0.5) / 44
+    assert a[window_class(4), 1] == pytest.approx((30 + 4 * 0.5) / 44) and a[window_class(16), 1] == pytest.approx(first)
+    tail = (8 * 18 + 4 * first) / (8 * 20 + 2 + 4)  # depth 2's pooled tail (depths 2-10), shrunk towards depth 1
+    assert a[window_class(16), 2] == pytest.approx((18 + 4 * tail) / 24) and a[window_class(16), 2] > 0.85
+    assert 0.3 < a[window_class(16), 10] < a[window_class(16), 9]  # lower, not zero
+    assert a[window_class(16), 30] == pytest.approx(a[window_class(16), 10])  # never reached
+    assert a[window_class(32), 15] < 0.4 < 0.75 < a[window_class(32), 12]
     assert np.array_equal(a[window_class(8)], a[window_class(4)])  # not measured: window 4's
     assert window_class(1) == 0 and window_class(2) == 1 and window_class(64) == 6 and window_class(5) == 3
 
@@ -125,7 +135,7 @@ def _teach(chooser: ShapeChooser, rate: float, passes: int = 200, shape: Shape =
 
 
 def test_flat_costs_pick_a_wide_shape_and_a_costly_window_hands_over_to_ar():
-    flat = _chooser(_costs())
+    flat = _chooser(_costs(), settings=ChooserSettings(block=1, refresh=10**6))  # scoring only: no measuring blocks
     _teach(flat, 0.8)
     choice = flat.choose([10, 10], [0, 1], need=64, at=10)
     assert choice.rows == 64  # the most expected tokens when every pass costs the same
@@ -133,6 +143,37 @@ def test_flat_costs_pick_a_wide_shape_and_a_costly_window_hands_over_to_ar():
     _teach(costly, 0.5)
     assert costly.choose([10, 10], [0, 1], need=64, at=10) == Shape(1)
     assert costly.prefers_ar()  # a whole decode goes to AR
+
+
+def test_a_class_keeps_its_counts_while_others_run_and_is_explored_only_where_it_could_pay():
+    """Counts decay only in the class that runs, so window 16's measurement survives 300 passes of window 4. Window 8,
+    never measured, borrows window 4's poor rates (2 tokens a pass) and so is never chosen; but it neighbours the
+    best chain (window 16) and, with window 16's rates at its depths, would beat it (chains of 8 rows cost what AR
+    does, 16 rows twice that), so a measuring block runs it: ``samples`` sample-passes after its settling passes.
+    Window 32, the other neighbour, costs 8 AR passes: it could not pay even so. With wide chains 50x an AR pass,
+    nothing is explored, at a measuring opportunity every pass."""
+    costs = {"ar": 1.0, "chain:2": 1.0, "chain:4": 1.0, "chain:8": 1.0, "chain:16": 2.0}
+    chooser = _chooser({label: [(0, costs.get(label, 8.0))] for label in _costs()},
+                       settings=ChooserSettings(block=1, refresh=64, samples=16))
+    _teach(chooser, 0.9, passes=40, shape=Shape(16))
+    kept = chooser.pool.main[window_class(16)].copy()
+    chooser.settings, chooser.pool.next_explore = ChooserSettings(block=1), 10**9  # 300 passes of window 4 only
+    _teach(chooser, 0.5, passes=300, shape=Shape(4))
+    assert np.array_equal(chooser.pool.main[window_class(16)], kept)
+    assert chooser.pool.last[window_class(4)] > chooser.pool.last[window_class(16)] > 0
+    chooser.settings, chooser.pool.next_explore, chooser.left = ChooserSettings(block=1, samples=16), 0, 0
+    explored = chooser.choose([10, 10], [0, 1], need=64, at=10)
+    assert explored == Shape(8) and chooser._exploring
+    assert chooser.left == settle_passes(explored) + 8 - 1  # 16 sample-passes of 2 samples, this pass taken
+    assert chooser.pool.next_explore == chooser.pool.passes + 2 * 64  # the schedule doubles, over decodes too
+    costly = _chooser({label: [(0, 1.0 if label in ("ar", "chain:2") else 50.0)] for label in _costs()},
+                      settings=ChooserSettings(block=1, refresh=1))
+    _teach(costly, 0.5, passes=20, shape=Shape(2))
+    for _ in range(50):  # a measuring opportunity every pass
+        costly.pool.next_explore = 0
+        shape = costly.choose([10, 10], [0, 1], need=64, at=10)
+        assert shape == Shape(2) and not costly._exploring  # 1.5 tokens for an AR pass's cost: no 50x chain can pay
+        costly.record(shape, [(10, 0), (10, 1)], [11, 11], None, synced=False)
 
 
 def test_rates_count_committed_paths_only():
@@ -151,7 +192,7 @@ def test_rates_count_committed_paths_only():
     assert chooser.pool.sibling[1].tolist() == pytest.approx([0, 1]) and chooser.pool.sibling[2].tolist() == pytest.approx([1, 1])
     assert np.allclose(main[2], [kept, kept])  # depth 2 lay below a side node: only the first pass's test
     hits, expected = chooser.sample_hits[0]
-    assert hits == 2 and expected > 0  # the sample's own accepted tests, and the pool's expectation of them
+    assert hits == pytest.approx(2 * SAMPLE_DECAY) and expected > 0  # its own accepted tests (decayed once since)
 
 
 def test_auto_decodes_report_shapes_and_their_prediction(model):

@@ -33,11 +33,21 @@ after a switch is amortised.
 passed (accepted drafts) and the one where it ended (rejected: its token is the residual there), and at tree levels
 which rank was accepted (read back with the committed counts, one read per pass: ``state["path_rank"]``). Counts are
 pooled over the batch and over decodes (:class:`ShapeRates`, in the :class:`~vispec.decoding.windows.WindowStats` the
-caller keeps) and smoothed down the depths (depth ``d``'s rate is its counts with :data:`SHRINK` pseudo-observations
-of depth ``d - 1``'s smoothed rate, so a depth seen twice cannot zero a window's prospects). Per sample (a new
-request starts from none) the chooser keeps its accepted tests and the tests it expected to be accepted under the
-pooled rates; their ratio (shrunk towards 1) scales the sample's rates, so an easy image gets wider shapes than a
-hard one in the same batch.
+caller keeps) and smoothed: depth 1's rate is its counts with :data:`SHRINK` pseudo-observations of the prior, and a
+deeper depth ``d``'s its counts with :data:`SHRINK` pseudo-observations of the class's pooled rate over depths ``d``
+and below (itself shrunk towards depth ``d - 1``'s rate; a tail never reached takes it). A deep depth is reached only
+when every draft above it was accepted, so its tries are few; the pooled tail gathers them, so a depth seen twice
+cannot zero a window's prospects. Acceptance is not monotone in depth: on tiny-c2i (6 decodes per window, every pass
+counted) window 16 accepts 0.43 at depth 1, 0.79-0.92 at depths 3-12 and 0.43 at depth 15, window 32 0.22 at depth
+16 (a draft a row of 16 tokens ahead). Shrinking each depth towards the one above it dragged a briefly measured wide
+window towards depth 1's rate (chain 16 estimated at 1.9-2.5 tokens a pass after a few dozen passes, 3.0 measured);
+pooling every depth below 1 missed the fall (chain 32 at 5.1, 3.7 measured); the pooled tail estimates 2.21 / 3.09 /
+3.83 tokens a pass for windows 8 / 16 / 32 against 2.18 / 3.03 / 3.74 measured, and within 3% of that from a tenth of
+the counts. Per sample (a new request starts from none) the chooser keeps its accepted tests and the tests it
+expected to be accepted under the pooled rates; their ratio (shrunk towards 1) scales the sample's rates, so an easy
+image gets wider shapes than a hard one in the same batch. Both decay by :data:`SAMPLE_DECAY` every pass, whatever its shape: they describe the part
+of the image being decoded, and a sample that a hard stretch sent to AR (whose passes measure nothing) must come back
+to the pooled rates, not stay in AR for the rest of the image on old evidence.
 
 **Cost** of a pass: the cost curve ``t(B, L)`` of this model, batch slots, dtype, device and compile setting
 (:mod:`vispec.decoding.windows`), one curve per cost label (``ar``, ``chain:L``, ``tree:L``: trees of the same rows
@@ -49,10 +59,19 @@ Measured by the first decodes on a machine (the calibration: one untimed pass of
 a timed block of each; an AR block reads back once, at its end) and cached on disk
 (:func:`vispec.decoding.windows.load_step_costs`), so a second process starts from it.
 
-**Settling and exploring.** The first passes after a switch to another window class (:func:`settle_passes`) ramp
-from the old window's drafts and are not counted; and since a wider window's steady state shows only after it ran a
-while, every :attr:`~ChooserSettings.refresh` passes (the interval doubling each time) the next wider chain runs one
-block.
+**Settling and exploring.** The first passes after a switch to another window class (:func:`settle_passes`: about
+a quarter of the window, the passes its drafts take to be refined from the old window's, or from none) are not
+counted. A class's counts decay (:data:`POOL_DECAY` per counted pass: acceptance drifts over an image) only while
+that class runs, so what a class measured stays its estimate until it runs again, over the decode and the next
+ones. A class measured only briefly, or not at all, looks worse than it runs (it borrows a narrower class's rates),
+so the choice alone would never try it: every
+:attr:`~ChooserSettings.refresh` passes (the interval doubling each time, up to :data:`EXPLORE_CAP` refreshes, kept
+with the pooled counts so that it runs over decodes) a chain runs a measuring block (:attr:`~ChooserSettings.samples`
+sample-passes after its settling passes): one window class narrower or wider than the best-scoring chain, if with
+every depth at the highest rate any class measured there it could beat the chosen shape; of the two, the class
+measured longest ago. Chain scores over the window are unimodal (wider windows accept more tokens per pass at a cost
+that grows faster), so climbing from the best chain finds the best window; a chain that could not pay even so is
+never explored (at a large batch a wide chain costs many one-token steps).
 
 **Choice.** At the start of each block (:attr:`ChooserSettings.block` passes) the chooser scores every candidate
 shape that fits, ``sum_b E_b[T] / t(B, L)`` over the live samples, and runs the best; a shape other than AR must
@@ -79,14 +98,16 @@ from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
-from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_dir, cost_growth, cost_level, depth_rates,
+from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_dir, cost_growth, cost_level,
                                      hand_to_ar, save_step_costs, scaled_level, window_set)
 
 SHRINK = 4.0  # pseudo-observations of the prior in a smoothed rate (module docstring)
 POOL_DECAY = 0.995  # the pooled counts decay per pass (a decode's acceptance drifts over the image)
+SAMPLE_DECAY = 0.95  # a sample's own counts decay per pass (module docstring, Rates)
 PRIOR_DRAFT, PRIOR_SIBLING = 0.5, 0.2  # rates before anything was measured
 MAX_DEPTH = 64
 AR_BLOCKS = 4  # an AR block is this many blocks long (module docstring, Choice)
+EXPLORE_CAP = 16  # the interval between measuring blocks doubles up to this many ChooserSettings.refresh
 CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
 
 
@@ -137,7 +158,7 @@ def fits(rows: int, branching: int, levels: int) -> bool:
 def settle_passes(shape: Shape) -> int:
     """Passes of a new window class that do not count towards its rates: its drafts ramp up from the last window's
     (or from none) before the window's steady state shows (module docstring)."""
-    return 0 if shape.is_ar else 1 + shape.rows // 8
+    return 0 if shape.is_ar else 1 + shape.rows // 4
 
 
 def fitting_rows(need: int) -> int:
@@ -191,21 +212,41 @@ class ShapeRates:
 
     main: np.ndarray = field(default_factory=lambda: np.zeros((CLASSES, MAX_DEPTH, 2)))
     sibling: np.ndarray = field(default_factory=lambda: np.zeros((MAX_DEPTH, 2)))
+    counted: int = 0  # counted passes over the pool's life
+    last: np.ndarray = field(default_factory=lambda: np.full(CLASSES, -1))  # per class: ``counted`` at its last count
+    passes: int = 0  # passes of every shape over the pool's life (the measuring schedule's clock)
+    next_explore: Optional[int] = None  # ``passes`` at which the next measuring block is due (None: not yet set)
+    explore_every: int = 0  # the current interval between measuring blocks (doubling up to EXPLORE_CAP refreshes)
 
-    def decay(self, factor: float) -> None:
-        self.main *= factor
-        self.sibling *= factor
+    def note_pass(self, shape: Shape) -> None:
+        """Before a counted pass of ``shape``: its class's counts (and, for a tree, the siblings') decay by
+        :data:`POOL_DECAY`, and the class is marked measured now. Only the class that runs decays: a class
+        measured a while ago keeps its estimate until it runs again (module docstring, Settling and exploring)."""
+        c = window_class(shape.rows)
+        self.main[c] *= POOL_DECAY
+        if shape.is_tree:
+            self.sibling *= POOL_DECAY
+        self.counted += 1
+        self.last[c] = self.counted
 
     @property
     def measured(self) -> bool:
         return bool(self.main[..., 1].sum() >= 1)
 
     def rates(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])``: per class, rates smoothed down the depths (module docstring);
-        a class with no tries takes the nearest narrower measured class's rates (the prior where none is)."""
+        """``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])``: per class, depth 1's rate shrunk towards the prior and every
+        deeper depth ``d``'s towards the class's pooled rate over depths ``d`` and below (module docstring, Rates); a
+        class with no tries takes the nearest narrower measured class's rates (the prior where none is)."""
         a = np.empty((CLASSES, MAX_DEPTH))
-        for c in range(CLASSES):
-            a[c] = depth_rates(self.main[c, :, 0], self.main[c, :, 1], PRIOR_DRAFT, SHRINK)
+        hits, tries = self.main[..., 0], self.main[..., 1]
+        tail_hits = np.cumsum(hits[:, ::-1], axis=1)[:, ::-1]  # [c, d]: hits at depths d and below
+        tail_tries = np.cumsum(tries[:, ::-1], axis=1)[:, ::-1]
+        previous = (hits[:, 1] + SHRINK * PRIOR_DRAFT) / (tries[:, 1] + SHRINK)
+        a[:, :2] = previous[:, None]  # index 0 unused
+        for d in range(2, MAX_DEPTH):
+            tail = (tail_hits[:, d] + SHRINK * previous) / (tail_tries[:, d] + SHRINK)
+            previous = (hits[:, d] + SHRINK * tail) / (tries[:, d] + SHRINK)
+            a[:, d] = previous
         seen = self.main[..., 1].sum(axis=1) > 0
         for c in range(CLASSES):
             if not seen[c]:
@@ -272,12 +313,13 @@ class ShapeChooser:
                   f"{slots}); kept in {cost_cache_dir() or 'this WindowStats only (VISPEC_CACHE_DIR=off)'}",
                   file=sys.stderr, flush=True)
         self._curve: Optional[tuple[dict[str, tuple[float, float]], float]] = None  # costs' levels and growth (cost)
-        self._undecayed = 0  # passes whose decay of the pooled counts is not yet applied (record)
         self._calibrating_block = False
         self._settle = 0  # passes left before this block's passes count towards the rates
         self.passes = 0
-        self._explore_every = self.settings.refresh  # passes between runs of the next wider window (doubling)
-        self._next_explore = self.settings.refresh
+        if self.pool.next_explore is None:  # the measuring schedule runs over the pool's decodes (_pick)
+            self.pool.explore_every = self.settings.refresh
+            self.pool.next_explore = self.pool.passes + self.settings.refresh
+        self._exploring = False  # the current block measures a chain (_exploration)
         self.predicted: list[tuple[float, float, float]] = []  # per pass: (expected tokens per live sample, cost, AR cost)
         self._warm: set[str] = {label for label, samples in self.costs.items() if samples}
         self._run: list[int] = []
@@ -366,6 +408,7 @@ class ShapeChooser:
         narrower = self.current is not None and self.current.rows > fitting_rows(need) and not self.settings.shape_script
         if self.left <= 0 or self.current is None or narrower:
             previous = self.current
+            self._exploring = False
             self._calibrating_block = bool(self.calibrating) and not self.settings.shape_script
             warming = bool(self.warming) and self._calibrating_block
             picking = self.clock()
@@ -377,6 +420,8 @@ class ShapeChooser:
             self._settle = settle_passes(self.current) if changed and not self.settings.shape_script and not warming else 0
             counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
             counted = 1 if warming else counted
+            if self._exploring:  # a measuring block: enough sample-passes for a rate (a batch of 1 needs more passes)
+                counted = max(counted, -(-self.settings.samples // max(len(live), 1)))
             if self.current.is_ar and not self._calibrating_block and not self.settings.shape_script:
                 counted *= AR_BLOCKS  # AR passes count no acceptance, so the scores stay as they are: re-score seldom
             self.left = self._settle + counted
@@ -396,12 +441,6 @@ class ShapeChooser:
         if self.settings.shape_script:  # forced: the scripted shapes in turn, whatever the samples need (tests)
             self._scripted = getattr(self, "_scripted", -1) + 1
             return self.settings.shape_script[self._scripted % len(self.settings.shape_script)]
-        if not self.calibrating and self.passes >= self._next_explore and self.current is not None:
-            wider = [s for s in self.shapes if not s.is_tree and self.current.rows < s.rows <= fitting_rows(need)]
-            self._explore_every *= 2
-            self._next_explore = self.passes + self._explore_every
-            if wider:  # a wider window's steady state is only known after it ran a while: run the next one a block
-                return min(wider)
         while self.warming:  # the first decode on a machine: one untimed pass of each cost label (compiles it) ...
             shape = self.warming.pop(0)
             if shape.rows <= fitting_rows(need):
@@ -424,7 +463,43 @@ class ShapeChooser:
         current = self.current
         if current is not None and current in scores and best != current and scores[best] < scores[current] * margin:
             best = current
+        pool = self.pool
+        if current is not None and pool.passes >= pool.next_explore:
+            pool.explore_every = min(2 * pool.explore_every, EXPLORE_CAP * self.settings.refresh)
+            pool.next_explore = pool.passes + pool.explore_every
+            explore = self._exploration(live, n_host, at, need, best, scores[best])
+            if explore is not None:
+                self._exploring = True
+                return explore
         return best
+
+    def _exploration(self, live: list[int], n_host: Sequence[int], at: int, need: int, best: Shape,
+                     score: float) -> Optional[Shape]:
+        """The chain to run for a measuring block (module docstring, Settling and exploring), None if none could
+        pay: the chains one window class narrower and wider than the best-scoring chain, not of the current
+        shape's class nor ``best``'s (the shape chosen, whose score is ``score``), whose score under *optimistic*
+        rates (each depth at the highest rate any measured class has there) beats ``score``; of them the class
+        measured longest ago (the narrower on a tie). Climbing from the best chain finds the best window of a
+        unimodal curve of chain scores, which a wide window briefly measured and under-estimated would hide."""
+        scores = {shape: value for shape, value in self.scores(live, n_host, at, need).items()
+                  if not shape.is_ar and not shape.is_tree}
+        if not scores:
+            return None
+        top = window_class(max(scores, key=scores.get).rows)
+        a, _ = self.pool_rates()
+        seen = self.pool.main[..., 1].sum(axis=1) > 0
+        optimistic = (a[seen] if seen.any() else a).max(axis=0)
+        rates = np.broadcast_to(optimistic, (len(live), MAX_DEPTH))
+        left = np.array([self.num_tokens - n_host[b] for b in live])
+        options = []
+        for shape in scores:
+            c = window_class(shape.rows)
+            if abs(c - top) != 1 or c in (window_class(self.current.rows), window_class(best.rows)):
+                continue
+            tokens = expected_tokens(shape, rates, np.zeros_like(rates), np.minimum(left, shape.main))
+            if float(tokens.sum()) / self.cost(shape, at) > score:
+                options.append((int(self.pool.last[c]), shape.rows, shape))
+        return min(options)[2] if options else None
 
     def must_sync(self) -> bool:
         """Whether the AR pass just chosen needs a read-back: its block ends or its cost label is still cold (not every
@@ -453,9 +528,10 @@ class ShapeChooser:
             self._warm.add(label)
             self._run = []
         self.passes += 1
-        self._undecayed += 1
+        self.pool.passes += 1
+        self.sample_hits *= SAMPLE_DECAY
         if not shape.is_ar and self._settle < 0:  # a block's settling passes ramp from other drafts: not counted
-            self._decay()
+            self.pool.note_pass(shape)
             expected = self.pool_rates()[0][window_class(shape.rows)]
             for b, ((n, request), n_after) in enumerate(zip(before, after)):
                 if request >= 0:
@@ -464,13 +540,6 @@ class ShapeChooser:
             self._pool_rates = None
         if synced:  # the next run's time starts here: the chooser's own work between passes is part of a pass's cost
             self._run_start = self.clock()
-
-    def _decay(self) -> None:
-        """Apply the pooled counts' decay (:data:`POOL_DECAY` per pass) for the passes since the last counted one, at
-        once: passes that count nothing (AR, settling) leave the rates as they are, so nothing is recomputed."""
-        if self._undecayed:
-            self.pool.decay(POOL_DECAY ** self._undecayed)
-            self._undecayed = 0
 
     def _count(self, b: int, shape: Shape, e: int, width: int, path: Sequence[int], expected: np.ndarray) -> None:
         """Add sample ``b``'s committed path (depth ``e``, ranks ``path``) to the pool's counts and its own
@@ -495,7 +564,6 @@ class ShapeChooser:
     def finish(self, model: object) -> Optional[str]:
         """After the decode: keep the cost curve on this machine's disk (:func:`~vispec.decoding.windows.save_step_costs`)
         if this decode measured it; the file's path, None if nothing was written."""
-        self._decay()
         if not self.calibrated:
             return None
         return save_step_costs(self.stats, model, self.key)

@@ -165,9 +165,10 @@ def _append(table: dict[int, list], window: int, value: Any) -> None:
 
 def depth_rates(hits: np.ndarray, tries: np.ndarray, prior: float, shrink: float) -> np.ndarray:
     """Acceptance rates per chain depth, smoothed down the depths: ``r_d = (hits_d + shrink r_{d-1}) / (tries_d +
-    shrink)`` with ``r_{-1} = prior``, so an unmeasured depth borrows the deepest measured one's rate. The image
-    half's shape chooser (:mod:`vispec.decoding.shapes`) and the dLLM draft-length chooser
-    (:mod:`vispec.dllm.draft_length`) both estimate with it."""
+    shrink)`` with ``r_{-1} = prior``, so an unmeasured depth borrows the deepest measured one's rate. The dLLM
+    draft-length chooser (:mod:`vispec.dllm.draft_length`) estimates with it; the image half's shape chooser shrinks
+    towards each depth's pooled tail instead (:meth:`vispec.decoding.shapes.ShapeRates.rates`: Jacobi drafts'
+    acceptance rises after depth 1 and falls a row ahead)."""
     rates = np.empty(len(hits))
     previous = prior
     for d in range(len(hits)):
