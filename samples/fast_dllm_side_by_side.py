@@ -94,6 +94,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling official_checkout
+from official_checkout import check_official  # noqa: E402
+
 DEFAULT_CONTENDERS = "official-dual,vispec-threshold@dual,vispec-threshold+ssd=auto@dual"
 DEFAULT_TASKS = "arithmetic,sort,reverse"
 OFFICIAL_FILES = ("llada/generate.py", "llada/model/__init__.py", "llada/model/modeling_llada.py",
@@ -165,15 +168,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """The checked arguments (no torch, no model); exits with a one-line usage error naming the flag."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.official:
-        parser.error("--official PATH is required: a checkout of NVlabs/Fast-dLLM (git clone "
-                     "https://github.com/NVlabs/Fast-dLLM /tmp/fast-dllm-official)")
-    if not os.path.isdir(args.official):
-        parser.error(f"--official {args.official}: no such directory (expected a checkout of NVlabs/Fast-dLLM)")
-    missing = [f for f in OFFICIAL_FILES if not os.path.isfile(os.path.join(args.official, f))]
-    if missing:
-        parser.error(f"--official {args.official}: not a Fast-dLLM checkout, {' and '.join(missing)} missing")
-    args.official = os.path.abspath(args.official)
+    args.official = check_official(parser, args.official, "NVlabs/Fast-dLLM", "/tmp/fast-dllm-official",
+                                   OFFICIAL_FILES)
     try:
         args.contenders = [parse_contender(c) for c in args.contenders.split(",") if c.strip()]
     except ValueError as err:

@@ -62,6 +62,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling official_checkout
+from official_checkout import check_official  # noqa: E402
+
 DEFAULT_CONTENDERS = "official-eager,official-compiled,ar-compiled,mc-sjd-compiled,auto-compiled"
 BASELINE = "official-compiled"
 OFFICIAL_FILES = ("autoregressive/models/generate.py", "autoregressive/models/gpt.py")
@@ -150,16 +153,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """The checked arguments (no model, no torch for plain model names); exits with a usage error naming the flag."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.official:
-        parser.error("--official PATH is required: a checkout of FoundationVision/LlamaGen "
-                     "(git clone https://github.com/FoundationVision/LlamaGen /tmp/llamagen-official)")
-    if not os.path.isdir(args.official):
-        parser.error(f"--official {args.official}: no such directory (expected a checkout of "
-                     "FoundationVision/LlamaGen)")
-    missing = [f for f in OFFICIAL_FILES if not os.path.isfile(os.path.join(args.official, f))]
-    if missing:
-        parser.error(f"--official {args.official}: not a LlamaGen checkout, {' and '.join(missing)} missing")
-    args.official = os.path.abspath(args.official)
+    args.official = check_official(parser, args.official, "FoundationVision/LlamaGen", "/tmp/llamagen-official",
+                                   OFFICIAL_FILES)
     try:
         args.contenders = [parse_contender(c) for c in split_contenders(args.contenders)]
     except ValueError as err:
