@@ -467,32 +467,33 @@ class ShapeChooser:
         if current is not None and pool.passes >= pool.next_explore:
             pool.explore_every = min(2 * pool.explore_every, EXPLORE_CAP * self.settings.refresh)
             pool.next_explore = pool.passes + pool.explore_every
-            explore = self._exploration(live, n_host, at, need, best, scores[best])
+            explore = self._exploration(live, n_host, at, scores, best)
             if explore is not None:
                 self._exploring = True
                 return explore
         return best
 
-    def _exploration(self, live: list[int], n_host: Sequence[int], at: int, need: int, best: Shape,
-                     score: float) -> Optional[Shape]:
+    def _exploration(self, live: list[int], n_host: Sequence[int], at: int, scores: dict[Shape, float],
+                     best: Shape) -> Optional[Shape]:
         """The chain to run for a measuring block (module docstring, Settling and exploring), None if none could
         pay: the chains one window class narrower and wider than the best-scoring chain, not of the current
-        shape's class nor ``best``'s (the shape chosen, whose score is ``score``), whose score under *optimistic*
-        rates (each depth at the highest rate any measured class has there) beats ``score``; of them the class
+        shape's class nor ``best``'s (the shape chosen; ``scores``: every candidate's, as :meth:`scores` gave them
+        for this pick), whose score under *optimistic* rates (each depth at the highest rate any measured class has
+        there) beats ``best``'s; of them the class
         measured longest ago (the narrower on a tie). Climbing from the best chain finds the best window of a
         unimodal curve of chain scores, which a wide window briefly measured and under-estimated would hide."""
-        scores = {shape: value for shape, value in self.scores(live, n_host, at, need).items()
-                  if not shape.is_ar and not shape.is_tree}
-        if not scores:
+        score = scores[best]
+        chains = {shape: value for shape, value in scores.items() if not shape.is_ar and not shape.is_tree}
+        if not chains:
             return None
-        top = window_class(max(scores, key=scores.get).rows)
+        top = window_class(max(chains, key=chains.get).rows)
         a, _ = self.pool_rates()
         seen = self.pool.main[..., 1].sum(axis=1) > 0
         optimistic = (a[seen] if seen.any() else a).max(axis=0)
         rates = np.broadcast_to(optimistic, (len(live), MAX_DEPTH))
         left = np.array([self.num_tokens - n_host[b] for b in live])
         options = []
-        for shape in scores:
+        for shape in chains:
             c = window_class(shape.rows)
             if abs(c - top) != 1 or c in (window_class(self.current.rows), window_class(best.rows)):
                 continue
