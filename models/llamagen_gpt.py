@@ -238,7 +238,9 @@ class LlamaGenDecodeState:
     ``lengths[b]`` counts cached sequence positions of sample ``b`` (condition tokens included);
     ``last_window`` is the width of the most recent window, which ``rollback`` trims. ``validate``:
     check values that need a read-back from the device (decoders that build their own indices turn
-    it off, so a decode step has no host synchronisation).
+    it off, so a decode step has no host synchronisation). ``slack``: the positions past the condition and the
+    image that the cache keeps for a window (``prefill``'s ``window``; a sample's lengths never pass
+    ``capacity - slack``).
     """
 
     keys: list[Tensor]  # per layer [R, Hkv, capacity, hd]
@@ -248,6 +250,7 @@ class LlamaGenDecodeState:
     guidance: bool
     last_window: int = 0
     validate: bool = True
+    slack: int = 1
 
     @property
     def batch_size(self) -> int:
@@ -499,7 +502,7 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
         keys = [torch.zeros(rows, n_kv, capacity, head_dim, dtype=self.dtype, device=self.device) for _ in self.layers]
         values = [torch.zeros_like(k) for k in keys]
         state = LlamaGenDecodeState(keys, values, torch.zeros(batch, dtype=torch.long, device=self.device), cond_mask,
-                                    guidance, validate=validate)
+                                    guidance, validate=validate, slack=window)
         positions = torch.arange(cls, device=self.device)[None].expand(rows, -1)
         logits = self._run(state.keys, state.values, state.cond_mask, emb, positions, cls)
         state.lengths += cls
@@ -535,9 +538,11 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
         ``longest``: the most image tokens any sample has cached (a decoder that tracks lengths on the
         host passes it); attention then reads ``cls_token_num + longest + W`` positions. Without it, a
         validating state reads the longest length back from the device, and a non-validating one
-        attends over the whole capacity with a mask gathered by position: nothing is read back and
-        shapes depend only on ``B``, ``W`` and the capacity, so the call compiles with
-        ``torch.compile(fullgraph=True)`` (the logits then differ from the shorter read in float rounding)."""
+        attends over every position a window of ``W`` can reach, ``capacity - slack + W`` (the condition, the
+        whole image and the window), with a mask gathered by position: nothing is read back and shapes depend
+        only on ``B``, ``W`` and the capacity, so the call compiles with ``torch.compile(fullgraph=True)`` (the
+        logits then differ from the shorter read in float rounding). A decode whose cache has room for a
+        64-row window thus runs its one-row passes over as many positions as AR's own cache holds."""
         if tokens.dim() != 2 or tokens.shape[0] != state.batch_size or tokens.shape[1] < 1:
             raise ValueError(f"tokens must have shape [{state.batch_size}, W>=1], got {tuple(tokens.shape)}")
         width = tokens.shape[1]
@@ -547,7 +552,7 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
             if state.validate and int(state.lengths.max()) + width > kv_length:
                 raise ValueError(f"longest={longest} is less than the longest sample's cached tokens")
         else:
-            kv_length = int(state.lengths.max()) + width if state.validate else state.capacity
+            kv_length = int(state.lengths.max()) + width if state.validate else state.capacity - state.slack + width
         if kv_length > state.capacity:
             raise ValueError(f"window of {width} tokens overflows the cache (capacity {state.capacity})")
         tokens = tokens.to(self.device)
@@ -601,6 +606,7 @@ class LlamaGenGPT(CheckedFromPretrained, ModelMixin, ConfigMixin):
             state.guidance,
             state.last_window,
             state.validate,
+            state.slack,
         )
 
     def _split(self, state: LlamaGenDecodeState, logits: Tensor) -> WindowLogits:

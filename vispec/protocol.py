@@ -14,8 +14,9 @@ A decoder never sees layers or caches. It asks the model to
   ancestors (:func:`tree_ancestors`), and sits at position ``prefix + depth`` for the positional code;
   its key is still written at ``prefix + j``; Samples have their own prefix lengths
   (ragged). ``longest``: the most image tokens any sample has cached, when the caller tracks it on the
-  host; without it a non-validating state attends over the whole capacity, so the call is static
-  (no read-back, shapes fixed by ``B``, ``W`` and the capacity) and compiles with ``fullgraph=True``;
+  host; without it a non-validating state attends over every position a window of ``W`` can reach (at most
+  the whole capacity), so the call is static (no read-back, shapes fixed by ``B``, ``W`` and the capacity) and
+  compiles with ``fullgraph=True``;
 * ``rollback(state, keep [B], path=None)``: keep only the first ``keep[b]`` window tokens of the last
   window in sample ``b``'s cache (the rest is discarded, so the next window starts right after them).
   After a tree window, ``path [B, W]`` lists the kept slots root first (``path[b, :keep[b]]``, a

@@ -313,6 +313,7 @@ class ShapeChooser:
                   f"{slots}); kept in {cost_cache_dir() or 'this WindowStats only (VISPEC_CACHE_DIR=off)'}",
                   file=sys.stderr, flush=True)
         self._curve: Optional[tuple[dict[str, tuple[float, float]], float]] = None  # costs' levels and growth (cost)
+        self._stale = False  # counts or costs changed since the estimates were computed (refreshed at a block start)
         self._calibrating_block = False
         self._settle = 0  # passes left before this block's passes count towards the rates
         self.passes = 0
@@ -336,7 +337,8 @@ class ShapeChooser:
         """Seconds of a pass of ``shape`` at ``at`` cached tokens: its label's median step time at its samples' median
         cached length, scaled to ``at`` by the curve's relative growth per cached token ``g``, pooled over every label
         (:func:`~vispec.decoding.windows.cost_growth`; a label's own few samples would give wild lines). Computed
-        once per change of the curve: the chooser asks every pass."""
+        once per block (:meth:`_refresh`): the chooser asks every pass, and pooling the curve costs more than a
+        small model's pass on a CPU."""
         if self._curve is None:
             self._curve = {}, cost_growth(self.costs)
         levels, growth = self._curve
@@ -348,7 +350,8 @@ class ShapeChooser:
         return scaled_level(levels[shape.cost_label], at, growth)
 
     def pool_rates(self) -> tuple[np.ndarray, np.ndarray]:
-        """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per pass."""
+        """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per block
+        (:meth:`_refresh`; a pass's counts are in the pool at once, and in the estimates from the next block on)."""
         if self._pool_rates is None:
             self._pool_rates = self.pool.rates()
         return self._pool_rates
@@ -407,6 +410,7 @@ class ShapeChooser:
         live = [b for b, i in enumerate(ids_host) if i >= 0]
         narrower = self.current is not None and self.current.rows > fitting_rows(need) and not self.settings.shape_script
         if self.left <= 0 or self.current is None or narrower:
+            self._refresh()
             previous = self.current
             self._exploring = False
             self._calibrating_block = bool(self.calibrating) and not self.settings.shape_script
@@ -436,6 +440,14 @@ class ShapeChooser:
             tokens = expected_tokens(self.current, *self.rates(self.current, live), np.minimum(left, self.current.main))
             self.predicted.append((float(tokens.mean()), cost, ar_cost))
         return self.current
+
+    def _refresh(self) -> None:
+        """At a block start: the rates and the cost curve are computed again from what the passes since the last
+        block start counted and timed. Computed every pass they would cost a few milliseconds each (the pooled
+        curve's medians, the rates' recursion over depths): more than a small model's pass on a CPU, and part of
+        every pass's measured cost."""
+        if self._stale:
+            self._pool_rates, self._curve, self._stale = None, None, False
 
     def _pick(self, live: list[int], n_host: Sequence[int], need: int, at: int) -> Shape:
         if self.settings.shape_script:  # forced: the scripted shapes in turn, whatever the samples need (tests)
@@ -525,7 +537,7 @@ class ShapeChooser:
                 values = self.costs.setdefault(label, [])
                 values.extend((at, per_pass) for at in self._run)
                 del values[:-64]
-                self._curve = None
+                self._stale = True
             self._warm.add(label)
             self._run = []
         self.passes += 1
@@ -538,7 +550,7 @@ class ShapeChooser:
                 if request >= 0:
                     path = ranks[b] if ranks is not None and shape.is_tree else ()
                     self._count(b, shape, n_after - n - 1, min(shape.main, self.num_tokens - n), path, expected)
-            self._pool_rates = None
+            self._stale = True
         if synced:  # the next run's time starts here: the chooser's own work between passes is part of a pass's cost
             self._run_start = self.clock()
 
