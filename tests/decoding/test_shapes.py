@@ -12,7 +12,7 @@ import torch
 from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.shapes import (CALIBRATION_BLOCK, MAX_DEPTH, SAMPLE_DECAY, Shape, ShapeChooser, ShapeRates,
+from vispec.decoding.shapes import (AR_BLOCKS, CALIBRATION_BLOCK, MAX_DEPTH, SAMPLE_DECAY, Shape, ShapeChooser, ShapeRates,
                                     calibration_shapes, candidate_shapes, expected_tokens, settle_passes, window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
@@ -249,7 +249,8 @@ def test_the_cost_curve_is_measured_once_and_kept_on_disk(tmp_path, monkeypatch,
 
 def test_calibration_runs_every_shape_once_before_timing_any_and_times_ar_without_read_backs():
     """The first decode on a machine runs one untimed pass of each cost label (compiling it), then a timed block of
-    each; an AR block reads back once, at its end (a read-back per pass would make AR look dearer than it runs); a
+    each, AR's (every shape's yardstick) AR_BLOCKS times as long; an AR block reads back once, at its end (a read-back
+    per pass would make AR look dearer than it runs); a
     pass's cost is the clock from one read-back to the next, so the estimates are the passes' own."""
     now = [0.0]
     stats = WindowStats(clock=lambda: now[0])
@@ -266,7 +267,7 @@ def test_calibration_runs_every_shape_once_before_timing_any_and_times_ar_withou
         n += 1
     assert seen[: len(labels)] == labels and sorted(set(seen)) == sorted(labels)
     timed_ar = [i for i in range(len(labels), len(seen)) if seen[i] == "ar"]
-    assert len(timed_ar) >= CALIBRATION_BLOCK and sum(synced_passes[i] for i in timed_ar) == 1
+    assert len(timed_ar) == CALIBRATION_BLOCK * AR_BLOCKS and sum(synced_passes[i] for i in timed_ar) == 1
     assert chooser.cost(Shape(1), 0) == pytest.approx(0.001)
     assert chooser.cost(Shape(64), 0) == pytest.approx(0.064)
     assert chooser.cost(Shape(16, 3, 3), 0) == pytest.approx(0.064)

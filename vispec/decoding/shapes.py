@@ -56,7 +56,8 @@ relative growth pooled over all labels. A sample is the clock from one read-back
 between (the step, the read-back and the chooser's bookkeeping: what a pass costs in this loop), less the time spent
 scoring candidates at a block start (the same for every shape; :meth:`ShapeChooser.predicted_speedup` adds it back).
 Measured by the first decodes on a machine (the calibration: one untimed pass of every label, which compiles it, then
-a timed block of each; an AR block reads back once, at its end) and cached on disk
+a timed block of each, AR's :data:`AR_BLOCKS` times as long; an AR block reads back once, at its end) and cached on
+disk
 (:func:`vispec.decoding.windows.load_step_costs`), so a second process starts from it.
 
 **Settling and exploring.** The first passes after a switch to another window class (:func:`settle_passes`: about
@@ -426,8 +427,12 @@ class ShapeChooser:
             counted = 1 if warming else counted
             if self._exploring:  # a measuring block: enough sample-passes for a rate (a batch of 1 needs more passes)
                 counted = max(counted, -(-self.settings.samples // max(len(live), 1)))
-            if self.current.is_ar and not self._calibrating_block and not self.settings.shape_script:
-                counted *= AR_BLOCKS  # AR passes count no acceptance, so the scores stay as they are: re-score seldom
+            if self.current.is_ar and not warming and not self.settings.shape_script:
+                # AR passes count no acceptance, so the scores stay as they are: re-score seldom. While calibrating,
+                # AR's cost is every shape's yardstick, and a few one-token passes are a few milliseconds: one
+                # scheduler hiccup in them made AR 1.5x dearer than it ran, and a decode that then runs chains never
+                # measures it again
+                counted *= AR_BLOCKS
             self.left = self._settle + counted
         self.left -= 1
         self._settle -= 1
