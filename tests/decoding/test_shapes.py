@@ -12,7 +12,8 @@ import torch
 from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.shapes import (AR_BLOCKS, CALIBRATION_BLOCK, MAX_DEPTH, SAMPLE_DECAY, Shape, ShapeChooser, ShapeRates,
+from vispec.decoding.shapes import (AR_BLOCKS, CALIBRATION_BLOCK, MAX_DEPTH, PRIOR_RAMP, SAMPLE_DECAY, SHRINK,
+                                    SWITCH_HORIZON, Shape, ShapeChooser, ShapeRates,
                                     calibration_shapes, candidate_shapes, expected_tokens, settle_passes, window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
@@ -174,6 +175,32 @@ def test_a_class_keeps_its_counts_while_others_run_and_is_explored_only_where_it
         shape = costly.choose([10, 10], [0, 1], need=64, at=10)
         assert shape == Shape(2) and not costly._exploring  # 1.5 tokens for an AR pass's cost: no 50x chain can pay
         costly.record(shape, [(10, 0), (10, 1)], [11, 11], None, synced=False)
+
+
+def test_a_switch_is_scored_with_its_ramp_and_its_settling_passes_are_predicted_at_it():
+    """A settling pass of a new window class commits ``1 + r (E - 1)`` tokens (``r``: the class's ramp share, from the
+    prior until its settling passes are counted); a switch to another class is scored over its settling passes at that
+    and SWITCH_HORIZON blocks at its steady state; the current class is scored at its steady state."""
+    costs = {label: [(0, 1.0 if label in ("ar", "chain:16") else 10.0)] for label in _costs()}
+    chooser = _chooser(costs, slots=1, settings=ChooserSettings(block=1, refresh=10**6))
+    rates = chooser.pool.main[window_class(16)]
+    rates[1:16] = [9.0, 10.0]  # window 16 measured at 0.9 a depth
+    shape = chooser.choose([10], [0], need=64, at=10)
+    assert shape == Shape(16) and chooser._settle == settle_passes(shape) - 1  # a switch: this pass settles
+    steady = float(expected_tokens(shape, *chooser.rates(shape, [0]), np.array([16]))[0])
+    assert chooser.predicted[-1][0] == pytest.approx(1 + PRIOR_RAMP * (steady - 1))
+    chooser.record(shape, [(10, 0)], [11], None, synced=False)  # the settling pass committed one token
+    assert chooser.pool.ramp[window_class(16)].tolist() == pytest.approx([0.0, steady - 1])
+    share = SHRINK * PRIOR_RAMP / (steady - 1 + SHRINK)
+    assert chooser.pool.ramp_shares()[window_class(16)] == pytest.approx(share)
+    scores = {Shape(16): steady, Shape(8): 2.0}  # tokens per second at cost 1 (window 8: 10, so 0.2 tokens a pass)
+    settle, horizon = settle_passes(Shape(16)), SWITCH_HORIZON * chooser.settings.block
+    switch = (settle * (1 + share * (steady - 1)) + horizon * steady) / (settle + horizon)
+    chooser.current = Shape(4)
+    assert chooser._with_ramps(scores, 1, 10)[Shape(16)] == pytest.approx(switch)
+    chooser.current = Shape(16)
+    ramped = chooser._with_ramps(scores, 1, 10)
+    assert ramped[Shape(16)] == steady and ramped[Shape(8)] < scores[Shape(8)]  # staying in the class costs no ramp
 
 
 def test_rates_count_committed_paths_only():

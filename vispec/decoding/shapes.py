@@ -74,11 +74,20 @@ measured longest ago. Chain scores over the window are unimodal (wider windows a
 that grows faster), so climbing from the best chain finds the best window; a chain that could not pay even so is
 never explored (at a large batch a wide chain costs many one-token steps).
 
+**The ramp.** Settling passes commit fewer tokens than the steady state (on tiny-c2i at batch 1, 0.4-0.7 of the
+steady state's extra tokens ``E[T] - 1``): their drafts were refined for another window. Each class keeps the extra
+tokens its settling passes committed against those its steady state expected (:attr:`ShapeRates.ramp`, decaying like
+its counts), whose ratio ``r`` (shrunk towards :data:`PRIOR_RAMP`) predicts a settling pass at ``1 + r (E[T] - 1)``.
+A switch to another class is scored over its settling passes and :data:`SWITCH_HORIZON` blocks after them (a 32-row
+chain settles for 9 passes: scored on its steady state alone, a switch to it for one block of 4 would run mostly
+ramp), and the predicted speed-up counts settling passes at their ramp.
+
 **Choice.** At the start of each block (:attr:`ChooserSettings.block` passes) the chooser scores every candidate
 shape that fits, ``sum_b E_b[T] / t(B, L)`` over the live samples, and runs the best; a shape other than AR must
 beat AR, and any other shape the current one, by :attr:`ChooserSettings.margin` (no switch for a small gain: a
 switch to AR drops every draft). An AR block is :data:`AR_BLOCKS` blocks long: AR passes measure no acceptance, so
-the scores would not change, and scoring every candidate costs a share of a one-token step.
+the scores would not change, and scoring every candidate costs a share of a one-token step. A shape of another
+window class than the current one is scored with its ramp (above).
 
 **Exactness.** The choice before a pass is a function of the committed history (tokens, the ranks accepted on
 committed paths, committed counts) and of step times, never of the noise of the pass about to run, nor of
@@ -110,6 +119,8 @@ MAX_DEPTH = 64
 AR_BLOCKS = 4  # an AR block is this many blocks long (module docstring, Choice)
 EXPLORE_CAP = 16  # the interval between measuring blocks doubles up to this many ChooserSettings.refresh
 CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
+PRIOR_RAMP = 0.5  # a settling pass's share of the steady state's extra tokens before any was measured (The ramp)
+SWITCH_HORIZON = 4  # a switch of window class is scored over its settling passes and this many blocks (The ramp)
 
 
 @dataclass(frozen=True, order=True)
@@ -218,6 +229,8 @@ class ShapeRates:
     passes: int = 0  # passes of every shape over the pool's life (the measuring schedule's clock)
     next_explore: Optional[int] = None  # ``passes`` at which the next measuring block is due (None: not yet set)
     explore_every: int = 0  # the current interval between measuring blocks (doubling up to EXPLORE_CAP refreshes)
+    # per class: extra tokens (beyond the one every pass commits) of settling passes, and what the steady state expected
+    ramp: np.ndarray = field(default_factory=lambda: np.zeros((CLASSES, 2)))
 
     def note_pass(self, shape: Shape) -> None:
         """Before a counted pass of ``shape``: its class's counts (and, for a tree, the siblings') decay by
@@ -233,6 +246,18 @@ class ShapeRates:
     @property
     def measured(self) -> bool:
         return bool(self.main[..., 1].sum() >= 1)
+
+    def note_ramp(self, shape: Shape, extra: float, expected: float) -> None:
+        """After a settling pass of ``shape``: its live samples committed ``extra`` tokens beyond one each, where the
+        class's steady state expected ``expected``; the class's ramp counts decay like its rates' counts."""
+        c = window_class(shape.rows)
+        self.ramp[c] = self.ramp[c] * POOL_DECAY + (extra, expected)
+
+    def ramp_shares(self) -> np.ndarray:
+        """``[CLASSES]``: a settling pass's share ``r`` of the steady state's extra tokens (module docstring, The
+        ramp), shrunk towards :data:`PRIOR_RAMP`."""
+        extra, expected = self.ramp[:, 0], self.ramp[:, 1]
+        return np.clip((extra + SHRINK * PRIOR_RAMP) / (expected + SHRINK), 0.0, 1.0)
 
     def rates(self) -> tuple[np.ndarray, np.ndarray]:
         """``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])``: per class, depth 1's rate shrunk towards the prior and every
@@ -315,6 +340,7 @@ class ShapeChooser:
                   file=sys.stderr, flush=True)
         self._curve: Optional[tuple[dict[str, tuple[float, float]], float]] = None  # costs' levels and growth (cost)
         self._stale = False  # counts or costs changed since the estimates were computed (refreshed at a block start)
+        self._steady: Optional[float] = None  # the current pass's steady-state E[T] summed over its live samples
         self._calibrating_block = False
         self._settle = 0  # passes left before this block's passes count towards the rates
         self.passes = 0
@@ -443,7 +469,11 @@ class ShapeChooser:
         elif cost is not None and ar_cost is not None and live:
             left = np.array([self.num_tokens - n_host[b] for b in live])
             tokens = expected_tokens(self.current, *self.rates(self.current, live), np.minimum(left, self.current.main))
-            self.predicted.append((float(tokens.mean()), cost, ar_cost))
+            self._steady = float(tokens.sum())
+            mean = float(tokens.mean())
+            if self._settle >= 0:  # a settling pass: the ramp's share of the steady state's extra tokens
+                mean = 1.0 + self.pool.ramp_shares()[window_class(self.current.rows)] * (mean - 1.0)
+            self.predicted.append((mean, cost, ar_cost))
         return self.current
 
     def _refresh(self) -> None:
@@ -469,9 +499,10 @@ class ShapeChooser:
             shape = self.calibrating.pop(0)
             if shape.rows <= fitting_rows(need):
                 return shape
-        scores = self.scores(live, n_host, at, need)
-        if not scores:
+        steady = self.scores(live, n_host, at, need)
+        if not steady:
             return Shape(1)
+        scores = self._with_ramps(steady, len(live), at)
         best = max(scores, key=scores.get)
         margin = 1 + self.settings.margin
         ar = scores.get(Shape(1))
@@ -484,11 +515,32 @@ class ShapeChooser:
         if current is not None and pool.passes >= pool.next_explore:
             pool.explore_every = min(2 * pool.explore_every, EXPLORE_CAP * self.settings.refresh)
             pool.next_explore = pool.passes + pool.explore_every
-            explore = self._exploration(live, n_host, at, scores, best)
+            explore = self._exploration(live, n_host, at, steady, best)
             if explore is not None:
                 self._exploring = True
                 return explore
         return best
+
+    def _with_ramps(self, scores: dict[Shape, float], live: int, at: int) -> dict[Shape, float]:
+        """``scores`` (steady-state tokens per second) with a switch's ramp (module docstring, The ramp): a shape of
+        another window class than the current one commits ``live + r (E - live)`` tokens (``E``: its steady state's,
+        summed over ``live`` samples) in each of its settling passes ``s``, then ``E`` for :data:`SWITCH_HORIZON`
+        blocks ``H``: scored ``(s (live + r (E - live)) + H E) / ((s + H) cost)``."""
+        current = None if self.current is None else window_class(self.current.rows)
+        shares = self.pool.ramp_shares()
+        horizon = SWITCH_HORIZON * self.settings.block
+        out = {}
+        for shape, score in scores.items():
+            settle = settle_passes(shape)
+            c = window_class(shape.rows)
+            if settle == 0 or c == current:
+                out[shape] = score
+                continue
+            cost = self.cost(shape, at)
+            tokens = score * cost
+            ramp = live + shares[c] * (tokens - live)
+            out[shape] = (settle * ramp + horizon * tokens) / ((settle + horizon) * cost)
+        return out
 
     def _exploration(self, live: list[int], n_host: Sequence[int], at: int, scores: dict[Shape, float],
                      best: Shape) -> Optional[Shape]:
@@ -548,6 +600,12 @@ class ShapeChooser:
         self.passes += 1
         self.pool.passes += 1
         self.sample_hits *= SAMPLE_DECAY
+        if not shape.is_ar and self._settle >= 0 and self._steady is not None:  # settling: the ramp's counts
+            live = [b for b, (_, request) in enumerate(before) if request >= 0]
+            extra = sum(after[b] - before[b][0] - 1 for b in live)
+            self.pool.note_ramp(shape, float(extra), self._steady - len(live))
+            self._stale = True
+        self._steady = None
         if not shape.is_ar and self._settle < 0:  # a block's settling passes ramp from other drafts: not counted
             self.pool.note_pass(shape)
             expected = self.pool_rates()[0][window_class(shape.rows)]
