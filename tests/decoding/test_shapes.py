@@ -13,7 +13,7 @@ from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 
 from vispec.decoding import DecodingConfig, decode
 from vispec.decoding.shapes import (AR_BLOCKS, CALIBRATION_BLOCK, MAX_DEPTH, PRIOR_RAMP, SAMPLE_DECAY, SHRINK,
-                                    SWITCH_HORIZON, Shape, ShapeChooser, ShapeRates,
+                                    Shape, ShapeChooser, ShapeRates,
                                     calibration_shapes, candidate_shapes, expected_tokens, settle_passes, window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
@@ -179,8 +179,9 @@ def test_a_class_keeps_its_counts_while_others_run_and_is_explored_only_where_it
 
 def test_a_switch_is_scored_with_its_ramp_and_its_settling_passes_are_predicted_at_it():
     """A settling pass of a new window class commits ``1 + r (E - 1)`` tokens (``r``: the class's ramp share, from the
-    prior until its settling passes are counted); a switch to another class is scored over its settling passes at that
-    and SWITCH_HORIZON blocks at its steady state; the current class is scored at its steady state."""
+    prior until its settling passes are counted); a switch to another class is scored by the tokens per second at which
+    it would finish the image (its settling passes at the ramp, the rest at its steady state), the current class at its
+    steady state."""
     costs = {label: [(0, 1.0 if label in ("ar", "chain:16") else 10.0)] for label in _costs()}
     chooser = _chooser(costs, slots=1, settings=ChooserSettings(block=1, refresh=10**6))
     rates = chooser.pool.main[window_class(16)]
@@ -194,12 +195,15 @@ def test_a_switch_is_scored_with_its_ramp_and_its_settling_passes_are_predicted_
     share = SHRINK * PRIOR_RAMP / (steady - 1 + SHRINK)
     assert chooser.pool.ramp_shares()[window_class(16)] == pytest.approx(share)
     scores = {Shape(16): steady, Shape(8): 2.0}  # tokens per second at cost 1 (window 8: 10, so 0.2 tokens a pass)
-    settle, horizon = settle_passes(Shape(16)), SWITCH_HORIZON * chooser.settings.block
-    switch = (settle * (1 + share * (steady - 1)) + horizon * steady) / (settle + horizon)
+    settle, ramp = settle_passes(Shape(16)), 1 + share * (steady - 1)
+    left = 100.0
+    passes = settle + (left - settle * ramp) / steady
     chooser.current = Shape(4)
-    assert chooser._with_ramps(scores, 1, 10)[Shape(16)] == pytest.approx(switch)
+    assert chooser._with_ramps(scores, 1, left, 10)[Shape(16)] == pytest.approx(left / passes)
+    near_end = chooser._with_ramps(scores, 1, 2.0, 10)[Shape(16)]  # 2 tokens left: the ramp alone finishes them
+    assert near_end == pytest.approx(ramp) and near_end < left / passes < steady
     chooser.current = Shape(16)
-    ramped = chooser._with_ramps(scores, 1, 10)
+    ramped = chooser._with_ramps(scores, 1, left, 10)
     assert ramped[Shape(16)] == steady and ramped[Shape(8)] < scores[Shape(8)]  # staying in the class costs no ramp
 
 

@@ -78,9 +78,11 @@ never explored (at a large batch a wide chain costs many one-token steps).
 steady state's extra tokens ``E[T] - 1``): their drafts were refined for another window. Each class keeps the extra
 tokens its settling passes committed against those its steady state expected (:attr:`ShapeRates.ramp`, decaying like
 its counts), whose ratio ``r`` (shrunk towards :data:`PRIOR_RAMP`) predicts a settling pass at ``1 + r (E[T] - 1)``.
-A switch to another class is scored over its settling passes and :data:`SWITCH_HORIZON` blocks after them (a 32-row
-chain settles for 9 passes: scored on its steady state alone, a switch to it for one block of 4 would run mostly
-ramp), and the predicted speed-up counts settling passes at their ramp.
+A switch to another class is scored by the tokens per second at which it would finish the image: ``s`` settling
+passes at the ramp, then the rest of the samples' tokens at the steady state (a 32-row chain settles for 9 passes:
+scored on its steady state alone, a switch near the end of an image, or for a block of 4 passes, runs mostly ramp;
+at an image's start a 64-row shape's 17 settling passes are a third of its passes). The predicted speed-up counts
+settling passes at their ramp.
 
 **Choice.** At the start of each block (:attr:`ChooserSettings.block` passes) the chooser scores every candidate
 shape that fits, ``sum_b E_b[T] / t(B, L)`` over the live samples, and runs the best; a shape other than AR must
@@ -120,7 +122,6 @@ AR_BLOCKS = 4  # an AR block is this many blocks long (module docstring, Choice)
 EXPLORE_CAP = 16  # the interval between measuring blocks doubles up to this many ChooserSettings.refresh
 CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
 PRIOR_RAMP = 0.5  # a settling pass's share of the steady state's extra tokens before any was measured (The ramp)
-SWITCH_HORIZON = 4  # a switch of window class is scored over its settling passes and this many blocks (The ramp)
 
 
 @dataclass(frozen=True, order=True)
@@ -502,7 +503,8 @@ class ShapeChooser:
         steady = self.scores(live, n_host, at, need)
         if not steady:
             return Shape(1)
-        scores = self._with_ramps(steady, len(live), at)
+        left = float(np.mean([self.num_tokens - n_host[b] for b in live])) if live else 0.0
+        scores = self._with_ramps(steady, len(live), left, at)
         best = max(scores, key=scores.get)
         margin = 1 + self.settings.margin
         ar = scores.get(Shape(1))
@@ -521,25 +523,28 @@ class ShapeChooser:
                 return explore
         return best
 
-    def _with_ramps(self, scores: dict[Shape, float], live: int, at: int) -> dict[Shape, float]:
-        """``scores`` (steady-state tokens per second) with a switch's ramp (module docstring, The ramp): a shape of
-        another window class than the current one commits ``live + r (E - live)`` tokens (``E``: its steady state's,
-        summed over ``live`` samples) in each of its settling passes ``s``, then ``E`` for :data:`SWITCH_HORIZON`
-        blocks ``H``: scored ``(s (live + r (E - live)) + H E) / ((s + H) cost)``."""
+    def _with_ramps(self, scores: dict[Shape, float], live: int, left: float, at: int) -> dict[Shape, float]:
+        """``scores`` (steady-state tokens per second) with a switch's ramp (module docstring, The ramp). A shape of
+        another window class than the current one, whose steady state commits ``E`` tokens a pass per live sample
+        (its score times its cost over ``live``), commits ``R = 1 + r (E - 1)`` in each of its ``s`` settling
+        passes; the ``left`` tokens a live sample lacks on average then take ``s' + (left - s' R) / E`` passes
+        (``s' = min(s, left / R)``): scored ``live left / (passes cost)``. The current class scores ``E / cost``
+        per sample, what this gives without settling passes."""
         current = None if self.current is None else window_class(self.current.rows)
         shares = self.pool.ramp_shares()
-        horizon = SWITCH_HORIZON * self.settings.block
         out = {}
         for shape, score in scores.items():
             settle = settle_passes(shape)
             c = window_class(shape.rows)
-            if settle == 0 or c == current:
+            if settle == 0 or c == current or live == 0 or left <= 0:
                 out[shape] = score
                 continue
             cost = self.cost(shape, at)
-            tokens = score * cost
-            ramp = live + shares[c] * (tokens - live)
-            out[shape] = (settle * ramp + horizon * tokens) / ((settle + horizon) * cost)
+            steady = max(score * cost / live, 1.0)
+            ramp = 1.0 + shares[c] * (steady - 1.0)
+            settling = min(settle, left / ramp)
+            passes = settling + (left - settling * ramp) / steady
+            out[shape] = live * left / (passes * cost)
         return out
 
     def _exploration(self, live: list[int], n_host: Sequence[int], at: int, scores: dict[Shape, float],
