@@ -12,7 +12,7 @@ import torch
 from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.shapes import (AR_BLOCKS, CALIBRATION_BLOCK, MAX_DEPTH, PRIOR_RAMP, SAMPLE_DECAY, SHRINK,
+from vispec.decoding.shapes import (AR_BLOCKS, CALIBRATION_BLOCK, HANDOVER_MARGIN, MAX_DEPTH, PRIOR_RAMP, SAMPLE_DECAY, SHRINK,
                                     Shape, ShapeChooser, ShapeRates,
                                     calibration_shapes, candidate_shapes, expected_tokens, settle_passes, window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
@@ -144,6 +144,17 @@ def test_flat_costs_pick_a_wide_shape_and_a_costly_window_hands_over_to_ar():
     _teach(costly, 0.5)
     assert costly.choose([10, 10], [0, 1], need=64, at=10) == Shape(1)
     assert costly.prefers_ar()  # a whole decode goes to AR
+
+
+def test_a_decode_runs_the_chooser_only_where_a_shape_beats_ar_by_the_handover_margin(monkeypatch):
+    """A shape 10% faster than AR at mid-image is not worth the chooser's own costs (its AR passes, ramps, measuring
+    blocks): the decode goes to plain AR; 20% faster, the chooser runs."""
+    chooser = _chooser(_costs(), settings=ChooserSettings(block=1, recheck=10**6))
+    _teach(chooser, 0.5, passes=20, shape=Shape(2))
+    for gain, handed in [(1.10, True), (1.20, False)]:
+        assert 1.10 < 1 + HANDOVER_MARGIN < 1.20
+        monkeypatch.setattr(chooser, "scores", lambda *a, gain=gain: {Shape(1): 1.0, Shape(2): gain})
+        assert chooser.prefers_ar() is handed
 
 
 def test_a_class_keeps_its_counts_while_others_run_and_is_explored_only_where_it_could_pay():

@@ -89,7 +89,9 @@ shape that fits, ``sum_b E_b[T] / t(B, L)`` over the live samples, and runs the 
 beat AR, and any other shape the current one, by :attr:`ChooserSettings.margin` (no switch for a small gain: a
 switch to AR drops every draft). An AR block is :data:`AR_BLOCKS` blocks long: AR passes measure no acceptance, so
 the scores would not change, and scoring every candidate costs a share of a one-token step. A shape of another
-window class than the current one is scored with its ramp (above).
+window class than the current one is scored with its ramp (above). A whole decode runs as plain AR
+(:func:`~vispec.decoding.ar.decode_ar`) unless a shape beats AR at mid-image by :data:`HANDOVER_MARGIN`
+(:meth:`ShapeChooser.prefers_ar`).
 
 **Exactness.** The choice before a pass is a function of the committed history (tokens, the ranks accepted on
 committed paths, committed counts) and of step times, never of the noise of the pass about to run, nor of
@@ -120,6 +122,10 @@ PRIOR_DRAFT, PRIOR_SIBLING = 0.5, 0.2  # rates before anything was measured
 MAX_DEPTH = 64
 AR_BLOCKS = 4  # an AR block is this many blocks long (module docstring, Choice)
 EXPLORE_CAP = 16  # the interval between measuring blocks doubles up to this many ChooserSettings.refresh
+# a decode runs the chooser only where a shape beats AR by this share at mid-image; else plain AR (decode_ar). The
+# chooser's own AR passes cost 5-13% more than decode_ar's on tiny-c2i (the batch state's bookkeeping), and it pays
+# for settling ramps and measuring blocks: at tiny-c2i batch 4 a predicted 1.04x over AR measured 0.78x
+HANDOVER_MARGIN = 0.15
 CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
 PRIOR_RAMP = 0.5  # a settling pass's share of the steady state's extra tokens before any was measured (The ramp)
 
@@ -415,14 +421,14 @@ class ShapeChooser:
 
     def prefers_ar(self) -> bool:
         """Whether a whole decode should run as plain AR: every cost is measured, the pool has rates, and no shape
-        beats AR by the margin at mid-image (never while calibrating; every :attr:`~ChooserSettings.recheck`-th
-        such decode runs the chooser, so the rates stay fresh)."""
+        beats AR by :data:`HANDOVER_MARGIN` at mid-image (never while calibrating; every
+        :attr:`~ChooserSettings.recheck`-th such decode runs the chooser, so the rates stay fresh)."""
         if self.calibrating or self.settings.shape_script or not self.pool.measured:
             return False
         n_host = [self.num_tokens // 2] * self.slots
         scores = self.scores(range(self.slots), n_host, self.num_tokens // 2, self.num_tokens // 2)
         ar = scores.get(Shape(1))
-        if ar is None or max(scores.values()) > ar * (1 + self.settings.margin):
+        if ar is None or max(scores.values()) > ar * (1 + HANDOVER_MARGIN):
             return False
         return hand_to_ar(self.stats, self.key)
 
