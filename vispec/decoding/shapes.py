@@ -176,7 +176,8 @@ def fits(rows: int, branching: int, levels: int) -> bool:
 
 def settle_passes(shape: Shape) -> int:
     """Passes of a new window class that do not count towards its rates: its drafts ramp up from the last window's
-    (or from none) before the window's steady state shows (module docstring)."""
+    (or from none) before the window's steady state shows (module docstring). ``ChooserSettings(settle=0)`` turns
+    settling (and the ramp's scoring) off: every pass counts (the exactness certificate decides every pass)."""
     return 0 if shape.is_ar else 1 + shape.rows // 4
 
 
@@ -455,7 +456,8 @@ class ShapeChooser:
             self.pick_seconds += picked
             self._run_picking += picked
             changed = previous is None or window_class(previous.rows) != window_class(self.current.rows)
-            self._settle = settle_passes(self.current) if changed and not self.settings.shape_script and not warming else 0
+            settles = changed and self.settings.settle > 0 and not self.settings.shape_script and not warming
+            self._settle = settle_passes(self.current) if settles else 0
             counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
             counted = 1 if warming else counted
             if self._exploring:  # a measuring block: enough sample-passes for a rate (a batch of 1 needs more passes)
@@ -540,7 +542,7 @@ class ShapeChooser:
         shares = self.pool.ramp_shares()
         out = {}
         for shape, score in scores.items():
-            settle = settle_passes(shape)
+            settle = settle_passes(shape) if self.settings.settle > 0 else 0
             c = window_class(shape.rows)
             if settle == 0 or c == current or live == 0 or left <= 0:
                 out[shape] = score

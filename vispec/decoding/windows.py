@@ -93,7 +93,7 @@ class ChooserSettings:
 
     block: int = 4  # counted passes per block, at least ...
     samples: int = 16  # ... and enough for this many sample-passes (a batch of 1 needs more passes for a mean)
-    settle: int = 2  # uncounted passes at the start of a block, at least ...
+    settle: int = 2  # uncounted passes at the start of a block, at least ... (0: none; the shape chooser then skips settling)
     maturity: int = 2  # ... and W // maturity (wide windows' drafts take longer to mature)
     margin: float = 0.03  # a wider window must beat window 1's rate by this share
     near: float = 0.8  # neighbours re-measured only if their rate was at least this share of the best
