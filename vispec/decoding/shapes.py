@@ -456,8 +456,7 @@ class ShapeChooser:
             self.pick_seconds += picked
             self._run_picking += picked
             changed = previous is None or window_class(previous.rows) != window_class(self.current.rows)
-            settles = changed and self.settings.settle > 0 and not self.settings.shape_script and not warming
-            self._settle = settle_passes(self.current) if settles else 0
+            self._settle = self._settling(self.current) if changed and not self.settings.shape_script and not warming else 0
             counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
             counted = 1 if warming else counted
             if self._exploring:  # a measuring block: enough sample-passes for a rate (a batch of 1 needs more passes)
@@ -484,6 +483,10 @@ class ShapeChooser:
                 mean = 1.0 + self.pool.ramp_shares()[window_class(self.current.rows)] * (mean - 1.0)
             self.predicted.append((mean, cost, ar_cost))
         return self.current
+
+    def _settling(self, shape: Shape) -> int:
+        """A switch's settling passes (:func:`settle_passes`); none with ``ChooserSettings(settle=0)``."""
+        return settle_passes(shape) if self.settings.settle > 0 else 0
 
     def _refresh(self) -> None:
         """At a block start: the rates and the cost curve are computed again from what the passes since the last
@@ -542,7 +545,7 @@ class ShapeChooser:
         shares = self.pool.ramp_shares()
         out = {}
         for shape, score in scores.items():
-            settle = settle_passes(shape) if self.settings.settle > 0 else 0
+            settle = self._settling(shape)
             c = window_class(shape.rows)
             if settle == 0 or c == current or live == 0 or left <= 0:
                 out[shape] = score
