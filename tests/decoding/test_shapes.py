@@ -4,6 +4,7 @@ distribution certificate with shapes switching every pass is in tests/exactness/
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -14,7 +15,8 @@ from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 from vispec.decoding import DecodingConfig, decode
 from vispec.decoding.shapes import (AR_BLOCKS, CALIBRATION_BLOCK, HANDOVER_MARGIN, MAX_DEPTH, PRIOR_RAMP, SAMPLE_DECAY, SHRINK,
                                     Shape, ShapeChooser, ShapeRates,
-                                    calibration_shapes, candidate_shapes, expected_tokens, settle_passes, window_class)
+                                    calibration_shapes, candidate_shapes, expected_tokens, load_shape_rates, settle_passes,
+                                    window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
 
@@ -289,6 +291,38 @@ def test_the_cost_curve_is_measured_once_and_kept_on_disk(tmp_path, monkeypatch,
     assert len(files) == 1 and files[0].endswith(".json")
 
 
+def test_the_pooled_rates_are_kept_on_disk_per_weights_and_sampling(tmp_path, monkeypatch):
+    """A new process (a fresh WindowStats) starts from the rates earlier decodes with the same weights and sampling
+    counted, not from the prior; other weights or sampling start empty; an unreadable file starts empty (and is
+    written again); ``VISPEC_CACHE_DIR=off`` keeps nothing."""
+    monkeypatch.setenv("VISPEC_CACHE_DIR", str(tmp_path))
+    model = tiny_gpt(vocab_size=8, block_size=64, num_classes=3)
+
+    def run(stats):
+        decode(model, LlamaGenCondition(class_labels=torch.tensor(LABELS)), num_tokens=64, sampling=SAMPLING,
+               decoding="auto", generator=[torch.Generator().manual_seed(s) for s in range(5)], window_stats=stats)
+        ((spec, rates),) = stats.shape_rates.items()
+        return spec, rates
+
+    spec, first = run(WindowStats())
+    assert first.counted > 0 and first.home is not None and os.path.isfile(first.home)
+    _, second = run(WindowStats())
+    assert second.home == first.home and second.counted > first.counted  # it went on from the first's counts
+    kept = ShapeRates.from_json(json.load(open(first.home))["rates"])
+    assert kept.counted == second.counted and np.array_equal(kept.main, np.round(second.main, 6))
+    other = tiny_gpt(vocab_size=8, block_size=64, num_classes=3, seed=1)
+    assert load_shape_rates(WindowStats(), other, spec) not in (None, first.home)
+    fresh = WindowStats()
+    assert load_shape_rates(fresh, model, "another spec") != first.home and fresh.shape_rates["another spec"].counted == 0
+    with open(first.home, "w") as handle:
+        handle.write("{not json")
+    _, again = run(WindowStats())
+    assert 0 < again.counted < second.counted
+    assert ShapeRates.from_json(json.load(open(first.home))["rates"]).counted == again.counted
+    monkeypatch.setenv("VISPEC_CACHE_DIR", "off")
+    assert load_shape_rates(WindowStats(), model, spec) is None
+
+
 def test_calibration_runs_every_shape_once_before_timing_any_and_times_ar_without_read_backs():
     """The first decode on a machine runs one untimed pass of each cost label (compiling it), then a timed block of
     each, AR's (every shape's yardstick) AR_BLOCKS times as long; an AR block reads back once, at its end (a read-back
@@ -313,6 +347,31 @@ def test_calibration_runs_every_shape_once_before_timing_any_and_times_ar_withou
     assert chooser.cost(Shape(1), 0) == pytest.approx(0.001)
     assert chooser.cost(Shape(64), 0) == pytest.approx(0.064)
     assert chooser.cost(Shape(16, 3, 3), 0) == pytest.approx(0.064)
+
+
+def test_shapes_a_process_has_not_compiled_run_one_untimed_uncounted_pass_each_first():
+    """With the cost curve from disk (no calibration here), the shapes ``warm_first`` names run one pass each before
+    any chosen pass: each reads back (its compile stays out of the next pass's time) and adds no cost sample and no
+    rate count; then the chooser picks as before."""
+    now = [0.0]
+    stats = WindowStats(starting_costs=_costs(), clock=lambda: now[0], settings=ChooserSettings(block=1))
+    chooser = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), stats, "k", "spec", slots=1, num_tokens=4096)
+    assert not chooser.calibrating
+    cold = [Shape(16), Shape(1), Shape(64, 3, 3)]
+    chooser.warm_first(cold + [Shape(16)])
+    seen, n = [], 0
+    for _ in range(len(cold)):
+        shape = chooser.choose([n], [0], 64, n)
+        assert chooser.must_sync() or not shape.is_ar
+        now[0] += 30.0  # a compile
+        chooser.record(shape, [(n, 0)], [n + 2 if shape.rows > 1 else n + 1], None, synced=True)
+        seen.append(shape)
+        n += 2
+    assert seen == cold and not chooser.warming
+    assert chooser.pool.counted == 0 and chooser.pool.main[..., 1].sum() == 0
+    assert all(len(stats.costs("k")[s.cost_label]) == 1 for s in cold)  # the starting sample only: no 30 s pass
+    chooser.choose([n], [0], 64, n)
+    assert not chooser._warming  # then chosen by score, as usual
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -205,6 +205,11 @@ def outside_torch_function_mode() -> Iterator[None]:
 _announced: set = set()
 
 
+def compiled_before(key: Any) -> bool:
+    """Whether :func:`announce_compile` was called with ``key`` in this process (its graph was compiled)."""
+    return key in _announced
+
+
 def announce_compile(what: str, key: Any) -> None:
     """Say once per process, on stderr, that ``what`` is about to be compiled for the first time (``key``: what makes
     a graph new, e.g. the step, the batch slots and the shape), so a first call that spends minutes compiling is

@@ -75,11 +75,11 @@ from torch import Tensor
 from vispec.decoding.acceptance import AcceptanceRule
 from vispec.decoding.ar import decode_ar
 from vispec.decoding.common import DecodeJob, condition_size, resolve_grid_width, start_decoding
-from vispec.decoding.compiled import announce_compile, compiled
+from vispec.decoding.compiled import announce_compile, compiled, compiled_before
 from vispec.decoding.config import AUTO_WINDOW, DecodingConfig
 from vispec.decoding.drafts import init_draft_tokens, source_rows
 from vispec.decoding.speculative import MAXIMAL, Coupling, RaggedBatch, verify_window
-from vispec.decoding.shapes import Shape, ShapeChooser, calibration_shapes, candidate_shapes
+from vispec.decoding.shapes import Shape, ShapeChooser, calibration_shapes, candidate_shapes, load_shape_rates
 from vispec.decoding.sjd import SJDStep, single_token_step, sjd_step
 from vispec.decoding.windows import WindowStats, cost_key, load_step_costs
 from vispec.kernels import race
@@ -414,6 +414,9 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     chains: dict[Shape, SJDStep] = {}
     single = SJDStep(model, job, rule, coupling, decoding.init, grid_width, start.vocab, 1, None)
     fixed_shape = Shape(largest, width, depth) if chooser is None else None
+    if chooser is not None and job.compile:  # compile every shape this process has not, before any pass is timed
+        chooser.warm_first([s for s in calibration_shapes(chooser.shapes)
+                            if not compiled_before(_compile_key(s, start.batch, coupling))])
     used: dict[int, int] = {}
     shapes: dict[str, int] = {}
     while batch.running:
@@ -421,7 +424,7 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         shape = fixed_shape or chooser.choose(batch.n_host, batch.ids_host, need, batch.longest())
         if shape.is_ar:
             if job.compile:
-                announce_compile("the one-token step", (single_token_step, start.batch))
+                announce_compile("the one-token step", _compile_key(shape, start.batch, coupling))
             status = run_single(single, batch, 1, None if job.compile else batch.longest())
             synced = (chooser is not None and chooser.must_sync()) or batch.finishing_next()
             before = list(zip(batch.n_host, batch.ids_host))
@@ -433,7 +436,7 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
             if shape not in chains:
                 chains[shape] = SJDStep(model, job, rule, MAXIMAL, decoding.init, grid_width, start.vocab, shape.rows, None)
             if job.compile:
-                announce_compile(f"the MC-SJD step ({shape.label})", (sjd_step, start.batch, shape))
+                announce_compile(f"the MC-SJD step ({shape.label})", _compile_key(shape, start.batch, coupling))
             before = list(zip(batch.n_host, batch.ids_host))
             status = run_chain(chains[shape], batch, shape.rows, None if job.compile else batch.longest())
             batch.state["side_ids"] = torch.zeros_like(batch.state["side_ids"])
@@ -443,7 +446,7 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
                 steps[shape] = PACStep(model, job, rule, device_layout(shape.rows, shape.branching, shape.levels, start.device),
                                        levels, width, coupling, decoding.init, grid_width, start.vocab)
             if job.compile:
-                announce_compile(f"the SJD-PAC step ({shape.label})", (pac_step, start.batch, shape))
+                announce_compile(f"the SJD-PAC step ({shape.label})", _compile_key(shape, start.batch, coupling))
             before = list(zip(batch.n_host, batch.ids_host))
             status = run(steps[shape], batch, None if job.compile else batch.longest())
             synced = True
@@ -466,6 +469,15 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     return out
 
 
+def _compile_key(shape: Shape, batch: int, coupling: Coupling) -> tuple:
+    """What makes a compiled graph of an auto decode new (:func:`~vispec.decoding.compiled.announce_compile`): the step
+    function that runs ``shape`` (AR's, MC-SJD's chain or SJD-PAC's tree; :func:`decode_pac`'s loop), the batch
+    slots and the shape."""
+    if shape.is_ar:
+        return (single_token_step, batch)
+    return (sjd_step if not shape.is_tree and coupling is MAXIMAL else pac_step, batch, shape)
+
+
 def _shape_chooser(model: SpeculativeARModel, condition: Any, job: DecodeJob, decoding: DecodingConfig,
                    window_stats: Optional[WindowStats]) -> ShapeChooser:
     """The shape chooser of an auto decode (:mod:`vispec.decoding.shapes`): its candidates, its cost key (SJD-PAC's
@@ -480,6 +492,7 @@ def _shape_chooser(model: SpeculativeARModel, condition: Any, job: DecodeJob, de
     if job.compile:  # one tree per window size: each further shape would compile (tens of seconds) mid-decode
         shapes = calibration_shapes(shapes)
     rates_key = (decoding.coupling, decoding.init, repr(job.sampling))  # what acceptance depends on besides the model
+    load_shape_rates(stats, model, rates_key)  # earlier processes' rates, where this WindowStats has none
     return ShapeChooser(shapes, stats, key, rates_key, slots, job.num_tokens)
 
 

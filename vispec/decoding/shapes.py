@@ -33,7 +33,8 @@ after a switch is amortised.
 passed (accepted drafts) and the one where it ended (rejected: its token is the residual there), and at tree levels
 which rank was accepted (read back with the committed counts, one read per pass: ``state["path_rank"]``). Counts are
 pooled over the batch and over decodes (:class:`ShapeRates`, in the :class:`~vispec.decoding.windows.WindowStats` the
-caller keeps) and smoothed: depth 1's rate is its counts with :data:`SHRINK` pseudo-observations of the prior, and a
+caller keeps, and on disk for the next process with the same weights and sampling: :func:`load_shape_rates`) and
+smoothed: depth 1's rate is its counts with :data:`SHRINK` pseudo-observations of the prior, and a
 deeper depth ``d``'s its counts with :data:`SHRINK` pseudo-observations of the class's pooled rate over depths ``d``
 and below (itself shrunk towards depth ``d - 1``'s rate; a tail never reached takes it). A deep depth is reached only
 when every draft above it was accepted, so its tries are few; the pooled tail gathers them, so a depth seen twice
@@ -239,6 +240,30 @@ class ShapeRates:
     explore_every: int = 0  # the current interval between measuring blocks (doubling up to EXPLORE_CAP refreshes)
     # per class: extra tokens (beyond the one every pass commits) of settling passes, and what the steady state expected
     ramp: np.ndarray = field(default_factory=lambda: np.zeros((CLASSES, 2)))
+    home: Optional[str] = field(default=None, compare=False, repr=False)  # the file it is kept in (load_shape_rates)
+
+    ARRAYS = ("main", "sibling", "last", "ramp")
+    NUMBERS = ("counted", "passes", "next_explore", "explore_every")
+
+    def to_json(self) -> dict:
+        """Every count (what :meth:`from_json` reads back), as JSON-ready lists and numbers."""
+        out = {name: np.round(getattr(self, name), 6).tolist() for name in self.ARRAYS}
+        out.update({name: getattr(self, name) for name in self.NUMBERS})
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ShapeRates":
+        """The counts :meth:`to_json` wrote; a ``ValueError`` if any array has another shape than this version's."""
+        rates = cls()
+        for name in cls.ARRAYS:
+            value = np.asarray(data[name], dtype=getattr(rates, name).dtype)
+            if value.shape != getattr(rates, name).shape:
+                raise ValueError(f"{name}: shape {value.shape}, expected {getattr(rates, name).shape}")
+            setattr(rates, name, value)
+        for name in cls.NUMBERS:
+            value = data[name]
+            setattr(rates, name, None if value is None else int(value))
+        return rates
 
     def note_pass(self, shape: Shape) -> None:
         """Before a counted pass of ``shape``: its class's counts (and, for a tree, the siblings') decay by
@@ -292,6 +317,55 @@ class ShapeRates:
         return np.clip(a, 0.0, 0.99), np.clip(s, 0.0, 0.99)
 
 
+def load_shape_rates(stats: WindowStats, model: object, spec: Hashable) -> Optional[str]:
+    """Where ``stats`` holds no pooled rates for ``spec`` yet, start them from what earlier processes measured
+    with the same weights and spec (``<cache>/acceptance/<digest>.json`` beside the cost curves,
+    :func:`~vispec.decoding.windows.cost_cache_dir`; digest of :func:`~vispec.decoding.windows.weights_fingerprint`
+    and ``spec``), so a second process does not spend its first images re-measuring every window; the file the
+    pool is kept in (:meth:`ShapeChooser.finish` writes it), None when caching is off. A missing or unreadable
+    file starts from empty counts. Acceptance is a property of the weights and the sampling, not of the machine;
+    rates from committed history of earlier decodes keep every choice independent of the pass's noise."""
+    import hashlib
+    import json
+    import os
+
+    from vispec.decoding.windows import weights_fingerprint
+
+    if spec in stats.shape_rates:
+        return stats.shape_rates[spec].home
+    folder = cost_cache_dir()
+    if folder is None:
+        stats.shape_rates[spec] = ShapeRates()
+        return None
+    name = hashlib.sha1(f"{weights_fingerprint(model)} {spec!r}".encode()).hexdigest()[:20]
+    path = os.path.join(os.path.dirname(folder), "acceptance", name + ".json")
+    try:
+        with open(path) as handle:
+            rates = ShapeRates.from_json(json.load(handle)["rates"])
+    except (OSError, ValueError, KeyError, TypeError):
+        rates = ShapeRates()
+    rates.home = path
+    stats.shape_rates[spec] = rates
+    return path
+
+
+def save_shape_rates(rates: ShapeRates, spec: Hashable) -> Optional[str]:
+    """Write ``rates`` to the file :func:`load_shape_rates` gave it (atomically: a rename); the path, None if it
+    has none."""
+    import json
+    import os
+    import tempfile
+
+    if rates.home is None:
+        return None
+    folder = os.path.dirname(rates.home)
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as handle:
+        json.dump({"spec": repr(spec), "rates": rates.to_json()}, handle)
+    os.replace(handle.name, rates.home)
+    return rates.home
+
+
 def expected_tokens(shape: Shape, main_rates: np.ndarray, sibling_rates: np.ndarray, width: np.ndarray) -> np.ndarray:
     """``E[T]`` per sample (module docstring) for ``main_rates [B, MAX_DEPTH]`` ``a_d`` (index ``d``; 0 unused),
     ``sibling_rates [B, MAX_DEPTH]`` ``s_k`` and each sample's ``width [B]``: the rows it can still use
@@ -331,6 +405,7 @@ class ShapeChooser:
         self.settings: ChooserSettings = stats.settings
         self.costs = stats.costs(key)
         self.pool = stats.shape_rates.setdefault(spec, ShapeRates())
+        self.spec, self._counted_at_start = spec, self.pool.counted
         self.sample_hits = np.zeros((slots, 2))  # per slot: (accepted tests, tests expected accepted under the pool)
         self.ids = [-2] * slots  # the request each slot's counts belong to
         self._pool_rates: Optional[tuple[np.ndarray, np.ndarray]] = None
@@ -356,7 +431,8 @@ class ShapeChooser:
             self.pool.explore_every = self.settings.refresh
             self.pool.next_explore = self.pool.passes + self.settings.refresh
         self._exploring = False  # the current block measures a chain (_exploration)
-        self.predicted: list[tuple[float, float, float]] = []  # per pass: (expected tokens per live sample, cost, AR cost)
+        self._warming = False  # the current pass is a warming pass (_pick)
+        self.predicted: list[tuple[float, float, float]] = []  # per pass: (expected tokens per batch slot, cost, AR cost)
         self._warm: set[str] = {label for label, samples in self.costs.items() if samples}
         self._run: list[int] = []
         self._run_start: Optional[float] = None
@@ -365,6 +441,16 @@ class ShapeChooser:
         self.clock = stats.clock
         self.pick_seconds = 0.0  # spent choosing (scoring candidates at block starts), this decode
         self._run_picking = 0.0  # of it, in the current run
+
+    def warm_first(self, shapes: Sequence[Shape]) -> None:
+        """Before the first pass: run one untimed pass of each of ``shapes`` first, the shapes this process has not
+        compiled (where the cost curve came from disk, none was calibrated here): a compile of tens of seconds
+        in the middle of a later, timed decode would be a stall the user sees and a cost sample far off the curve.
+        Shapes already queued for the calibration's warming are there once."""
+        for shape in shapes:
+            if all(queued.cost_label != shape.cost_label for queued in self.warming):
+                self.warming.append(shape)
+            self._warm.discard(shape.cost_label)
 
     # ---- estimates ------------------------------------------------------------------------------------------
 
@@ -447,18 +533,19 @@ class ShapeChooser:
         if self.left <= 0 or self.current is None or narrower:
             self._refresh()
             previous = self.current
-            self._exploring = False
+            self._exploring = self._warming = False
             self._calibrating_block = bool(self.calibrating) and not self.settings.shape_script
-            warming = bool(self.warming) and self._calibrating_block
             picking = self.clock()
             self.current = self._pick(live, n_host, need, at)
             picked = self.clock() - picking  # scoring every candidate: the chooser's, not the pass's (predicted_speedup)
             self.pick_seconds += picked
             self._run_picking += picked
+            warming = self._warming
             changed = previous is None or window_class(previous.rows) != window_class(self.current.rows)
-            self._settle = self._settling(self.current) if changed and not self.settings.shape_script and not warming else 0
+            self._settle = self._settling(self.current) if changed and not self.settings.shape_script else 0
             counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
-            counted = 1 if warming else counted
+            if warming:  # one pass, not counted towards the rates (it ramps), nor timed (it compiles)
+                self._settle, counted = 1, 0
             if self._exploring:  # a measuring block: enough sample-passes for a rate (a batch of 1 needs more passes)
                 counted = max(counted, -(-self.settings.samples // max(len(live), 1)))
             if self.current.is_ar and not warming and not self.settings.shape_script:
@@ -473,15 +560,14 @@ class ShapeChooser:
         self._at, self._live = at, len(live)
         cost, ar_cost = self.cost(self.current, at), self.cost(Shape(1), at)
         if cost is not None and ar_cost is not None and live and self.current.is_ar:
-            self.predicted.append((1.0, cost, ar_cost))
+            self.predicted.append((len(live) / self.slots, cost, ar_cost))
         elif cost is not None and ar_cost is not None and live:
             left = np.array([self.num_tokens - n_host[b] for b in live])
             tokens = expected_tokens(self.current, *self.rates(self.current, live), np.minimum(left, self.current.main))
-            self._steady = float(tokens.sum())
-            mean = float(tokens.mean())
+            self._steady = total = float(tokens.sum())
             if self._settle >= 0:  # a settling pass: the ramp's share of the steady state's extra tokens
-                mean = 1.0 + self.pool.ramp_shares()[window_class(self.current.rows)] * (mean - 1.0)
-            self.predicted.append((mean, cost, ar_cost))
+                total = len(live) + self.pool.ramp_shares()[window_class(self.current.rows)] * (total - len(live))
+            self.predicted.append((total / self.slots, cost, ar_cost))
         return self.current
 
     def _settling(self, shape: Shape) -> int:
@@ -500,9 +586,10 @@ class ShapeChooser:
         if self.settings.shape_script:  # forced: the scripted shapes in turn, whatever the samples need (tests)
             self._scripted = getattr(self, "_scripted", -1) + 1
             return self.settings.shape_script[self._scripted % len(self.settings.shape_script)]
-        while self.warming:  # the first decode on a machine: one untimed pass of each cost label (compiles it) ...
-            shape = self.warming.pop(0)
+        while self.warming:  # the first decode on a machine (or in a process): one untimed pass of each cost label
+            shape = self.warming.pop(0)  # (compiles it) ...
             if shape.rows <= fitting_rows(need):
+                self._warming = True
                 return shape
         if self.calibrating and not self._collected:
             self._collected = True
@@ -654,8 +741,11 @@ class ShapeChooser:
                 return
 
     def finish(self, model: object) -> Optional[str]:
-        """After the decode: keep the cost curve on this machine's disk (:func:`~vispec.decoding.windows.save_step_costs`)
-        if this decode measured it; the file's path, None if nothing was written."""
+        """After the decode: keep the pooled rates on disk if this decode counted passes (:func:`save_shape_rates`),
+        and the cost curve (:func:`~vispec.decoding.windows.save_step_costs`) if it measured it; the cost curve's
+        path, None if it was not written."""
+        if self.pool.counted > self._counted_at_start:
+            save_shape_rates(self.pool, self.spec)
         if not self.calibrated:
             return None
         return save_step_costs(self.stats, model, self.key)
@@ -663,14 +753,17 @@ class ShapeChooser:
     # ---- reporting ------------------------------------------------------------------------------------------
 
     def predicted_speedup(self) -> Optional[float]:
-        """Predicted speed-up over AR's passes of the same cost curve: ``sum E[T] c_AR / (sum c + choosing)`` over the
-        passes (``E[T]`` per live sample; choosing: the seconds spent scoring candidates, which a pass's measured cost
-        leaves out, so that a one-pass run at a block start does not look dearer than the shape runs), None when costs
-        were not known."""
+        """Predicted speed-up over AR's passes of the same cost curve: ``sum E c_AR / (sum c + choosing)`` over the
+        passes, ``E`` the pass's expected tokens summed over its live samples per batch slot (AR commits one per slot
+        a pass: a pass that carries finished slots, at a batch's ragged end, advances fewer than AR's; per live sample
+        it over-predicted tiny-c2i batch 4 by 30%); choosing: the seconds spent scoring candidates, which a pass's
+        measured cost leaves out, so that a one-pass run at a block start does not look dearer than the shape runs.
+        None when costs were not known."""
         if not self.predicted:
             return None
         tokens = sum(t * ar for t, _, ar in self.predicted)
         return tokens / (sum(c for _, c, _ in self.predicted) + self.pick_seconds)
 
 
-__all__ = ["Shape", "ShapeChooser", "ShapeRates", "calibration_shapes", "candidate_shapes", "expected_tokens", "fits"]
+__all__ = ["Shape", "ShapeChooser", "ShapeRates", "calibration_shapes", "candidate_shapes", "expected_tokens", "fits",
+           "load_shape_rates", "save_shape_rates"]

@@ -562,6 +562,25 @@ def machine_fingerprint(model: Any, key: Hashable) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
+def weights_fingerprint(model: Any) -> str:
+    """What acceptance rates depend on in a model: its class and its weights (names, shapes and up to 256 evenly
+    spaced values of each parameter, read once, in float64). A hex digest; unlike :func:`machine_fingerprint` it
+    changes with the weights (a retrained checkpoint accepts differently) and not with the machine."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha1(type(model).__name__.encode())
+    named = model.named_parameters() if hasattr(model, "named_parameters") else ()
+    with torch.no_grad():
+        for name, param in named:
+            flat = param.detach().reshape(-1)
+            picked = flat[:: max(flat.numel() // 256, 1)][:256].to("cpu", torch.float64)
+            digest.update(f"{name}{tuple(param.shape)}".encode())
+            digest.update(picked.numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
 def load_step_costs(stats: WindowStats, model: Any, key: Hashable) -> bool:
     """Fill ``stats``'s step times of cost key ``key`` from this machine's cache (:func:`cost_cache_dir`) where it
     has none yet; whether anything was loaded. A missing or unreadable file loads nothing."""
