@@ -128,6 +128,7 @@ def _teach(chooser: ShapeChooser, rate: float, passes: int = 200, shape: Shape =
     """Feed the pool passes of ``shape`` whose committed paths accept each draft with probability ``rate``."""
     rng = np.random.default_rng(1)
     n = 1
+    chooser._rates_checked = True  # taught here: no calibration blocks for rates (_measure_rates)
     for _ in range(passes):
         chooser.choose([n, n], [0, 1], need=16, at=n)
         e = 0
@@ -347,6 +348,31 @@ def test_calibration_runs_every_shape_once_before_timing_any_and_times_ar_withou
     assert chooser.cost(Shape(1), 0) == pytest.approx(0.001)
     assert chooser.cost(Shape(64), 0) == pytest.approx(0.064)
     assert chooser.cost(Shape(16, 3, 3), 0) == pytest.approx(0.064)
+
+
+def test_a_pool_without_rates_measures_every_chain_and_tree_before_choosing():
+    """Costs from disk, no rates (new weights or sampling): judged by the prior a wide chain never beats a cheap AR
+    step (and AR passes measure nothing), so the decode's first blocks run every non-AR shape for ``samples``
+    sample-passes after its settling passes, counting their acceptance; AR is not re-timed. A pool with rates
+    skips them."""
+    costs = {label: [(0, 1.0 if label == "ar" else 2.5)] for label in _costs()}
+    chooser = _chooser(costs, slots=1, settings=ChooserSettings(block=1, samples=16))
+    n, ran = 10, []  # every pass starts at token 10 of 256: always room for the widest window
+    while len(ran) < 2000:
+        shape = chooser.choose([n], [0], need=64, at=n)
+        if not chooser._calibrating_block:  # chosen by score: the calibration is over
+            break
+        chooser.record(shape, [(n, 0)], [n + 2 if shape.rows > 1 else n + 1], None, synced=True)
+        ran.append(shape)
+    expected = [s for s in calibration_shapes(chooser.shapes) if not s.is_ar]
+    assert sorted(set(ran)) == expected
+    for shape in expected:
+        assert ran.count(shape) in (16, settle_passes(shape) + 16)  # settling only after another window class
+        assert chooser.pool.main[window_class(shape.rows), :, 1].sum() > 0
+    measured = _chooser(costs, slots=1, settings=ChooserSettings(block=1, samples=16))
+    measured.pool.main[window_class(2), 1] = [1.0, 2.0]
+    measured.choose([0], [0], need=64, at=0)
+    assert not measured.calibrating
 
 
 def test_shapes_a_process_has_not_compiled_run_one_untimed_uncounted_pass_each_first():

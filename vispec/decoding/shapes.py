@@ -45,8 +45,12 @@ window towards depth 1's rate (chain 16 estimated at 1.9-2.5 tokens a pass after
 pooling every depth below 1 missed the fall (chain 32 at 5.1, 3.7 measured); the pooled tail estimates 2.21 / 3.09 /
 3.83 tokens a pass for windows 8 / 16 / 32 against 2.18 / 3.03 / 3.74 measured, and within 3% of that from a tenth of
 the counts. Per sample (a new request starts from none) the chooser keeps its accepted tests and the tests it
-expected to be accepted under the pooled rates; their ratio (shrunk towards 1) scales the sample's rates, so an easy
-image gets wider shapes than a hard one in the same batch. Both decay by :data:`SAMPLE_DECAY` every pass, whatever its shape: they describe the part
+expected to be accepted under the pooled rates; their ratio, shrunk towards 1 by :data:`SAMPLE_SHRINK`
+pseudo-tests, scales the sample's rates, so an easy image counts for more tokens than a hard one in the same batch.
+The shrink is strong: a pass's acceptance is a noisy guide to the next one's, and every switch drops drafts or ramps
+(tiny-c2i at batch 1, 12 images, every pass priced by a fixed table, ``samples/chooser_replay.py``: 4 pseudo-tests
+ran 0.804 s an image, 0.751 over the later 6; 32 ran 0.745 and 0.707; no factor 0.759 and 0.733; the fixed
+16-slot chain 0.697 and 0.705). Both decay by :data:`SAMPLE_DECAY` every pass, whatever its shape: they describe the part
 of the image being decoded, and a sample that a hard stretch sent to AR (whose passes measure nothing) must come back
 to the pooled rates, not stay in AR for the rest of the image on old evidence.
 
@@ -119,6 +123,7 @@ from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_di
 SHRINK = 4.0  # pseudo-observations of the prior in a smoothed rate (module docstring)
 POOL_DECAY = 0.995  # the pooled counts decay per pass (a decode's acceptance drifts over the image)
 SAMPLE_DECAY = 0.95  # a sample's own counts decay per pass (module docstring, Rates)
+SAMPLE_SHRINK = 32.0  # pseudo-tests at the pooled rate in a sample's factor (module docstring, Rates)
 PRIOR_DRAFT, PRIOR_SIBLING = 0.5, 0.2  # rates before anything was measured
 MAX_DEPTH = 64
 AR_BLOCKS = 4  # an AR block is this many blocks long (module docstring, Choice)
@@ -421,6 +426,7 @@ class ShapeChooser:
             print(f"vispec: measuring this machine's step costs for {len(self.calibrating)} pass shapes (batch "
                   f"{slots}); kept in {cost_cache_dir() or 'this WindowStats only (VISPEC_CACHE_DIR=off)'}",
                   file=sys.stderr, flush=True)
+        self._rates_checked = False  # whether the first block start looked for rates (_measure_rates)
         self._curve: Optional[tuple[dict[str, tuple[float, float]], float]] = None  # costs' levels and growth (cost)
         self._stale = False  # counts or costs changed since the estimates were computed (refreshed at a block start)
         self._steady: Optional[float] = None  # the current pass's steady-state E[T] summed over its live samples
@@ -478,9 +484,10 @@ class ShapeChooser:
         return self._pool_rates
 
     def sample_factor(self, slots: Sequence[int]) -> np.ndarray:
-        """``[S]`` each sample's accepted tests over those the pool's rates expected, shrunk towards 1 (docstring)."""
+        """``[S]`` each sample's accepted tests over those the pool's rates expected, shrunk towards 1 by
+        :data:`SAMPLE_SHRINK` (module docstring, Rates)."""
         counts = self.sample_hits[np.asarray(slots, dtype=int)]
-        return (counts[:, 0] + SHRINK) / (counts[:, 1] + SHRINK)
+        return (counts[:, 0] + SAMPLE_SHRINK) / (counts[:, 1] + SAMPLE_SHRINK)
 
     def rates(self, shape: Shape, slots: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """``(a [S, MAX_DEPTH], s [S, MAX_DEPTH])`` for a pass of ``shape``: its window class's pooled rates, scaled
@@ -531,6 +538,8 @@ class ShapeChooser:
         live = [b for b, i in enumerate(ids_host) if i >= 0]
         narrower = self.current is not None and self.current.rows > fitting_rows(need) and not self.settings.shape_script
         if self.left <= 0 or self.current is None or narrower:
+            if not self._rates_checked:
+                self._measure_rates()
             self._refresh()
             previous = self.current
             self._exploring = self._warming = False
@@ -546,7 +555,8 @@ class ShapeChooser:
             counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
             if warming:  # one pass, not counted towards the rates (it ramps), nor timed (it compiles)
                 self._settle, counted = 1, 0
-            if self._exploring:  # a measuring block: enough sample-passes for a rate (a batch of 1 needs more passes)
+            measuring = self._exploring or (self._calibrating_block and not warming and not self.current.is_ar)
+            if measuring:  # a measuring block: enough sample-passes for a rate (a batch of 1 needs more passes)
                 counted = max(counted, -(-self.settings.samples // max(len(live), 1)))
             if self.current.is_ar and not warming and not self.settings.shape_script:
                 # AR passes count no acceptance, so the scores stay as they are: re-score seldom. While calibrating,
@@ -569,6 +579,22 @@ class ShapeChooser:
                 total = len(live) + self.pool.ramp_shares()[window_class(self.current.rows)] * (total - len(live))
             self.predicted.append((total / self.slots, cost, ar_cost))
         return self.current
+
+    def _measure_rates(self) -> None:
+        """At the decode's first block start: where the pool has no rates yet (new weights or sampling, the cost
+        curve from disk), every chain and tree runs a calibration block, whose passes count their acceptance.
+        Judged by the prior alone a wide window rarely beats a cheap AR step, and AR passes measure nothing: the
+        decode, and each one handed to AR after it, would stay in AR for good."""
+        self._rates_checked = True
+        if self.pool.measured or self.settings.shape_script:
+            return
+        rates_only = [s for s in calibration_shapes(self.shapes) if not s.is_ar and s not in self.calibrating]
+        self.calibrating = sorted(self.calibrating + rates_only)
+        if rates_only:
+            import sys
+
+            print(f"vispec: measuring acceptance for {len(rates_only)} pass shapes (new weights or sampling)",
+                  file=sys.stderr, flush=True)
 
     def _settling(self, shape: Shape) -> int:
         """A switch's settling passes (:func:`settle_passes`); none with ``ChooserSettings(settle=0)``."""
@@ -755,8 +781,8 @@ class ShapeChooser:
     def predicted_speedup(self) -> Optional[float]:
         """Predicted speed-up over AR's passes of the same cost curve: ``sum E c_AR / (sum c + choosing)`` over the
         passes, ``E`` the pass's expected tokens summed over its live samples per batch slot (AR commits one per slot
-        a pass: a pass that carries finished slots, at a batch's ragged end, advances fewer than AR's; per live sample
-        it over-predicted tiny-c2i batch 4 by 30%); choosing: the seconds spent scoring candidates, which a pass's
+        a pass: a pass that carries finished slots, at a batch's ragged end, advances the batch less than its live
+        samples' mean says); choosing: the seconds spent scoring candidates, which a pass's
         measured cost leaves out, so that a one-pass run at a block start does not look dearer than the shape runs.
         None when costs were not known."""
         if not self.predicted:
