@@ -7,8 +7,10 @@ The measured TV is a float64 sum over float32 probability rows, so it carries th
 model's logits: the same sample's TV moves by ~1e-7 with the batch it is in (seed 12 of tiny-c2i alone and
 in a batch of three), and by as much between CPUs whose BLAS kernels round differently (the grid recorded in
 2026-11 gives 0.3736192674 for 0.3736190903 on the 2026-11-25 CI machines, at the recording's own commit
-too), and with the thread count (the grid was recorded on 2; test workers run on 1). 1e-6 is ten times that
-and still far below any change of the rule (the grid's TVs are 0.01 to 0.5)."""
+too), and with the thread count (the grid was recorded on 2; test workers run on 1). On an AMD EPYC machine
+with AVX-512 (2026-12-03) the gsd TVs of sjd-horizontal moved by up to 1.15e-6 (0.1578526362 for 0.1578514930),
+tokens, forwards and accepted drafts all equal. 1e-5 is ten times the largest move seen and still far below any
+change of the rule (the grid's TVs are 0.01 to 0.5)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pytest
 from pinned_grid import PINNED_FILE, all_cases, case_key
 from pinned_runner import run_case
 
-TV_TOLERANCE = 1e-6  # absolute, on TVs in [0, 1] (module docstring)
+TV_TOLERANCE = 1e-5  # absolute, on TVs in [0, 1] (module docstring)
 
 with open(PINNED_FILE) as handle:
     PINNED = json.load(handle)

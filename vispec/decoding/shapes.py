@@ -427,6 +427,7 @@ class ShapeChooser:
                   f"{slots}); kept in {cost_cache_dir() or 'this WindowStats only (VISPEC_CACHE_DIR=off)'}",
                   file=sys.stderr, flush=True)
         self._rates_checked = False  # whether the first block start looked for rates (_measure_rates)
+        self._rates_only: set[Shape] = set()  # calibrating shapes whose cost is known: measured for rates only
         self._curve: Optional[tuple[dict[str, tuple[float, float]], float]] = None  # costs' levels and growth (cost)
         self._stale = False  # counts or costs changed since the estimates were computed (refreshed at a block start)
         self._steady: Optional[float] = None  # the current pass's steady-state E[T] summed over its live samples
@@ -553,6 +554,8 @@ class ShapeChooser:
             changed = previous is None or window_class(previous.rows) != window_class(self.current.rows)
             self._settle = self._settling(self.current) if changed and not self.settings.shape_script else 0
             counted = max(self.settings.block, CALIBRATION_BLOCK) if self._calibrating_block else self.settings.block
+            if self._calibrating_block and self.current in self._rates_only:  # its cost is known: a measuring block
+                counted = self.settings.block
             if warming:  # one pass, not counted towards the rates (it ramps), nor timed (it compiles)
                 self._settle, counted = 1, 0
             measuring = self._exploring or (self._calibrating_block and not warming and not self.current.is_ar)
@@ -589,6 +592,7 @@ class ShapeChooser:
         if self.pool.measured or self.settings.shape_script:
             return
         rates_only = [s for s in calibration_shapes(self.shapes) if not s.is_ar and s not in self.calibrating]
+        self._rates_only = set(rates_only)  # blocks of samples sample-passes (choose), not timed calibration blocks
         self.calibrating = sorted(self.calibrating + rates_only)
         if rates_only:
             import sys
