@@ -357,18 +357,11 @@ def load_shape_rates(stats: WindowStats, model: object, spec: Hashable) -> Optio
 def save_shape_rates(rates: ShapeRates, spec: Hashable) -> Optional[str]:
     """Write ``rates`` to the file :func:`load_shape_rates` gave it (atomically: a rename); the path, None if it
     has none."""
-    import json
-    import os
-    import tempfile
+    from vispec.decoding.windows import write_json_atomically
 
     if rates.home is None:
         return None
-    folder = os.path.dirname(rates.home)
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as handle:
-        json.dump({"spec": repr(spec), "rates": rates.to_json()}, handle)
-    os.replace(handle.name, rates.home)
-    return rates.home
+    return write_json_atomically(rates.home, {"spec": repr(spec), "rates": rates.to_json()})
 
 
 def expected_tokens(shape: Shape, main_rates: np.ndarray, sibling_rates: np.ndarray, width: np.ndarray) -> np.ndarray:

@@ -604,17 +604,26 @@ def load_step_costs(stats: WindowStats, model: Any, key: Hashable) -> bool:
 def save_step_costs(stats: WindowStats, model: Any, key: Hashable, *, minimum: int = 3) -> Optional[str]:
     """Write the step times of cost key ``key`` (labels with at least ``minimum`` samples) to this machine's cache;
     the file's path, None if caching is off or nothing was measured. Written atomically (a rename)."""
-    import json
     import os
-    import tempfile
 
     folder = cost_cache_dir()
     costs = {str(label): samples for label, samples in stats.step_costs.get(key, {}).items() if len(samples) >= minimum}
     if folder is None or not costs:
         return None
+    return write_json_atomically(os.path.join(folder, machine_fingerprint(model, key) + ".json"),
+                                 {"key": repr(key), "costs": costs})
+
+
+def write_json_atomically(path: str, payload: Any) -> str:
+    """Write ``payload`` as JSON to ``path`` through a temporary file and a rename, so a reader in another process
+    never sees half a file; its folder is made if missing. Returns ``path``."""
+    import json
+    import os
+    import tempfile
+
+    folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, machine_fingerprint(model, key) + ".json")
     with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as handle:
-        json.dump({"key": repr(key), "costs": costs}, handle)
+        json.dump(payload, handle)
     os.replace(handle.name, path)
     return path
