@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from vispec.checks import check_int
 from vispec.models.checkpoints import CheckedFromPretrained
-from vispec.models.layers import RMSNorm, apply_rope_interleaved, rope_cache_2d
+from vispec.models.layers import RMSNorm, apply_rope_interleaved, masked_attention, rope_cache_2d
 from vispec.models.offload import weight_device
 from vispec.protocol import WindowLogits, check_path, check_tree, keep_path, tree_ancestors, tree_depths, window_visibility
 
@@ -104,9 +104,12 @@ class Attention(nn.Module):
         if self.n_kv_head != self.n_head:
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.attn_dropout_p if self.training else 0.0
-        )
+        if mask is not None and not self.training and q.device.type == "cpu" and torch.compiler.is_compiling():
+            out = masked_attention(q, k, v, mask)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.attn_dropout_p if self.training else 0.0
+            )
         bsz, _, seqlen, _ = out.shape
         return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1)))
 
