@@ -132,6 +132,9 @@ EXPLORE_CAP = 16  # the interval between measuring blocks doubles up to this man
 # chooser's own AR passes cost 5-13% more than decode_ar's on tiny-c2i (the batch state's bookkeeping), and it pays
 # for settling ramps and measuring blocks: at tiny-c2i batch 4 a predicted 1.04x over AR measured 0.78x
 HANDOVER_MARGIN = 0.15
+#: timed passes between recomputations of the cost curve's pooled growth (cost_growth sorts every label's samples: ~2 ms
+#: on a CPU, where a block start re-scored every 4-5 passes of ~10 ms)
+GROWTH_EVERY = 64
 CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
 PRIOR_RAMP = 0.5  # a settling pass's share of the steady state's extra tokens before any was measured (The ramp)
 
@@ -421,8 +424,12 @@ class ShapeChooser:
                   file=sys.stderr, flush=True)
         self._rates_checked = False  # whether the first block start looked for rates (_measure_rates)
         self._rates_only: set[Shape] = set()  # calibrating shapes whose cost is known: measured for rates only
-        self._curve: Optional[tuple[dict[str, tuple[float, float]], float]] = None  # costs' levels and growth (cost)
-        self._stale = False  # counts or costs changed since the estimates were computed (refreshed at a block start)
+        self._levels: dict[str, tuple[float, float]] = {}  # each cost label's level (cost), computed where missing
+        self._growth: Optional[float] = None  # the curve's pooled growth (cost), recomputed every GROWTH_EVERY timings
+        self._timed_since_growth = 0
+        self._growth_basis = 0  # the curve's samples when the growth was last computed
+        self._retimed: set[str] = set()  # labels timed since the last block start (their levels are recomputed then)
+        self._stale = False  # counts changed since the rates were computed (refreshed at a block start)
         self._steady: Optional[float] = None  # the current pass's steady-state E[T] summed over its live samples
         self._calibrating_block = False
         self._settle = 0  # passes left before this block's passes count towards the rates
@@ -458,11 +465,14 @@ class ShapeChooser:
         """Seconds of a pass of ``shape`` at ``at`` cached tokens: its label's median step time at its samples' median
         cached length, scaled to ``at`` by the curve's relative growth per cached token ``g``, pooled over every label
         (:func:`~vispec.decoding.windows.cost_growth`; a label's own few samples would give wild lines). Computed
-        once per block (:meth:`_refresh`): the chooser asks every pass, and pooling the curve costs more than a
-        small model's pass on a CPU."""
-        if self._curve is None:
-            self._curve = {}, cost_growth(self.costs)
-        levels, growth = self._curve
+        once per block (:meth:`_refresh`), and only for the labels timed since; the growth once the passes timed
+        since its last computation are as many as the samples it had then, at most :data:`GROWTH_EVERY` (often while
+        the curve is young, a calibration's last shapes included): the chooser asks every pass, and pooling the curve costs more than a small
+        model's pass on a CPU."""
+        if self._growth is None or self._timed_since_growth >= min(GROWTH_EVERY, max(self._growth_basis, 1)):
+            self._growth, self._timed_since_growth = cost_growth(self.costs), 0
+            self._growth_basis = sum(len(samples) for samples in self.costs.values())
+        levels, growth = self._levels, self._growth
         if shape.cost_label not in levels:
             samples = self.costs.get(shape.cost_label)
             if not samples:
@@ -598,12 +608,16 @@ class ShapeChooser:
         return settle_passes(shape) if self.settings.settle > 0 else 0
 
     def _refresh(self) -> None:
-        """At a block start: the rates and the cost curve are computed again from what the passes since the last
-        block start counted and timed. Computed every pass they would cost a few milliseconds each (the pooled
-        curve's medians, the rates' recursion over depths): more than a small model's pass on a CPU, and part of
-        every pass's measured cost."""
+        """At a block start: the rates and the levels of the labels timed since the last block start are computed
+        again from what the passes since counted and timed (the curve's growth every :data:`GROWTH_EVERY` timed
+        passes, :meth:`cost`). Computed every pass they would cost a few milliseconds each (the pooled curve's
+        medians, the rates' recursion over depths): more than a small model's pass on a CPU, and part of every
+        pass's measured cost."""
         if self._stale:
-            self._pool_rates, self._curve, self._stale = None, None, False
+            self._pool_rates, self._stale = None, False
+        for label in self._retimed:
+            self._levels.pop(label, None)
+        self._retimed.clear()
 
     def _pick(self, live: list[int], n_host: Sequence[int], need: int, at: int) -> Shape:
         if self.settings.shape_script:  # forced: the scripted shapes in turn, whatever the samples need (tests)
@@ -720,7 +734,8 @@ class ShapeChooser:
                 values = self.costs.setdefault(label, [])
                 values.extend((at, per_pass) for at in self._run)
                 del values[:-64]
-                self._stale = True
+                self._retimed.add(label)
+                self._timed_since_growth += len(self._run)
             self._warm.add(label)
             self._run = []
         self.passes += 1
