@@ -467,8 +467,8 @@ class ShapeChooser:
         (:func:`~vispec.decoding.windows.cost_growth`; a label's own few samples would give wild lines). Computed
         once per block (:meth:`_refresh`), and only for the labels timed since; the growth once the passes timed
         since its last computation are as many as the samples it had then, at most :data:`GROWTH_EVERY` (often while
-        the curve is young, a calibration's last shapes included): the chooser asks every pass, and pooling the curve costs more than a small
-        model's pass on a CPU."""
+        the curve is young, a calibration's last shapes included): the chooser asks every pass, and pooling the curve
+        costs more than a small model's pass on a CPU."""
         if self._growth is None or self._timed_since_growth >= min(GROWTH_EVERY, max(self._growth_basis, 1)):
             self._growth, self._timed_since_growth = cost_growth(self.costs), 0
             self._growth_basis = sum(len(samples) for samples in self.costs.values())
