@@ -174,7 +174,7 @@ def compiled(step: Callable, fullgraph: bool = True) -> Callable:
             if on_cpu not in graphs:
                 options = dict(CPU_OPTIONS) if on_cpu and mode == "default" else None
                 graphs[on_cpu] = torch.compile(step, fullgraph=fullgraph, dynamic=False,
-                                               mode=None if mode == "default" or options else mode, options=options)
+                                               mode=None if mode == "default" else mode, options=options)
             return graphs[on_cpu]
 
         def call(args: tuple, kwargs: dict) -> Any:
