@@ -18,4 +18,4 @@ print(json.dumps(evaluate_edit('out/tiny-edit/transformer', 'out/tiny-edit/trans
                                out='out/tiny-edit/evaluation.json'), indent=2))
 " 2>&1 | tee out/tiny-edit/evaluate.log
 vispec train assemble-edit --edit out/tiny-edit/transformer --init-from tiny-t2i \
-    --evaluation out/tiny-edit/evaluation.json --guidance-scale 1.0 --out models/pretrained/tiny-edit  # guidance 1 edits best
+    --evaluation out/tiny-edit/evaluation.json --guidance-scale 3.0 --out models/pretrained/tiny-edit  # guidance 3 edits best

@@ -248,8 +248,9 @@ def assemble_t2i(cfg: T2IAssembleConfig) -> dict:
         "- Reproduce with samples/train_tiny_t2i.sh (seeded).",
     ]
     extras = {}
-    for name, folder in (("vqvae", cfg.vq), ("transformer", cfg.t2i)):  # the loss logs
-        log = os.path.join(folder, "train_log.jsonl")
+    for name, log in (("vqvae", os.path.join(cfg.vq, "train_log.jsonl")),  # the loss logs
+                      ("transformer", os.path.join(cfg.t2i, "train_log.jsonl")),
+                      ("transformer-init", os.path.join(cfg.t2i, "init_from_log.jsonl"))):  # a continued run's parent
         if os.path.isfile(log):
             extras[f"logs/{name}.jsonl"] = lambda path, log=log: shutil.copy(log, path)
     for relative in ("train_config.json", "train_log.jsonl"):  # the VQ keeps its record, for a decoder retrained on it

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import time
 
 import torch
@@ -148,6 +150,38 @@ def continued_model(cfg: T2ITrainConfig, vocab: dict[str, int]):
     return model
 
 
+def parent_record(init_from: str) -> dict:
+    """The decoder record of the pipeline ``init_from`` (the ``transformer`` entry of the JSON block in its README,
+    which :func:`vispec.eval.train.assemble.assemble_t2i` writes), kept in a continued run's record so that a model's
+    card shows every stage it was trained through; ``{}`` when the folder has none."""
+    from vispec.pipelines.embedded import resolve_model_path
+
+    readme = os.path.join(resolve_model_path(init_from), "README.md")
+    if not os.path.isfile(readme):
+        return {}
+    with open(readme) as handle:
+        blocks = re.findall(r"```json\n(.*?)\n```", handle.read(), flags=re.S)
+    return json.loads(blocks[-1]).get("transformer", {}) if blocks else {}
+
+
+def copy_parent_log(init_from: str, out: str) -> None:
+    """The parent's decoder loss log (``logs/transformer.jsonl`` of its folder) as ``out/init_from_log.jsonl``."""
+    from vispec.pipelines.embedded import resolve_model_path
+
+    log = os.path.join(resolve_model_path(init_from), "logs", "transformer.jsonl")
+    if os.path.isfile(log):
+        shutil.copy(log, os.path.join(out, "init_from_log.jsonl"))
+
+
+def with_parent(metrics: dict, parent: dict) -> dict:
+    """``metrics`` plus ``init_from_record`` (the parent's record) and ``total_train_minutes`` over every stage."""
+    if not parent:
+        return metrics
+    before = parent.get("metrics", {})
+    total = before.get("total_train_minutes", before.get("train_minutes", 0.0)) + metrics["train_minutes"]
+    return {**metrics, "total_train_minutes": round(total, 1), "init_from_record": parent}
+
+
 def train_t2i(cfg: T2ITrainConfig) -> dict:
     cfg.validate()
     torch.manual_seed(cfg.seed)
@@ -187,6 +221,9 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
                "vocabulary": vocab}
     model.save_pretrained(cfg.out)
     tokenizer.save_pretrained(os.path.join(cfg.out, "tokenizer"))
+    if cfg.init_from:
+        metrics = with_parent(metrics, parent_record(cfg.init_from))
+        copy_parent_log(cfg.init_from, cfg.out)
     write_record(cfg.out, cfg, metrics)
     return metrics
 

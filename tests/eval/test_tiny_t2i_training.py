@@ -83,6 +83,15 @@ def test_training_continues_from_an_assembled_pipeline(assembled, tmp_path):
     continued = ChameleonForConditionalGeneration.from_pretrained(str(tmp_path / "next")).state_dict()
     key = "model.layers.0.mlp.down_proj.weight"
     assert torch.allclose(continued[key], start[key], atol=1e-6)  # a 1e-12 step from the pipeline's weights
+    with open(tmp_path / "next" / "train_config.json") as handle:  # the card keeps every stage and its loss log
+        metrics = json.load(handle)["metrics"]
+    first = metrics["init_from_record"]
+    assert first["config"]["out"] == str(root / "t2i") and first["config"]["init_from"] == ""
+    assert metrics["total_train_minutes"] == round(first["metrics"]["train_minutes"] + metrics["train_minutes"], 1)
+    assemble_t2i(T2IAssembleConfig(vq=str(root / "vq"), t2i=str(tmp_path / "next"), clip="", out=str(tmp_path / "pipe2")))
+    assert sorted(os.listdir(tmp_path / "pipe2" / "logs")) == ["transformer-init.jsonl", "transformer.jsonl", "vqvae.jsonl"]
+    with open(tmp_path / "pipe2" / "logs" / "transformer-init.jsonl") as handle:
+        assert [json.loads(line)["step"] for line in handle][:2] == [0, 1]  # stage one's log
     with pytest.raises(ValueError, match="layers 2 differs from the 1 of init_from"):
         train_t2i(T2ITrainConfig(out=str(tmp_path / "bad"), steps=1, **{**common, "layers": 2}))
     train_vq(VQTrainConfig(out=str(tmp_path / "vq16"), data="scenes", steps=1, batch_size=2, codebook_size=16, eval_images=2))
