@@ -99,6 +99,9 @@ def test_demo_section_writes_grid_and_scores(tmp_path, monkeypatch):
     for row in report["methods"].values():
         assert {"nfe", "step_compression", "latency_s", "checks", "accuracy", "clip_score", "clip_score_mismatched"} <= set(row)
         assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["checks"] <= 1.0 and row["clip_score"] >= 0.0
+        assert row["checks_made"] >= 2  # one colour check per picture at least
+        assert row["checks_se"] == pytest.approx((row["checks"] * (1 - row["checks"]) / row["checks_made"]) ** 0.5)
+    assert all(f"{r['checks']:.3f} ±{r['checks_se']:.3f}" in "\n".join(report["table"]) for r in report["methods"].values())
     assert report["methods"]["ar"]["step_compression"] == 1.0
     assert report["methods"]["mc-sjd"]["step_compression"] > 1.0
     assert "CLIP mismatched" in demo._t2i_report_md(report)
