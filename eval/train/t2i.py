@@ -11,7 +11,8 @@ cross-entropy over the rows only, with logits over the codes and the end-of-row 
 the decoders use; :func:`vispec.models.unified.lm_head_backbone`). Both scene sizes are trained, one size per
 batch; captions are left-padded with position ids counted from each caption's first token, so a prompt sits
 at positions ``0..`` as at inference. ``init_from`` continues a trained tiny-t2i (same VQ, same architecture) on a
-fresh draw of scenes (another ``seed``) with a new warm-up and cosine schedule.
+fresh draw of scenes (another ``seed``) with a new warm-up and cosine schedule; its record keeps the parent's
+(:func:`with_parent`) and its folder the parent's loss log (:func:`copy_parent_log`), one stage back.
 """
 
 from __future__ import annotations
