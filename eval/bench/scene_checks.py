@@ -269,7 +269,8 @@ def check_images(
     """Prompt-following accuracy of images (``[B, 3, H, W]`` or a list of ``[3, H, W]``) against their captions.
 
     Returns ``{"accuracy": {attribute: fraction right, or None if no caption asks for it},
-    "asked": {attribute: number of captions asking for it}, "checks": share, "per_image": [check_image results]}``
+    "asked": {attribute: number of captions asking for it}, "checks": share, "made": number of checks,
+    "per_image": [check_image results]}``
     over :data:`ATTRIBUTES` and ``"overall"``. ``accuracy["overall"]`` is the strict rate (images whose every asked
     attribute is right); ``checks`` pools the individual checks: the number of (image, asked attribute) judgements
     that pass over the number made, so a picture with the right colours and shapes but a wrong count passes 2 of 3.
@@ -293,7 +294,8 @@ def check_images(
         accuracy[attribute] = sum(judged) / len(judged) if judged else None
     passed = sum(sum(r[a] for a in ATTRIBUTES if r[a] is not None) for r in per_image)
     made = sum(asked[a] for a in ATTRIBUTES)
-    return {"accuracy": accuracy, "asked": asked, "checks": passed / made if made else None, "per_image": per_image}
+    return {"accuracy": accuracy, "asked": asked, "checks": passed / made if made else None, "made": made,
+            "per_image": per_image}
 
 
 def degrade(images: Tensor, factor: int = 4, noise_std: float = 0.03, seed: int = 0) -> Tensor:

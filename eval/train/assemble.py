@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from typing import Any, Callable
 
@@ -44,6 +45,17 @@ def read_record(folder: str, required: bool = False) -> dict:
         return {}
     with open(path) as handle:
         return json.load(handle)
+
+
+def read_card_record(folder: str) -> dict:
+    """The record :func:`write_pipeline_folder` wrote into ``folder``'s README (its last JSON block); ``{}`` when the
+    folder has no README or no block."""
+    readme = os.path.join(folder, "README.md")
+    if not os.path.isfile(readme):
+        return {}
+    with open(readme) as handle:
+        blocks = re.findall(r"```json\n(.*?)\n```", handle.read(), flags=re.S)
+    return json.loads(blocks[-1]) if blocks else {}
 
 
 def write_pipeline_folder(pipe, out: str, card: list[str], record: dict, *, record_title: str,

@@ -12,14 +12,13 @@ the decoders use; :func:`vispec.models.unified.lm_head_backbone`). Both scene si
 batch; captions are left-padded with position ids counted from each caption's first token, so a prompt sits
 at positions ``0..`` as at inference. ``init_from`` continues a trained tiny-t2i (same VQ, same architecture) on a
 fresh draw of scenes (another ``seed``) with a new warm-up and cosine schedule; its record keeps the parent's
-(:func:`with_parent`) and its folder the parent's loss log (:func:`copy_parent_log`), one stage back.
+and its folder the parent's loss log, one stage back (:func:`parent_history`, :func:`with_parent`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 
@@ -151,27 +150,19 @@ def continued_model(cfg: T2ITrainConfig, vocab: dict[str, int]):
     return model
 
 
-def parent_record(init_from: str) -> dict:
-    """The decoder record of the pipeline ``init_from`` (the ``transformer`` entry of the JSON block in its README,
-    which :func:`vispec.eval.train.assemble.assemble_t2i` writes), kept in a continued run's record so that a model's
-    card shows every stage it was trained through; ``{}`` when the folder has none."""
+def parent_history(init_from: str, out: str) -> dict:
+    """The decoder record of the pipeline ``init_from`` (the ``transformer`` entry of its card's record,
+    :func:`vispec.eval.train.assemble.read_card_record`; ``{}`` when it has none), and its decoder loss log
+    (``logs/transformer.jsonl``) copied to ``out/init_from_log.jsonl``, so that a continued run's card shows every stage
+    it was trained through."""
+    from vispec.eval.train.assemble import read_card_record
     from vispec.pipelines.embedded import resolve_model_path
 
-    readme = os.path.join(resolve_model_path(init_from), "README.md")
-    if not os.path.isfile(readme):
-        return {}
-    with open(readme) as handle:
-        blocks = re.findall(r"```json\n(.*?)\n```", handle.read(), flags=re.S)
-    return json.loads(blocks[-1]).get("transformer", {}) if blocks else {}
-
-
-def copy_parent_log(init_from: str, out: str) -> None:
-    """The parent's decoder loss log (``logs/transformer.jsonl`` of its folder) as ``out/init_from_log.jsonl``."""
-    from vispec.pipelines.embedded import resolve_model_path
-
-    log = os.path.join(resolve_model_path(init_from), "logs", "transformer.jsonl")
+    folder = resolve_model_path(init_from)
+    log = os.path.join(folder, "logs", "transformer.jsonl")
     if os.path.isfile(log):
         shutil.copy(log, os.path.join(out, "init_from_log.jsonl"))
+    return read_card_record(folder).get("transformer", {})
 
 
 def with_parent(metrics: dict, parent: dict) -> dict:
@@ -223,8 +214,7 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
     model.save_pretrained(cfg.out)
     tokenizer.save_pretrained(os.path.join(cfg.out, "tokenizer"))
     if cfg.init_from:
-        metrics = with_parent(metrics, parent_record(cfg.init_from))
-        copy_parent_log(cfg.init_from, cfg.out)
+        metrics = with_parent(metrics, parent_history(cfg.init_from, cfg.out))
     write_record(cfg.out, cfg, metrics)
     return metrics
 
