@@ -282,8 +282,9 @@ def train_edit(cfg: EditTrainConfig) -> dict:
         drop = torch.rand(cfg.batch_size, generator=gen) < cfg.instruction_dropout
         batch = batch_pairs([data["instruction"][i] for i in pick.tolist()], data["source"][pick], data["target"][pick],
                             vocab, tokenizer.pad_token_id, drop)
-        logits = target_logits(model, batch, head)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = target_logits(model, batch, head)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1))
 
     last, steps_done, minutes = fit_timed(model, step_loss, cfg)
     model.eval()

@@ -202,8 +202,9 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
         drop = torch.rand(cfg.batch_size, generator=gen) < cfg.caption_dropout
         batch = batch_sequences([part["captions"][i] for i in pick.tolist()], part["codes"][pick], size, vocab,
                                 tokenizer.pad_token_id, drop)
-        logits = row_logits(model, batch, head_ids)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1)), None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = row_logits(model, batch, head_ids)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1)), None
 
     start = time.time()
     last = fit(model, opt, sched, cfg.steps, step_loss, out=cfg.out, desc="train t2i", log_every=cfg.log_every)

@@ -99,3 +99,29 @@ def test_training_continues_from_an_assembled_pipeline(assembled, tmp_path):
         train_t2i(T2ITrainConfig(out=str(tmp_path / "bad"), steps=1, **{**common, "vq": str(tmp_path / "vq16")}))
     with pytest.raises(ValueError, match="init_from .* is a LlamaGenPipeline, not a UnifiedImagePipeline"):
         T2ITrainConfig(out=str(tmp_path / "bad"), **{**common, "init_from": "tiny-c2i"}).validate()
+
+
+def test_bf16_autocast_trains_like_float32_and_is_refused_where_it_would_be_slower(assembled, tmp_path, monkeypatch):
+    """``bf16``: the same first step's loss as float32 up to bfloat16 rounding, float32 weights saved; a CPU without
+    native bfloat16 products refuses it before any work, naming the field."""
+    root, _ = assembled
+    common = dict(vq=str(root / "vq"), num_sequences=8, steps=1, batch_size=2, hidden_size=32, layers=1, heads=2,
+                  log_every=1)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        first = {}
+        for bf16 in (False, True):
+            train_t2i(T2ITrainConfig(out=str(tmp_path / f"bf16-{bf16}"), bf16=bf16, **common))
+            with open(tmp_path / f"bf16-{bf16}" / "train_log.jsonl") as handle:
+                first[bf16] = json.loads(handle.readline())["loss"]
+        assert first[True] == pytest.approx(first[False], rel=0.02)
+        from transformers import ChameleonForConditionalGeneration
+
+        saved = ChameleonForConditionalGeneration.from_pretrained(str(tmp_path / "bf16-True"))
+        assert {p.dtype for p in saved.parameters()} == {torch.float32}
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    with pytest.raises(ValueError, match="bf16: this CPU has no native bfloat16"):
+        T2ITrainConfig(out=str(tmp_path / "slow"), bf16=True, **common).validate()
+    from vispec.eval.train.configs import EditTrainConfig
+
+    with pytest.raises(ValueError, match="bf16: this CPU has no native bfloat16"):  # tiny-edit's trainer too
+        EditTrainConfig(out=str(tmp_path / "slow-edit"), bf16=True).validate()
