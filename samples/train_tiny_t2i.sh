@@ -10,6 +10,8 @@
 # (seed 1; ~7 min of tokenisation, then ~65-78 min). The second stage lifted AR's scene checks from 0.57 to 0.66 on
 # training compositions and from 0.50 to 0.60 on held-out ones (96 scenes each); the model card records both stages,
 # their total minutes, and both loss logs (logs/transformer-init.jsonl is stage one's). About 2.8 hours in all.
+# (--bf16 makes a step ~1.5x faster on CPUs with AVX512-BF16 or AMX; the shipped model was trained without it, and a
+# 5000-step single-stage run with it, under 2 hours, scored lower: docs/models.md.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p out/tiny-t2i
