@@ -21,7 +21,8 @@ machine cancel), the step compression, host synchronisations per decode step
 with the counter suspended, see :func:`vispec.decoding.compiled.outside_torch_function_mode`), aten ops per step
 (``torch.profiler`` events named ``aten::*``, nested ones included, over one decode) and the windows the
 passes ran with (``stats.windows``). The sync and op counts come from separate untimed decodes run after
-the timed rounds. A step is one decode pass after the prefill: ``sum(stats.windows.values())``.
+the timed rounds; a partial JSON holds a batch size's timed rows before they are counted (``None`` until then:
+profiling is slow on a GPU machine, and a time limit must not lose the timings). A step is one decode pass after the prefill: ``sum(stats.windows.values())``.
 
 Models: a named GPT config (``GPT-mini``, ``GPT-B``, ``GPT-L``, ...) randomly initialised, or
 ``tiny-c2i``, the embedded trained class-conditional model (its vocabulary, classes and at most its
@@ -466,10 +467,6 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
         for _ in range(cfg.rounds):  # interleaved: A B C ... A B C ...
             for con in contenders:
                 con.timed_round()
-        counts = {}
-        for con in contenders:
-            progress(f"B={batch}: syncs and ops of {con.method}{' (compiled)' if con.compiled else ''} ...")
-            counts[con] = con.counts()
         ar = {c.compiled: c for c in contenders if c.method == "ar"}
         curve = {}
         for c, (key, cpu_stats) in calibration.items():
@@ -479,13 +476,13 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
             per_round = sum(ar[c].windows.values()) / max(len(ar[c].round_s), 1)
             curve[c].update(ar_step_s=_median(ar[c].round_s) / per_round, ar_step_cpu_s=_median(ar[c].round_cpu_s) / per_round)
             curves.append(curve[c])
+        batch_rows: dict = {}
         for con in contenders:
             nfe = statistics.fmean(con.nfe)
             same_ar, eager_ar = ar[con.compiled], ar[False]
-            syncs, ops, sync_names = counts[con]
             speedup = _median([a / b for a, b in zip(same_ar.round_s, con.round_s)])
             speedup_cpu = _median([a / b for a, b in zip(same_ar.round_cpu_s, con.round_cpu_s)])
-            rows.append({
+            batch_rows[con] = {
                 "batch_size": batch, "method": con.method, "decoding": con.decoding.method, "compile": con.compiled,
                 "images": images, "rounds": len(con.round_s),
                 "images_per_s": images / _median(con.round_s), "s_per_image": _median(con.round_s) / images,
@@ -497,7 +494,7 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
                 "nfe": nfe, "steps_per_decode": statistics.fmean(con.steps),
                 "accepted_per_forward": statistics.fmean(con.accepted) if con.accepted else None,
                 "latency_s": statistics.fmean(con.latency),
-                "syncs_per_step": syncs, "syncs_by_name": sync_names, "ops_per_step": ops,
+                "syncs_per_step": None, "syncs_by_name": None, "ops_per_step": None,  # counted below
                 "windows": con.last_windows, "windows_total": dict(sorted(con.windows.items(), reverse=True)),
                 "round_s": con.round_s, "round_cpu_s": con.round_cpu_s, "warmup_s": warmup[con],
                 "compiles_in_timed": con.compiles_in_timed,
@@ -509,9 +506,16 @@ def _run_sweep(cfg: DecoderBenchConfig, progress, partial=None) -> dict:
                 "tokens_per_forward": cfg.image_tokens / nfe,
                 "single_token_passes": share(con.commits, 1) if con.commits else float("nan"),
                 **roofline.chooser_fields(con.decodes, speedup),
-            })
-        if partial:
+            }
+            rows.append(batch_rows[con])
+        if partial:  # the timings before the counts: a run cut short while profiling (slow on a GPU) keeps them
             partial(snapshot())
+        for con in contenders:
+            progress(f"B={batch}: syncs and ops of {con.method}{' (compiled)' if con.compiled else ''} ...")
+            syncs, ops, sync_names = con.counts()
+            batch_rows[con].update(syncs_per_step=syncs, syncs_by_name=sync_names, ops_per_step=ops)
+            if partial:
+                partial(snapshot())
     return snapshot()
 
 
@@ -523,6 +527,11 @@ def _windows_text(windows: dict, top: int = 3) -> str:
     total = sum(windows.values()) or 1
     common = sorted(windows.items(), key=lambda kv: (-kv[1], -int(kv[0])))[:top]
     return " ".join(f"{w}:{100 * n / total:.0f}%" for w, n in common) + (" ..." if len(windows) > top else "")
+
+
+def _count(value: Optional[float], digits: int) -> str:
+    """A per-step count, or ``-`` where the run stopped before counting it."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def format_sweep_table(result: dict) -> str:
@@ -542,8 +551,8 @@ def format_sweep_table(result: dict) -> str:
         last = row["batch_size"]
         line = (f"{row['batch_size']:>3} {row['method']:<{width}} {'compiled' if row['compile'] else 'eager':<8} "
                 f"{row['images_per_s']:>8.3f} {row['s_per_image']:>8.3f} {row['speedup_vs_ar']:>6.2f} "
-                f"{row['speedup_vs_eager_ar']:>11.2f} {row['step_compression']:>6.2f} {row['syncs_per_step']:>10.2f} "
-                f"{row['ops_per_step']:>8.0f}  {_windows_text(row['windows_total'])}")
+                f"{row['speedup_vs_eager_ar']:>11.2f} {row['step_compression']:>6.2f} {_count(row['syncs_per_step'], 2):>10} "
+                f"{_count(row['ops_per_step'], 0):>8}  {_windows_text(row['windows_total'])}")
         if row["compiles_in_timed"]:
             line += f"  [compiled {row['compiles_in_timed']} graph(s) in timed runs]"
         lines.append(line)

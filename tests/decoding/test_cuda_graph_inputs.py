@@ -134,3 +134,45 @@ def test_skip_reasons_are_recorded():
     for _ in range(2):
         log_cudagraph_skip_and_bump_counter(message + "\n  File \"x.py\", line 1, in step\n")
     assert cudagraph_skip_reasons().count(message) == 1
+
+
+def test_step_outputs_kept_by_a_decode_are_copied_out_of_the_graph_pool():
+    """Within cuda_graphs(), after every compiled step the ragged batch's step-made tensors (n, nfe, accepted, its
+    state) are copies of their own, with the same values; outside it (and for the persistent buffers) nothing is
+    copied. (The failure this prevents needs a GPU: a CUDA-graph tree overwriting an earlier step's output.)"""
+    calls = []
+
+    class Kept:
+        def own_graph_outputs(self):
+            calls.append(self)
+
+    def step(x: torch.Tensor, kept: Kept) -> torch.Tensor:
+        return x + 1
+
+    x, kept = torch.zeros(3), Kept()
+    compiled_steps.compiled(step)(x, kept)
+    assert calls == []
+    with cuda_graphs():
+        compiled_steps.compiled(step)(x, kept)
+    assert calls == [kept]
+
+    model = _model()
+    seen = []
+    own = compiled_steps.own_graph_outputs
+
+    def spy(args):
+        batch = next(a for a in args if hasattr(a, "own_graph_outputs"))
+        made = (batch.n, batch.nfe, batch.accepted, dict(batch.state), batch.tokens)
+        own(args)
+        seen.append(made)
+        assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+                   for a, b in zip((made[0], made[1], made[2], *made[3].values()),
+                                   (batch.n, batch.nfe, batch.accepted, *batch.state.values())))
+        assert batch.tokens is made[4]  # persistent: written in place, never copied
+
+    eager = _decode(model, "mc-sjd-maximal:window=2", compile=False)
+    from unittest import mock
+
+    with mock.patch.object(compiled_steps, "own_graph_outputs", spy), cuda_graphs():
+        out = _decode(model, "mc-sjd-maximal:window=2", compile=True)
+    assert seen and torch.equal(out.tokens, eager.tokens)

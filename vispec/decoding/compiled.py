@@ -21,7 +21,9 @@ cached lengths; the state's ``persistent_tensors()``), the ragged batch's token 
 and a lossy rule's TV sums. Within :func:`cuda_graphs` each decoder marks these once, when it allocates them
 (:func:`mark_persistent`: ``mark_static_address(t, guard=False)``), so they are static inputs and the steps
 replay; tensors a step builds anew (committed counts, draft distributions, window targets) are left unmarked,
-since they are outputs of the previous step's graph or copied into the graph's own input buffers. The marks
+since they are outputs of the previous step's graph or copied into the graph's own input buffers. The ones a
+decode keeps past the step are copied out of the graph's output pool right after it (:func:`own_graph_outputs`):
+a later replay, of this graph or another, may overwrite that pool. The marks
 are *unguarded*: dynamo does not recompile when a marked tensor's address changes, the CUDA-graph tree
 re-records the graph instead. A new decode allocates new buffers, so each step graph is recorded once more per
 decode (and when a batch drops finished slots, a new shape: a new graph anyway); within a decode, steps replay.
@@ -181,8 +183,12 @@ def compiled(step: Callable, fullgraph: bool = True) -> Callable:
             graph = graph_for(_on_cpu(args))
             if fullgraph and _outside_mode.get():
                 with torch.overrides._pop_mode_temporarily():
-                    return graph(*args, **kwargs)
-            return graph(*args, **kwargs)
+                    result = graph(*args, **kwargs)
+            else:
+                result = graph(*args, **kwargs)
+            if mode == CUDA_GRAPHS_MODE:
+                own_graph_outputs(args)
+            return result
 
         def run(*args: Any, **kwargs: Any) -> Any:
             # the limit raised for this call only, as config.patch would, but set and restored directly: the patch
@@ -199,6 +205,24 @@ def compiled(step: Callable, fullgraph: bool = True) -> Callable:
 
         _graphs[key] = run
     return _graphs[key]
+
+
+def own_graph_outputs(args: tuple) -> None:
+    """After a step replayed as a CUDA graph: the arguments that keep tensors the step made anew (a ragged batch's
+    committed counts and per-decode state: objects with an ``own_graph_outputs()`` method) copy them out of the
+    graph's output pool.
+
+    A CUDA-graph tree writes a graph's outputs into the same memory at every replay, and when the decode switches
+    between step graphs (a one-row pass, a window, a tree) it may start a new generation of the tree, after which
+    every earlier output may be overwritten. A decode keeps some outputs for several steps (e.g. a count only the
+    one-row step updates), so without the copy a later step reads one that another replay has overwritten (on an
+    H200, 2026-12-04: "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run" in the
+    first MC-SJD calibration). What a step returns (its status) is read before the next step runs and is not
+    copied."""
+    for arg in args:
+        own = getattr(arg, "own_graph_outputs", None)
+        if callable(own) and not isinstance(arg, type):
+            own()
 
 
 def _on_cpu(args: tuple) -> bool:

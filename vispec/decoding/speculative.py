@@ -225,6 +225,13 @@ class RaggedBatch:
         are made anew by every step."""
         mark_persistent(self.tokens, self.commits, *(state for _, state in self.caches.values()))
 
+    def own_graph_outputs(self) -> None:
+        """After a step run as a CUDA graph: the tensors steps make anew (``n``, ``nfe``, ``accepted``, :attr:`state`)
+        become copies of their own, outside the graph's output pool, which a later replay may overwrite
+        (:func:`vispec.decoding.compiled.own_graph_outputs`). The persistent buffers are written in place and stay."""
+        self.n, self.nfe, self.accepted = self.n.clone(), self.nfe.clone(), self.accepted.clone()
+        self.state = {name: value.clone() if isinstance(value, Tensor) else value for name, value in self.state.items()}
+
     # ---- host-side view -------------------------------------------------------------------------
 
     @property
