@@ -155,6 +155,9 @@ def test_step_outputs_kept_by_a_decode_are_copied_out_of_the_graph_pool():
     with cuda_graphs():
         compiled_steps.compiled(step)(x, kept)
     assert calls == [kept]
+    made = (torch.ones(2), 3)
+    copied = compiled_steps._copied(made)
+    assert type(copied) is tuple and torch.equal(copied[0], made[0]) and copied[0] is not made[0] and copied[1] == 3
 
     model = _model()
     seen = []

@@ -22,8 +22,8 @@ and a lossy rule's TV sums. Within :func:`cuda_graphs` each decoder marks these 
 (:func:`mark_persistent`: ``mark_static_address(t, guard=False)``), so they are static inputs and the steps
 replay; tensors a step builds anew (committed counts, draft distributions, window targets) are left unmarked,
 since they are outputs of the previous step's graph or copied into the graph's own input buffers. The ones a
-decode keeps past the step are copied out of the graph's output pool right after it (:func:`own_graph_outputs`):
-a later replay, of this graph or another, may overwrite that pool. The marks
+decode keeps past the step, and what the step returns, are copied out of the graph's output pool right after it
+(:func:`own_graph_outputs`): a later replay, of this graph or another, may overwrite that pool. The marks
 are *unguarded*: dynamo does not recompile when a marked tensor's address changes, the CUDA-graph tree
 re-records the graph instead. A new decode allocates new buffers, so each step graph is recorded once more per
 decode (and when a batch drops finished slots, a new shape: a new graph anyway); within a decode, steps replay.
@@ -186,8 +186,9 @@ def compiled(step: Callable, fullgraph: bool = True) -> Callable:
                     result = graph(*args, **kwargs)
             else:
                 result = graph(*args, **kwargs)
-            if mode == CUDA_GRAPHS_MODE:
+            if mode == CUDA_GRAPHS_MODE:  # nothing a graph wrote outlives the call inside its pool
                 own_graph_outputs(args)
+                result = _copied(result)
             return result
 
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -217,12 +218,21 @@ def own_graph_outputs(args: tuple) -> None:
     every earlier output may be overwritten. A decode keeps some outputs for several steps (e.g. a count only the
     one-row step updates), so without the copy a later step reads one that another replay has overwritten (on an
     H200, 2026-12-04: "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run" in the
-    first MC-SJD calibration). What a step returns (its status) is read before the next step runs and is not
-    copied."""
+    first MC-SJD calibration). What a step returns is copied too (:func:`_copied`): AR's next position and status
+    go into the next step, as gpt-fast's decode loop clones the token it feeds back."""
     for arg in args:
         own = getattr(arg, "own_graph_outputs", None)
         if callable(own) and not isinstance(arg, type):
             own()
+
+
+def _copied(result: Any) -> Any:
+    """A step's return value with its tensors cloned (a tensor, or a tuple or list of them and other values)."""
+    if isinstance(result, Tensor):
+        return result.clone()
+    if isinstance(result, (tuple, list)):
+        return type(result)(value.clone() if isinstance(value, Tensor) else value for value in result)
+    return result
 
 
 def _on_cpu(args: tuple) -> bool:
