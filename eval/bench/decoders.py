@@ -22,7 +22,8 @@ with the counter suspended, see :func:`vispec.decoding.compiled.outside_torch_fu
 (``torch.profiler`` events named ``aten::*``, nested ones included, over one decode) and the windows the
 passes ran with (``stats.windows``). The sync and op counts come from separate untimed decodes run after
 the timed rounds; a partial JSON holds a batch size's timed rows before they are counted (``None`` until then:
-profiling is slow on a GPU machine, and a time limit must not lose the timings). A step is one decode pass after the prefill: ``sum(stats.windows.values())``.
+profiling is slow on a GPU machine, and a time limit must not lose the timings). A step is one decode pass
+after the prefill: ``sum(stats.windows.values())``.
 
 Models: a named GPT config (``GPT-mini``, ``GPT-B``, ``GPT-L``, ...) randomly initialised, or
 ``tiny-c2i``, the embedded trained class-conditional model (its vocabulary, classes and at most its
