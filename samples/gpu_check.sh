@@ -15,7 +15,8 @@
 # kernel tests, eager and compiled benches, each bounded, so one call of the device tool returns all of it.
 #
 # Where vispec is not installed there, wheels in .whl/ (diffusers and what it needs) are installed with vispec
-# itself, offline. Overrides (environment): PHASES (default tests,eager,compiled), COMPILED_BATCHES (default 1),
+# itself, offline. Overrides (environment): PHASES (default tests,eager,compiled), EAGER_BATCHES (default 1,16),
+# COMPILED_BATCHES (default 1),
 # DEADLINE_S, DEVICE (cpu: a dry run of the plumbing), MODEL, TOKENS, IMAGES, ROUNDS.
 set -uo pipefail
 
@@ -73,7 +74,7 @@ bench=(python3 -c "from vispec.cli import main; main()" bench decoders --model "
        --dtype bfloat16 --image-tokens "$TOKENS" --window 16 --num-images "$IMAGES" --rounds "$ROUNDS")
 eager_limit=$(( $(left) * 2 / 5 ))
 phase compiled || eager_limit=$(( $(left) - 25 ))
-phase eager && run eager "$eager_limit" "${bench[@]}" --methods ar,mc-sjd,sjd-pac,auto --batch-sizes 1,16 --kernels \
+phase eager && run eager "$eager_limit" "${bench[@]}" --methods ar,mc-sjd,sjd-pac,auto --batch-sizes "${EAGER_BATCHES:-1,16}" --kernels \
   --json "$OUT/eager.json" --plot "$WORK/eager.png"
 phase eager && cp "$WORK/eager.txt" "$OUT/eager.txt"
 
