@@ -4,7 +4,7 @@
 #   2. `vispec bench decoders` on tiny-c2i@GPT-L in bf16 with eager steps at batch 1 and 16: AR, MC-SJD (window 16),
 #      SJD-PAC and the exact shape chooser (`auto`), with `vispec bench kernels`' bandwidth report;
 #   3. the GPU command's compiled steps (torch.compile, CUDA graphs) at batch 1 for AR and MC-SJD (an inductor
-#      compile of GPT-L's step takes ~27 s per window shape on an H200, so this phase gets what time is left).
+#      compile of GPT-L's step took ~40 s per window shape on an H200 on 2026-12-04: batch 1 needs ~7 minutes).
 # Each phase has its own limit inside DEADLINE_S (default 540 s); the bench rewrites its JSON after every measured
 # row, so a phase cut short keeps what it measured ("complete": false). The step-cost curves the bench calibrated
 # come back as step-costs.tar: a curve file for `--cost-curve PATH` on another machine.
@@ -31,6 +31,7 @@ for p in ${PHASES//,/ }; do
 done
 [[ "$DEADLINE_S" =~ ^[0-9]+$ ]] || { echo "DEADLINE_S must be a whole number of seconds, got '$DEADLINE_S'" >&2; exit 2; }
 mkdir -p -- "$OUT"
+OUT=$(cd -- "$OUT" && pwd)  # the phases run in a folder of their own
 LOG="$OUT/log.txt"
 WORK=$(mktemp -d)
 export VISPEC_CACHE_DIR="$WORK/cache" PYTHONUNBUFFERED=1
@@ -65,6 +66,14 @@ if ! python3 -c "import vispec.eval, vispec.kernels" 2>/dev/null; then
 fi
 
 phase() { [[ ",$PHASES," == *",$1,"* ]]; }
+# keep NAME: the bench's printed tables in OUT/NAME.txt; from its partial JSON where the time limit cut it short
+keep() {
+  cp "$WORK/$1.txt" "$OUT/$1.txt"
+  if [ ! -s "$OUT/$1.txt" ] && [ -s "$OUT/$1.json" ]; then
+    python3 -c "import json, sys; from vispec.eval.bench.decoders import format_table; print(format_table(json.load(open(sys.argv[1]))))" \
+      "$OUT/$1.json" > "$OUT/$1.txt" 2>> "$LOG" || true
+  fi
+}
 
 phase tests && run tests 90 env TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider \
   --rootdir "$REPO" -c "$REPO/pyproject.toml" -m gpu "$REPO/tests/kernels"
@@ -76,12 +85,12 @@ eager_limit=$(( $(left) * 2 / 5 ))
 phase compiled || eager_limit=$(( $(left) - 25 ))
 phase eager && run eager "$eager_limit" "${bench[@]}" --methods ar,mc-sjd,sjd-pac,auto --batch-sizes "${EAGER_BATCHES:-1,16}" --kernels \
   --json "$OUT/eager.json" --plot "$WORK/eager.png"
-phase eager && cp "$WORK/eager.txt" "$OUT/eager.txt"
+phase eager && keep eager
 
 phase compiled && run compiled "$(( $(left) - 25 ))" "${bench[@]}" --methods ar,mc-sjd \
   --batch-sizes "${COMPILED_BATCHES:-1}" --compile --cuda-graphs \
   --json "$OUT/compiled.json" --plot "$WORK/compiled.png"
-phase compiled && cp "$WORK/compiled.txt" "$OUT/compiled.txt"
+phase compiled && keep compiled
 
 if [ -d "$VISPEC_CACHE_DIR" ]; then tar -C "$VISPEC_CACHE_DIR" -cf "$OUT/step-costs.tar" . && stamp "step-costs.tar: $(tar -tf "$OUT/step-costs.tar" | grep -c json) curves"; fi
 stamp "done: $(cd "$OUT" && ls | tr '\n' ' ')"
