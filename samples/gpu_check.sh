@@ -15,7 +15,8 @@
 # kernel tests, eager and compiled benches, each bounded, so one call of the device tool returns all of it.
 #
 # Where vispec is not installed there, wheels in .whl/ (diffusers and what it needs) are installed with vispec
-# itself, offline. Overrides (environment): PHASES (default tests,eager,compiled), EAGER_BATCHES (default 1,16),
+# itself, offline. It needs only tiny-c2i's weights: where a checkout must travel in under 64 MiB (this repository
+# is ~150 MB), the other embedded models can stay behind. Overrides (environment): PHASES (default tests,eager,compiled), EAGER_BATCHES (default 1,16),
 # COMPILED_BATCHES (default 1),
 # DEADLINE_S, DEVICE (cpu: a dry run of the plumbing), MODEL, TOKENS, IMAGES, ROUNDS.
 set -uo pipefail
