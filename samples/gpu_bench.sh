@@ -14,6 +14,7 @@
 # Overrides (environment): MODEL, BATCHES, IMAGES, ROUNDS, TOKENS, WINDOW, METHODS, LIMIT_S (the bench's time limit).
 # Writes OUT_DIR/decoders.json, OUT_DIR/decoders.txt (the printed tables), OUT_DIR/progress.log, OUT_DIR/env.txt.
 set -euo pipefail
+. "$(dirname "$0")/gpu_common.sh"
 
 usage="usage: samples/gpu_bench.sh [--device cuda|cpu] OUT_DIR"
 DEVICE=${DEVICE:-cuda}
@@ -43,12 +44,7 @@ fi
 METHODS=${METHODS:-ar,mc-sjd}
 
 stamp "environment -> $OUT/env.txt"
-{
-  date -u
-  python -c "import sys, torch; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
-  python -c "import triton; print('triton', triton.__version__)" 2>/dev/null || echo "triton: not installed"
-  if [ "$DEVICE" = cuda ]; then nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv 2>/dev/null || true; fi
-} > "$OUT/env.txt" 2>&1
+environment_report "$DEVICE" > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt" >&2
 
 stamp "vispec bench decoders --model $MODEL --device $DEVICE --dtype $DTYPE $COMPILE --kernels --batch-sizes $BATCHES (limit ${LIMIT_S}s)"
@@ -62,8 +58,7 @@ status=$?
 set -e
 if [ "$status" -ne 0 ] && [ -s "$OUT/decoders.json" ]; then
   stamp "the bench stopped with exit status $status (124/130: the ${LIMIT_S}s limit); the tables of what it finished:"
-  python -c "import json, sys; from vispec.eval.bench.decoders import format_table; print(format_table(json.load(open(sys.argv[1]))))" \
-    "$OUT/decoders.json" >> "$OUT/decoders.txt" || true
+  tables_from_json "$OUT/decoders.json" >> "$OUT/decoders.txt" || true
 fi
 cat "$OUT/decoders.txt"
 kept=""

@@ -16,10 +16,11 @@
 #
 # Where vispec is not installed there, wheels in .whl/ (diffusers and what it needs) are installed with vispec
 # itself, offline. It needs only tiny-c2i's weights: where a checkout must travel in under 64 MiB (this repository
-# is ~150 MB), the other embedded models can stay behind. Overrides (environment): PHASES (default tests,eager,compiled), EAGER_BATCHES (default 1,16),
-# COMPILED_BATCHES (default 1),
-# DEADLINE_S, DEVICE (cpu: a dry run of the plumbing), MODEL, TOKENS, IMAGES, ROUNDS.
+# is ~150 MB), the other embedded models can stay behind.
+# Overrides (environment): PHASES (default tests,eager,compiled), EAGER_BATCHES (default 1,16), COMPILED_BATCHES
+# (default 1), DEADLINE_S, DEVICE (cpu: a dry run of the plumbing), MODEL, TOKENS, IMAGES, ROUNDS.
 set -uo pipefail
+. "$(dirname "$0")/gpu_common.sh"
 
 usage="usage: samples/gpu_check.sh OUT_DIR"
 [ $# -eq 1 ] && [ "${1#-}" = "$1" ] || { echo "$usage" >&2; exit 2; }
@@ -52,11 +53,7 @@ run() {
 }
 
 stamp "environment"
-{
-  python3 -c "import sys, torch; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
-  python3 -c "import triton; print('triton', triton.__version__)" 2>/dev/null || echo "triton: not installed"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
-} 2>&1 | tee -a "$LOG"
+environment_report "$DEVICE" 2>&1 | tee -a "$LOG"
 
 REPO=$(pwd)
 cd "$WORK"  # from here on: the installed vispec, not the checkout's folders (vispec/ alone would shadow it)
@@ -71,8 +68,7 @@ phase() { [[ ",$PHASES," == *",$1,"* ]]; }
 keep() {
   cp "$WORK/$1.txt" "$OUT/$1.txt"
   if [ ! -s "$OUT/$1.txt" ] && [ -s "$OUT/$1.json" ]; then
-    python3 -c "import json, sys; from vispec.eval.bench.decoders import format_table; print(format_table(json.load(open(sys.argv[1]))))" \
-      "$OUT/$1.json" > "$OUT/$1.txt" 2>> "$LOG" || true
+    tables_from_json "$OUT/$1.json" > "$OUT/$1.txt" 2>> "$LOG" || true
   fi
 }
 
