@@ -43,7 +43,9 @@ on CPU (benchmarks, large vocabularies) opt in with ``VISPEC_FUSED_NOISE=1`` or 
 Compiled decode steps (:func:`race` while ``torch.compile`` traces, on any device) need neither path: the Philox words
 are traced into the step's own graph (:func:`graph_uniforms`: step 1's overflow-free arithmetic, every operation
 exact, so inductor's code gives the eager bits; pinned by the tests) and one opaque op, ``vispec::race_uniforms``, runs
-the eager ``log`` and the race, whatever the setting. Before, the whole race was an opaque op that drew the noise eagerly
+the eager ``log`` and the race, whatever the setting. The acceptance uniforms (:func:`uniforms_for`), the rank
+uniforms (:func:`words_for`) and the sibling and residual noise (:func:`exponentials_for`, whose ``log`` alone is an
+opaque op, ``vispec::neg_log``) are drawn the same way. Before, the whole race was an opaque op that drew the noise eagerly
 by default: ~330 extra ATen ops per AR step, 8-10% of tiny-c2i's compiled step on CPU (``samples/ar_step_bench.py``).
 """
 
@@ -274,16 +276,6 @@ def _(weights: Tensor, seeds: Tensor, positions: Tensor, streams: Tensor, draws:
     return weights.new_empty(weights.shape[:1], dtype=torch.int64)
 
 
-@torch.library.custom_op("vispec::keyed_uniforms", mutates_args=())
-def _keyed_uniforms_op(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
-    return keyed_uniforms(seeds, positions, streams, draws).contiguous()
-
-
-@_keyed_uniforms_op.register_fake
-def _(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
-    return seeds.new_empty(seeds.shape, dtype=torch.float32)
-
-
 def race(weights: Tensor, seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
     """:func:`keyed_race` for ``[R]`` key tensors, also inside ``torch.compile``d code: there the Philox words are
     traced into the graph (:func:`graph_uniforms`, exact integer arithmetic) and only ``log`` and the race run
@@ -327,44 +319,46 @@ def _(weights: Tensor, u: Tensor) -> Tensor:
     return weights.new_empty(weights.shape[:1], dtype=torch.int64)
 
 
-@torch.library.custom_op("vispec::keyed_exponentials", mutates_args=())
-def _keyed_exponentials_op(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, vocab: int) -> Tensor:
-    return keyed_exponentials(seeds, positions, streams, draws, vocab).contiguous()
+def _neg_log(u: Tensor) -> Tensor:
+    """``E = -log(u)`` by ATen's own ``log``, the kernel of :func:`vispec.kernels.philox.exponentials` (module
+    docstring, step 2): the eager end of :func:`exponentials_for` in a compiled step."""
+    return torch.log(u).neg_()
 
 
-@_keyed_exponentials_op.register_fake
-def _(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, vocab: int) -> Tensor:
-    return seeds.new_empty((seeds.shape[0], vocab), dtype=torch.float32)
+_LIBRARY.define("neg_log(Tensor u) -> Tensor")
+_LIBRARY.impl("neg_log", _neg_log, "CompositeExplicitAutograd")
 
 
-@torch.library.custom_op("vispec::keyed_words", mutates_args=())
-def _keyed_words_op(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, count: int) -> Tensor:
-    return uniforms(seeds, positions[:, None], streams[:, None], draws, vocab_size=count)[:, 0].contiguous()
-
-
-@_keyed_words_op.register_fake
-def _(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, count: int) -> Tensor:
-    return seeds.new_empty((seeds.shape[0], count), dtype=torch.float32)
+@torch.library.register_fake("vispec::neg_log")
+def _(u: Tensor) -> Tensor:
+    return torch.empty_like(u)
 
 
 def exponentials_for(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, vocab: int) -> Tensor:
-    """:func:`keyed_exponentials` for ``[R]`` key tensors, opaque inside ``torch.compile`` (see :func:`race`)."""
+    """:func:`keyed_exponentials` for ``[R]`` key tensors, also inside ``torch.compile``d code: there the Philox words
+    are traced into the graph (:func:`graph_uniforms`) and only the ``log`` runs eagerly (``vispec::neg_log``), as in
+    :func:`race`."""
     if torch.compiler.is_compiling():
-        return torch.ops.vispec.keyed_exponentials(seeds, positions, streams, draws, vocab)
+        if seeds.shape[0] == 0 or vocab < 1:
+            return seeds.new_empty((seeds.shape[0], max(vocab, 0)), dtype=torch.float32)
+        return torch.ops.vispec.neg_log(graph_uniforms(_keys(seeds, positions, streams, draws), vocab))
     return keyed_exponentials(seeds, positions, streams, draws, vocab).contiguous()
 
 
 def words_for(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor, count: int) -> Tensor:
     """``[R, count]`` float32 uniforms, entry ``k`` word ``k % 4`` of the Philox block ``c0 = k // 4`` of row ``r``'s
     key (:func:`vispec.kernels.philox.uniforms` with ``vocab_size=count``; entry 0 is :func:`uniforms_for`'s
-    number); opaque inside ``torch.compile`` (see :func:`race`)."""
+    number); inside ``torch.compile``d code traced into the graph (:func:`graph_uniforms`: exact integer arithmetic,
+    the eager bits)."""
     if torch.compiler.is_compiling():
-        return torch.ops.vispec.keyed_words(seeds, positions, streams, draws, count)
+        return graph_uniforms(_keys(seeds, positions, streams, draws), count)
     return uniforms(seeds, positions[:, None], streams[:, None], draws, vocab_size=count)[:, 0].contiguous()
 
 
 def uniforms_for(seeds: Tensor, positions: Tensor, streams: Tensor, draws: Tensor) -> Tensor:
-    """:func:`keyed_uniforms` for ``[R]`` key tensors, opaque inside ``torch.compile`` (see :func:`race`)."""
+    """:func:`keyed_uniforms` for ``[R]`` key tensors; inside ``torch.compile``d code traced into the graph (word 0
+    of :func:`graph_uniforms`' first block: the eager bits). Before, an opaque op drew them eagerly: ~50 ATen ops
+    and 2 ms of a ~19 ms compiled MC-SJD pass on tiny-c2i at batch 1 (a 2-core AVX2 CPU)."""
     if torch.compiler.is_compiling():
-        return torch.ops.vispec.keyed_uniforms(seeds, positions, streams, draws)
+        return graph_uniforms(_keys(seeds, positions, streams, draws), 1)[:, 0]
     return keyed_uniforms(seeds, positions, streams, draws).contiguous()

@@ -4,13 +4,17 @@
     python samples/ar_step_bench.py --tree /tmp/wt-65a9978              # run another commit's work tree
     python samples/ar_step_bench.py --trees /tmp/wt-65a9978,/work/main  # interleave two trees round by round
     python samples/ar_step_bench.py --official /tmp/llamagen-official   # also time official LlamaGen generate()
+    python samples/ar_step_bench.py --decoding mc-sjd:window=16 --trees /tmp/wt-old,/work/main --no-counts
 
 One thread. Each (mode, batch) is decoded once to warm up (compiles), then ``--rounds`` rounds run every
 (mode, batch[, tree]) once in turn (interleaved, so load drifts hit all alike); printed: the median per-token CPU
 time (``time.process_time``) and wall time of a 256-token decode. With ``--trees`` every tree runs in its own
 long-lived worker process (``--worker``) and the rounds alternate between the workers; ratios are against the
 first tree. A 2-token decode is timed in each round too (its CPU time is the per-decode part: prefill,
-set-up, one step), so a change of the fixed cost is told apart from one of the step.
+set-up, one step), so a change of the fixed cost is told apart from one of the step. ``--decoding`` times another
+decoder's steps the same way (every decode uses the same seeds, so the warm-up compiles every window it meets);
+its figures are then per committed token, not per pass (its counts too: take them with ``--no-counts`` off only to
+compare trees).
 
 Counts, per AR step (the difference between a 48- and a 16-token decode, divided by 32 steps, so prefill and
 set-up cancel): ``ops`` the torch.profiler events (aten and custom ops, nested ones included) that run on the
@@ -69,7 +73,7 @@ def use_tree(tree: str) -> None:
 class Worker:
     """Runs the measurements in this process (vispec already mapped to the tree to measure)."""
 
-    def __init__(self, guidance: float, official: str | None):
+    def __init__(self, guidance: float, official: str | None, decoding: str = "ar"):
         import torch
 
         torch.set_num_threads(1)
@@ -82,7 +86,7 @@ class Worker:
         self.torch, self.decode, self.Condition, self.Sampling = torch, decode, LlamaGenCondition, SamplingConfig
         self.vispec_file = vispec.__file__
         self.gpt = LlamaGenPipeline.from_pretrained("vispec/tiny-c2i").transformer
-        self.guidance = guidance
+        self.guidance, self.decoding = guidance, decoding
         self.official = None
         if official:
             self._load_official(official)
@@ -121,7 +125,7 @@ class Worker:
         condition = self.Condition(class_labels=torch.arange(batch) % 10)
         generators = [torch.Generator().manual_seed(i) for i in range(batch)]
         return self.decode(self.gpt, condition, num_tokens=tokens, sampling=self.Sampling(guidance_scale=self.guidance),
-                           decoding="ar", generator=generators, compile=mode == "compiled")
+                           decoding=self.decoding, generator=generators, compile=mode == "compiled")
 
     def time(self, mode: str, batch: int, tokens: int) -> dict:
         cpu, wall = time.process_time(), time.perf_counter()
@@ -224,7 +228,8 @@ class Remote:
     def __init__(self, tree: str, args: argparse.Namespace):
         path, *settings = tree.split("@")  # PATH@VAR=VALUE@...: environment settings for this worker only
         env = dict(os.environ, **dict(s.split("=", 1) for s in settings))
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "--tree", path, "--guidance", str(args.guidance)]
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "--tree", path, "--guidance", str(args.guidance),
+                   "--decoding", args.decoding]
         if args.official:
             command += ["--official", args.official]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -257,6 +262,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--guidance", type=float, default=3.0)
+    parser.add_argument("--decoding", default="ar", help="the decoder whose steps are timed (a decoding spec, default ar)")
     parser.add_argument("--no-counts", action="store_true", help="timings only")
     parser.add_argument("--count-batches", default="1", help="batch sizes the counts are taken at")
     parser.add_argument("--tree", default=None, help="a work tree to import vispec from (this process)")
@@ -269,16 +275,16 @@ def main() -> None:
     if args.tree:
         use_tree(args.tree)
     if args.worker:
-        worker_loop(Worker(args.guidance, args.official))
+        worker_loop(Worker(args.guidance, args.official, args.decoding))
         return
     trees = args.trees.split(",") if args.trees else [args.tree or "."]
-    workers = ([Remote(t, args) for t in trees] if args.trees else [Worker(args.guidance, args.official)])
+    workers = ([Remote(t, args) for t in trees] if args.trees else [Worker(args.guidance, args.official, args.decoding)])
     for tree, w in zip(trees, workers):
         print(f"tree {tree}: vispec from {w.vispec_file}")
     batches = [int(b) for b in args.batch_sizes.split(",")]
     modes = args.modes.split(",")
     count_batches = [int(b) for b in args.count_batches.split(",")] if not args.no_counts else []
-    result: dict = {"trees": trees, "tokens": args.tokens, "threads": 1, "warm": {}, "counts": {}, "times": {}}
+    result: dict = {"trees": trees, "decoding": args.decoding, "tokens": args.tokens, "threads": 1, "warm": {}, "counts": {}, "times": {}}
     for mode in modes:
         for batch in batches:
             for tree, w in zip(trees, workers):

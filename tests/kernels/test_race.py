@@ -309,3 +309,25 @@ def test_race_inside_a_compiled_graph_is_bit_identical(rows, vocab):
         assert torch.equal(got, expected)
         ran = {e.name for e in prof.events()}
         assert "vispec::race_uniforms" in ran and "vispec::keyed_race" not in ran  # the in-graph path ran
+
+
+@pytest.mark.parametrize("rows,count", [(1, 3), (7, 1024 + 1)])
+def test_step_noise_inside_a_compiled_graph_is_bit_identical(rows, count):
+    """The acceptance uniforms, the rank words and the sibling / residual exponentials a compiled step draws
+    (``uniforms_for``, ``words_for``, ``exponentials_for``) trace their Philox words into the graph; only the
+    exponentials' ``log`` runs eagerly (``vispec::neg_log``). Each gives the eager bits, for extreme keys."""
+    seeds, positions, streams, draws = _keys(rows, seed=rows + count)
+    seeds[0] = -(2**63)
+    keys = (seeds, positions, streams, draws)
+    cases = {
+        "uniforms": (lambda *k: race.uniforms_for(*k), race.keyed_uniforms(*keys)),
+        "words": (lambda *k: race.words_for(*k, count), race.words_for(*keys, count)),
+        "exponentials": (lambda *k: race.exponentials_for(*k, count), race.eager_exponentials(*keys, count)),
+    }
+    for name, (fn, expected) in cases.items():
+        with torch.profiler.profile() as prof:
+            got = torch.compile(fn, dynamic=False, fullgraph=True)(*keys)
+        assert torch.equal(got, expected), name
+        ran = {e.name for e in prof.events()}
+        assert not any(op in ran for op in ("vispec::keyed_exponentials", "vispec::keyed_words", "vispec::keyed_uniforms")), name
+        assert ("vispec::neg_log" in ran) == (name == "exponentials"), name
