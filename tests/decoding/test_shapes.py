@@ -414,3 +414,25 @@ def test_sizes_are_bounded_when_the_spec_is_parsed(spec, words):
         DecodingConfig.parse(spec)
     with pytest.raises(ValueError, match="about 5001 digits"):
         DecodingConfig(strategy="sjd-pac", tree_depth=10**5000)
+
+
+def test_shapes_a_pinned_curve_prices_at_infinity_are_neither_warmed_nor_measured():
+    """A pinned curve (``--cost-curve FILE``) prices the labels it lacks at infinity: such shapes are never chosen, so
+    a compiled decode must not compile them (``may_run`` filters ``warm_first``'s list) and the first decode's
+    acceptance measurement skips them; priced shapes and shapes still to be calibrated may run."""
+    from vispec.eval.bench.roofline import PinnedStats
+
+    stats = PinnedStats(starting_costs={"ar": [(0, 1.0)], "chain:16": [(0, 2.0)]}, fallback=((0, float("inf")),),
+                        settings=ChooserSettings(block=1, samples=4))
+    chooser = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), stats, "k", "spec", slots=1, num_tokens=4096)
+    runnable = [s for s in calibration_shapes(chooser.shapes) if chooser.may_run(s)]
+    assert runnable == [Shape(1), Shape(16)]
+    n, ran = 10, set()
+    for _ in range(200):
+        shape = chooser.choose([n], [0], need=64, at=n)
+        chooser.record(shape, [(n, 0)], [n + 2 if shape.rows > 1 else n + 1], None, synced=True)
+        ran.add(shape)
+    assert ran <= {Shape(1), Shape(16)}
+    calibrating = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), WindowStats(), "k", "spec", slots=1,
+                               num_tokens=4096)
+    assert all(calibrating.may_run(s) for s in calibration_shapes(calibrating.shapes))  # no curve yet: all measured

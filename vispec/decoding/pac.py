@@ -416,7 +416,7 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     fixed_shape = Shape(largest, width, depth) if chooser is None else None
     if chooser is not None and job.compile:  # compile every shape this process has not, before any pass is timed
         chooser.warm_first([s for s in calibration_shapes(chooser.shapes)
-                            if not compiled_before(_compile_key(s, start.batch, coupling))])
+                            if chooser.may_run(s) and not compiled_before(_compile_key(s, start.batch, coupling))])
     used: dict[int, int] = {}
     shapes: dict[str, int] = {}
     while batch.running:

@@ -112,6 +112,7 @@ tests/exactness/test_exactness.py certifies it with the chooser forced to change
 from __future__ import annotations
 
 import gc
+import math
 from dataclasses import dataclass, field
 from typing import Hashable, Optional, Sequence
 
@@ -459,6 +460,15 @@ class ShapeChooser:
                 self.warming.append(shape)
             self._warm.discard(shape.cost_label)
 
+    def may_run(self, shape: Shape) -> bool:
+        """Whether a pass of ``shape`` can ever run in this decode: its cost is still to be measured (calibration) or
+        finite. A pinned curve (``--cost-curve FILE``) prices the labels it lacks at infinity, so such shapes are
+        never chosen, and a compiled decode does not compile them (:func:`vispec.decoding.pac.decode_pac`)."""
+        if shape in self.calibrating:
+            return True
+        cost = self.cost(shape, 0)
+        return cost is None or math.isfinite(cost)
+
     # ---- estimates ------------------------------------------------------------------------------------------
 
     def cost(self, shape: Shape, at: int) -> Optional[float]:
@@ -594,7 +604,8 @@ class ShapeChooser:
         self._rates_checked = True
         if self.pool.measured or self.settings.shape_script:
             return
-        rates_only = [s for s in calibration_shapes(self.shapes) if not s.is_ar and s not in self.calibrating]
+        rates_only = [s for s in calibration_shapes(self.shapes)
+                      if not s.is_ar and s not in self.calibrating and self.may_run(s)]
         self._rates_only = set(rates_only)  # blocks of samples sample-passes (choose), not timed calibration blocks
         self.calibrating = sorted(self.calibrating + rates_only)
         if rates_only:
