@@ -9,7 +9,7 @@ from helpers import left_padded, tiny_llada, tiny_llada_prompts
 
 from vispec.decoding.windows import WindowStats
 from vispec.dllm import SelfSpeculation, decode, make_scheduler
-from vispec.dllm.draft_length import EXPLORE, DraftLengthChooser, model_costs
+from vispec.dllm.draft_length import DECODES_KEPT, EXPLORE, DraftLengthChooser, model_costs
 from vispec.eval.bench.text import parse_rule, parse_setting
 
 
@@ -97,6 +97,58 @@ def test_auto_hands_a_decode_to_the_stepwise_loop_when_no_draft_pays_and_recheck
         assert torch.equal(out.tokens, ref.tokens)
     out = runs[0]
     assert out.stats.extra["steps"].tolist() == out.stats.extra["canvases"].tolist() == ref.stats.nfe.tolist()
+
+
+def test_measured_decodes_overrule_a_predicted_gain_that_the_stepwise_loop_beats():
+    """The line compares draft lengths with k = 1 rounds, which cost more than the stepwise loop's steps: a predicted
+    gain must also show in whole decodes' seconds per step against recent stepwise decodes, else decodes run
+    stepwise (every recheck-th speculating again); where it shows, every recheck-th decode probes the stepwise loop."""
+    stats, now = WindowStats(), [0.0]
+    stats.clock = lambda: now[0]
+    chooser = DraftLengthChooser(16, stats, key="k")
+    _rounds(chooser, now, 12, rows=1, accept=0.97, seconds=lambda c: 1.0 + 0.001 * c)  # drafting predicted to pay
+    assert chooser._best(1) != 0 and chooser.step_seconds(stepwise=False) is None
+    assert chooser.prefers_stepwise(1)  # no stepwise decode measured: one runs, to measure the baseline
+    chooser.record_decode(False, 3.0, 10)  # speculative decodes: 0.3 s a step, stepwise: 0.2 s
+    chooser.record_decode(True, 2.0, 10)
+    recheck = stats.settings.recheck
+    handed = [chooser.prefers_stepwise(1) for _ in range(recheck)]
+    assert handed == [True] * (recheck - 1) + [False]  # drafting lost: stepwise, every recheck-th speculates
+    for _ in range(3):
+        chooser.record_decode(False, 1.0, 10)  # now 0.1 s a step (median of the recent speculative decodes)
+    assert chooser.step_seconds(stepwise=False) == pytest.approx(0.1)
+    probes = [chooser.prefers_stepwise(1) for _ in range(recheck)]
+    assert probes == [False] * (recheck - 1) + [True]  # drafting won: speculate, every recheck-th probes stepwise
+    probes = [chooser.prefers_stepwise(1) for _ in range(2 * recheck)]
+    assert probes == [False] * (2 * recheck - 1) + [True]  # the interval doubles after each probe
+    for _ in range(DECODES_KEPT):  # only the recent decodes count: stepwise ones pushed out, measured again
+        chooser.record_decode(False, 1.0, 10)
+    assert chooser.step_seconds(stepwise=True) is None and chooser.prefers_stepwise(1)
+    chooser.record_decode(True, 1.0, 0)  # a decode of no steps records nothing
+    assert len(stats.costs("k")["decodes"]) == DECODES_KEPT
+
+
+def test_a_confirmed_hand_over_rechecks_ever_less_often():
+    stats, now = WindowStats(), [0.0]
+    stats.clock = lambda: now[0]
+    chooser = DraftLengthChooser(16, stats, key="k")
+    _rounds(chooser, now, 12, rows=1, accept=0.3, seconds=lambda c: 0.01 * c)  # no draft length pays
+    recheck = stats.settings.recheck
+    rechecks = [i for i in range(recheck * (1 + 2 + 4 + 8 + 8)) if not chooser.prefers_stepwise(1)]
+    gaps = [b - a for a, b in zip([-1] + rechecks, rechecks)]
+    assert gaps == [recheck, 2 * recheck, 4 * recheck, 8 * recheck, 8 * recheck]  # doubling, up to RECHECK_GROWTH
+
+
+def test_a_decode_records_its_seconds_per_step_and_mode():
+    model = tiny_llada()
+    ids, mask = left_padded(tiny_llada_prompts(), 0)
+    kwargs = dict(steps=24, gen_length=24, block_length=8, scheduler=make_scheduler("llada"), speculative="auto")
+    out = decode(model, ids, mask, **kwargs)
+    (key, costs), = model_costs(model).step_costs.items()
+    (mode, per_step), = costs["decodes"]
+    assert mode == 0 and per_step > 0  # the first decode explores: speculative
+    decode(model, ids, mask, **kwargs)
+    assert len(costs["decodes"]) == 2 and out.stats.extra["steps"].max() > 0
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])

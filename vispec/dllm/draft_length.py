@@ -32,6 +32,19 @@ decode, then 16, 32, ... (the interval doubling), the next larger ``k`` than the
 keep being measured at a cost that shrinks with the decode's length. Where no ``k`` beats ``k = 1`` for a whole
 decode's batch, :func:`vispec.dllm.decode` runs the stepwise loop instead
 (:meth:`DraftLengthChooser.prefers_stepwise`): its steps cost less than ``k = 1`` rounds.
+
+**Measured decodes.** The choice above compares draft lengths with ``k = 1`` *rounds*, which cost more than the
+stepwise loop's steps (the drafting and verification machinery runs even for one canvas), so a draft length that
+beats ``k = 1`` can still lose to the stepwise loop: on tiny-llada2 (``editing@prefix``, batch 4) the chooser settled
+on ``k = 2, 3`` and decoded 0.85x as fast as the stepwise loop. So every ``"auto"`` decode also records its seconds per
+reference step (the stepwise loop's steps, or the steps its rounds advanced; the batch's longest row) and its mode,
+under the cost key (:meth:`DraftLengthChooser.record_decode`). Once speculative decodes are measured, one stepwise
+decode measures the baseline (it costs what the user's stepwise run costs), and from then on a decode speculates only
+while, among the last :data:`DECODES_KEPT` decodes, the speculative ones' median seconds per step are below the
+stepwise ones' (measured, not predicted: no margin). Whichever mode runs, now and then a decode runs the other (every
+recheck-th at first, the interval doubling after each such recheck up to :data:`RECHECK_GROWTH` times, so that a
+settled choice costs ever less to confirm), so both stay among the recent decodes: a step's cost depends on the
+workload (how many of its forwards are the cache refreshes), so the two are compared on decodes close in time.
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ from typing import Any, Callable, Hashable, Optional
 import numpy as np
 from torch import Tensor
 
-from vispec.decoding.windows import WindowStats, depth_rates, hand_to_ar
+from vispec.decoding.windows import WindowStats, depth_rates
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 EXPLORE = (1, 2, 4)  # the first rounds' draft lengths, for the cost line (narrow: cheap at any batch size)
@@ -52,6 +65,8 @@ PRIOR = 0.5  # the rate of a depth nothing has measured yet (depth 1 only; deepe
 MARGIN = 0.1  # the predicted gain over k = 1 a longer draft must show
 WIDER_EVERY = 8  # the first round that tries a larger k than the best; then rounds 16, 32, 64, ...
 KEEP = 64  # cost samples kept
+RECHECK_GROWTH = 8  # a hand-over's recheck interval grows from ChooserSettings.recheck to this many times it
+DECODES_KEPT = 64  # the recent decodes whose seconds per step decide between the modes (both modes among them)
 _MODEL_COSTS: "weakref.WeakKeyDictionary[Any, WindowStats]" = weakref.WeakKeyDictionary()
 
 
@@ -172,12 +187,57 @@ class DraftLengthChooser:
 
     def prefers_stepwise(self, rows: int) -> bool:
         """Whether a whole decode of ``rows`` rows should run as the stepwise loop: the cost line and acceptance are
-        measured and no draft length beats ``k = 1`` (whose rounds cost more than the stepwise loop's steps). Every
+        measured and no draft length beats ``k = 1`` (whose rounds cost more than the stepwise loop's steps), or
+        the measured speculative decodes have not beaten the stepwise ones (module docstring; the first decode
+        after speculative ones are measured runs stepwise, to measure it). Every
         :attr:`~vispec.decoding.windows.ChooserSettings.recheck`-th such decode per cost key runs the chooser instead
-        (:func:`vispec.decoding.windows.hand_to_ar`, the image half's rule), so the measurements stay fresh."""
-        if self.explore or self.counts[1, 1] == 0 or self._best(rows) != 0:
+        (the image half's rule, :func:`vispec.decoding.windows.hand_to_ar`), the interval doubling after each recheck
+        (:meth:`_handed`), so the measurements stay fresh at a cost that shrinks."""
+        if self.explore or self.counts[1, 1] == 0:
             return False
-        return hand_to_ar(self.stats, self.key)
+        if self._best(rows) == 0:
+            return self._handed(self.key)
+        speculative, stepwise = self.step_seconds(stepwise=False), self.step_seconds(stepwise=True)
+        if stepwise is None:  # measure the baseline: this decode costs what the stepwise run costs anyway
+            return True
+        if speculative is None:  # the recent decodes hold no speculative one: measure it
+            return False
+        if speculative > stepwise:  # measured decodes: drafting has not paid (module docstring)
+            return self._handed(self.key)
+        self._rechecks_from_start(self.key)  # drafting pays: a later hand-over rechecks soon again
+        return not self._handed((self.key, "probe"))  # every so often a decode probes the stepwise loop
+
+    def _handed(self, label: Hashable) -> bool:
+        """Count a decode that :meth:`prefers_stepwise` would hand over (or, under ``(key, "probe")``, keep
+        speculative) and answer True, except every ``interval``-th time, when the other mode runs. The interval
+        starts at :attr:`~vispec.decoding.windows.ChooserSettings.recheck` and doubles after every recheck, up to
+        :data:`RECHECK_GROWTH` times it: a recheck costs (a decode of ``k = 1`` rounds, dearer than stepwise steps, or
+        a stepwise one), and one that confirmed the choice makes the next less needed."""
+        counts = self.stats.ar_handovers
+        interval = counts.get((label, "interval"), self.stats.settings.recheck)
+        counts[label] = counts.get(label, 0) + 1
+        if counts[label] < interval:
+            return True
+        counts[label], counts[(label, "interval")] = 0, min(2 * interval, RECHECK_GROWTH * self.stats.settings.recheck)
+        return False
+
+    def _rechecks_from_start(self, label: Hashable) -> None:
+        self.stats.ar_handovers.pop((label, "interval"), None)
+
+    def record_decode(self, stepwise: bool, seconds: float, steps: int) -> None:
+        """After a whole decode under this cost key: its ``seconds`` over the reference ``steps`` it advanced (the
+        batch's longest row) and its mode (the stepwise loop, or self-speculative rounds), the last
+        :data:`DECODES_KEPT` decodes in order."""
+        if steps > 0:
+            samples = self.stats.costs(self.key).setdefault("decodes", [])
+            samples.append((int(stepwise), seconds / steps))
+            del samples[:-DECODES_KEPT]
+
+    def step_seconds(self, stepwise: bool) -> Optional[float]:
+        """The median seconds per reference step of the recent decodes (:meth:`record_decode`) of one mode, None
+        where they hold none."""
+        samples = [per_step for mode, per_step in self.stats.costs(self.key).get("decodes", []) if mode == stepwise]
+        return float(np.median(samples)) if samples else None
 
     def record(self, canvases: int, verified: Tensor, drafted: Tensor) -> None:
         """After the round: ``canvases`` forwarded; per row, the drafts ``verified`` of the ``drafted`` it had."""
