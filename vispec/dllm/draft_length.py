@@ -191,8 +191,8 @@ class DraftLengthChooser:
         the measured speculative decodes have not beaten the stepwise ones (module docstring; the first decode
         after speculative ones are measured runs stepwise, to measure it). Every
         :attr:`~vispec.decoding.windows.ChooserSettings.recheck`-th such decode per cost key runs the chooser instead
-        (the image half's rule, :func:`vispec.decoding.windows.hand_to_ar`), the interval doubling after each recheck
-        (:meth:`_handed`), so the measurements stay fresh at a cost that shrinks."""
+        (as the image half's :func:`vispec.decoding.windows.hand_to_ar`, but with the interval doubling after each
+        recheck, :meth:`_handed`), so the measurements stay fresh at a cost that shrinks."""
         if self.explore or self.counts[1, 1] == 0:
             return False
         if self._best(rows) == 0:
