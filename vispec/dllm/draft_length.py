@@ -108,6 +108,7 @@ class DraftLengthChooser:
         self.lengths = [k for k in CANDIDATES if k < largest] + [largest]
         self.stats, self.key = WindowStats() if stats is None else stats, key
         self.samples: list[tuple[int, float]] = self.stats.costs(key).setdefault("round", [])
+        self._fit: Optional[tuple[Any, tuple]] = None  # (the samples' state, (line, floor)): _fitted's last answer
         self.clock = clock or self.stats.clock or time.perf_counter
         zeros = np.zeros((largest + 1, 2))  # depth d: (verified, tried)
         self.counts = zeros if rates_key is None else self.stats.shape_rates.setdefault((rates_key, largest), zeros)
@@ -137,25 +138,35 @@ class DraftLengthChooser:
     def _line(self) -> Optional[tuple[float, float]]:
         """``(intercept, slope)`` through the median round time of each canvas count (Theil-Sen: the median of the
         pairwise slopes, at least 0), so the common width, however many rounds ran it, is one point among the
-        others and cannot flatten the line."""
+        others and cannot flatten the line. Fitted again only when a round was recorded since (a round asks for
+        it several times, and a fit costs about a millisecond: 5% of a small model's round)."""
+        return self._fitted()[0]
+
+    def _fitted(self) -> tuple[Optional[tuple[float, float]], float]:
+        """The line (:meth:`_line`) and the cost floor (:meth:`cost`) of the samples as they are now."""
+        state = hash(tuple(self.samples))  # microseconds for KEEP samples
+        if self._fit is not None and self._fit[0] == state:
+            return self._fit[1]
         by_width: dict[int, list[float]] = {}
         for width, seconds in self.samples:
             by_width.setdefault(width, []).append(seconds)
-        if len(by_width) < 2:
-            return None
-        widths = np.array(sorted(by_width), dtype=float)
-        times = np.array([np.median(by_width[int(w)]) for w in widths])
-        i, j = np.triu_indices(len(widths), 1)
-        slope = max(float(np.median((times[j] - times[i]) / (widths[j] - widths[i]))), 0.0)
-        return float(np.median(times - slope * widths)), slope
+        line = None
+        if len(by_width) >= 2:
+            widths = np.array(sorted(by_width), dtype=float)
+            times = np.array([np.median(by_width[int(w)]) for w in widths])
+            i, j = np.triu_indices(len(widths), 1)
+            slope = max(float(np.median((times[j] - times[i]) / (widths[j] - widths[i]))), 0.0)
+            line = (float(np.median(times - slope * widths)), slope)
+        floor = max(0.05 * float(np.median([t for _, t in self.samples])), 1e-9) if self.samples else 1e-9
+        self._fit = (state, (line, floor))
+        return line, floor
 
     def cost(self, canvases: np.ndarray) -> Optional[np.ndarray]:
         """Seconds of rounds forwarding ``canvases`` canvas rows (each entry), None before the line is known (at least
-        5% of the median round: a line through noisy rounds may cross zero). The line is fitted once per call."""
-        line = self._line()
+        5% of the median round: a line through noisy rounds may cross zero)."""
+        line, floor = self._fitted()
         if line is None:
             return None
-        floor = max(0.05 * float(np.median([t for _, t in self.samples])), 1e-9)
         return np.maximum(line[0] + line[1] * np.asarray(canvases, dtype=float), floor)
 
     # ---- decisions ------------------------------------------------------------------------------------------
