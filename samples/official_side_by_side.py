@@ -23,7 +23,10 @@ loaded strictly from vispec's state dict. Before timing, the script checks it IS
 logits of both models for the same labels (conditional and null class) and the same token prefix (official: its
 KV-cache path, as ``generate`` runs it; vispec: the teacher-forced forward) must agree to ``--atol`` (1e-4), and
 greedy generation with CFG (official ``sample_logits=False``; vispec ``ar`` at temperature 0) is compared token by
-token (reported, not asserted: a near-tie may flip).
+token (reported, not asserted: a near-tie may flip). ``--dtype bfloat16`` then casts both models, as the official
+``sample_c2i.py`` casts its model (its ``--precision`` defaults to bf16), and reports the check again (logit
+difference and greedy tokens, not asserted: the two graphs round differently). On a CPU with AMX or AVX512-BF16 a
+wide window costs relatively less in bfloat16 (``samples/window_cost.py --dtype bfloat16``).
 
 Contenders (``--contenders``, comma list): ``official-eager`` / ``official-compiled`` (their ``generate`` on their
 model; compiled as ``autoregressive/sample/sample_c2i.py --compile`` does: ``torch.compile(gpt_model,
@@ -67,6 +70,7 @@ from official_checkout import check_official  # noqa: E402
 
 DEFAULT_CONTENDERS = "official-eager,official-compiled,ar-compiled,mc-sjd-compiled,auto-compiled"
 BASELINE = "official-compiled"
+DTYPES = ("float32", "bfloat16")
 OFFICIAL_FILES = ("autoregressive/models/generate.py", "autoregressive/models/gpt.py")
 SUFFIXES = (("-compiled", True), ("-eager", False))
 
@@ -146,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--cfg-interval", type=int, default=None)
     parser.add_argument("--atol", type=float, default=1e-4, help="logit agreement required of the two models")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="both models' weights and activations after the float32 identity check (default float32; "
+                             "bfloat16 is the official sample_c2i.py's default --precision)")
     return parser
 
 
@@ -352,6 +359,18 @@ class Runner:
         return float(out.stats.nfe.float().mean())
 
 
+def cast_both(gpt, official, gen_mod, dtype: str, guidance_scale: float) -> tuple[Any, Any, dict]:
+    """Both models cast to ``dtype`` after the float32 identity check, as their sample_c2i.py casts its model
+    (``.to(dtype=precision)``); their logits are compared again (reported, not asserted: the two graphs round
+    differently in bfloat16) with the greedy tokens."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    gpt = torch.nn.Module.to(gpt, dtype=torch_dtype).eval()
+    official = official.to(dtype=torch_dtype).eval()
+    return gpt, official, check_same_model(official, gen_mod, gpt, guidance_scale, atol=float("inf"))
+
+
 def load_model(name: str, seed: int):
     import torch
 
@@ -453,7 +472,7 @@ def run_batch_size(args, model_name: str, gpt, runners: dict, batch: int, failed
 
 def print_table(result: dict, note: Optional[str]) -> None:
     la, lb = result["load_avg_start"], result["load_avg_end"]
-    print(f"\n{result['model']}  batch {result['batch_size']}  images/round {result['images']}  "
+    print(f"\n{result['model']}  {result.get('dtype', 'float32')}  batch {result['batch_size']}  images/round {result['images']}  "
           f"rounds {result['rounds']}  load avg {la[0]:.2f} -> {lb[0]:.2f} ({os.cpu_count()} cores)")
     if note:
         print(f"  {note}")
@@ -507,6 +526,12 @@ def main(argv: Optional[list[str]] = None) -> dict:
               f"{check['greedy_tokens_equal']}/{check['greedy_tokens']}; sampling {sampling}")
         report["models"][model_name] = {"note": note, "sampling": sampling, "check": check,
                                         "official_load": load_info}
+        if args.dtype != "float32":
+            gpt, official, cast = cast_both(gpt, official, gen_mod, args.dtype, sampling["guidance_scale"])
+            report["models"][model_name]["check_" + args.dtype] = cast
+            print(f"{model_name}: both models cast to {args.dtype} (as sample_c2i.py's --precision casts theirs); "
+                  f"max |logit diff| {cast['max_abs_logit_diff']:.3g} (reported: the two graphs round differently); "
+                  f"greedy CFG tokens equal {cast['greedy_tokens_equal']}/{cast['greedy_tokens']}")
         failed: dict[str, str] = {}
         runners = {}
         for c in args.contenders:
@@ -516,7 +541,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
                 failed[c.name] = f"{type(err).__name__}: {err}"
                 print(f"[{model_name}] contender {c.name} failed, dropped: {failed[c.name]}", file=sys.stderr)
         for batch in args.batch_sizes:
-            result = run_batch_size(args, model_name, gpt, runners, batch, failed)
+            result = run_batch_size(args, model_name, gpt, runners, batch, failed) | {"dtype": args.dtype}
             report["results"].append(result)
             print_table(result, note)
             if args.json:

@@ -1,6 +1,6 @@
 """Cost of one forward pass against the Jacobi window width, on a LlamaGen pipeline (tiny-c2i by default).
 
-    python samples/window_cost.py [--model tiny-c2i] [--repeats 200] [--compile] [--batch 1]
+    python samples/window_cost.py [--model tiny-c2i] [--repeats 200] [--compile] [--batch 1] [--dtype bfloat16]
 
 SJD-family speed-ups in wall clock are bounded by ``step_compression * t(1) / t(W)``: on a GPU a window of
 16 tokens costs about what one token costs, on a 2-core CPU it does not. This prints ``t(W)`` per forward
@@ -45,6 +45,9 @@ def main() -> None:
     parser.add_argument("--widths", default="1,2,4,8,16,32")
     parser.add_argument("--batch", type=int, default=1, help="images per forward")
     parser.add_argument("--compile", action="store_true", help="time the compiled forward (as compile=True decodes)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the model's weights and activations (bfloat16: AMX / AVX512-BF16 products where the CPU "
+                             "has them)")
     args = parser.parse_args()
     for flag in ("repeats", "batch"):
         if getattr(args, flag) < 1:
@@ -55,19 +58,20 @@ def main() -> None:
         parser.error(f"--widths must be a comma list of integers, got {args.widths!r}")
     if min(widths) < 1:
         parser.error(f"--widths must be >= 1, got {args.widths!r}")
+    dtype = getattr(torch, args.dtype)
     if "@" in args.model:
         from vispec.models.inflate import inflate
 
         base, size = args.model.split("@", 1)
-        gpt = inflate(LlamaGenPipeline.from_pretrained(base).transformer, size, seed=0)
+        gpt = torch.nn.Module.to(inflate(LlamaGenPipeline.from_pretrained(base).transformer, size, seed=0), dtype)
     else:
-        gpt = LlamaGenPipeline.from_pretrained(args.model).transformer
+        gpt = LlamaGenPipeline.from_pretrained(args.model, dtype=dtype).transformer
     guidance = gpt.has_unconditional
     rows = args.batch * (2 if guidance else 1)
     run = compiled(window_pass) if args.compile else window_pass
     print(f"{'W':>3} {'ms wall':>8} {'ms CPU':>8} {'x t(1)':>7} {'GFLOP/s':>8}   (batch {args.batch}, CFG "
           f"{'on' if guidance else 'off'}: {rows} rows per token, {torch.get_num_threads()} threads, "
-          f"{'compiled' if args.compile else 'eager'})")
+          f"{'compiled' if args.compile else 'eager'}, {args.dtype})")
     base = None
     labels = torch.arange(args.batch) % max(gpt.config.num_classes, 1)
     for width in widths:

@@ -65,3 +65,10 @@ def test_valid_arguments(script, fake_checkout):
     assert official.official and not official.compiled
     assert pac.spec == "sjd-pac:window=16,tree_width=2,tree_depth=2" and pac.compiled and not pac.official
     assert auto.spec == "auto" and not auto.compiled  # specs are checked when the run starts, not here
+    assert args.dtype == "float32"
+
+
+def test_dtype(script, capsys, fake_checkout):
+    assert script.parse_args(["--official", fake_checkout, "--dtype", "bfloat16"]).dtype == "bfloat16"
+    err = usage_error(script, capsys, ["--official", fake_checkout, "--dtype", "bf16"])
+    assert "--dtype" in err and "'bf16'" in err and "bfloat16" in err
