@@ -1,6 +1,7 @@
 """Cost of one forward pass against the Jacobi window width, on a LlamaGen pipeline (tiny-c2i by default).
 
     python samples/window_cost.py [--model tiny-c2i] [--repeats 200] [--compile] [--batch 1] [--dtype bfloat16]
+        [--slack 64]
 
 SJD-family speed-ups in wall clock are bounded by ``step_compression * t(1) / t(W)``: on a GPU a window of
 16 tokens costs about what one token costs, on a 2-core CPU it does not. This prints ``t(W)`` per forward
@@ -9,6 +10,9 @@ the forward as a compiled decode step does (``torch.compile(fullgraph=True)``, s
 the whole cache). The ``GFLOP/s`` column divides the window's multiply-adds (2 per weight per row, plus the
 attention's over the cached positions) by the CPU time: where it stays flat as W grows, the forward is bound
 by the machine's arithmetic, not by fixed per-call costs, and no decoder can make a wide window cheap there.
+``--slack 64`` sizes the cache for a 64-row window whatever W is, as an ``auto`` decode does (its chooser may run
+any window up to 64): attention then reads a strided prefix of a longer cache, which costs the compiled forward
+more than the exact-size cache a fixed window gets.
 """
 
 from __future__ import annotations
@@ -45,10 +49,15 @@ def main() -> None:
     parser.add_argument("--widths", default="1,2,4,8,16,32")
     parser.add_argument("--batch", type=int, default=1, help="images per forward")
     parser.add_argument("--compile", action="store_true", help="time the compiled forward (as compile=True decodes)")
+    parser.add_argument("--slack", type=int, default=0,
+                        help="size the cache for a window of this many rows (at least W), as a decode whose chooser may "
+                             "run wider windows does (auto: 64); default: each W's own")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="the model's weights and activations (bfloat16: AMX / AVX512-BF16 products where the CPU "
                              "has them)")
     args = parser.parse_args()
+    if args.slack < 0:
+        parser.error(f"--slack must be >= 0, got {args.slack}")
     for flag in ("repeats", "batch"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
@@ -71,12 +80,14 @@ def main() -> None:
     run = compiled(window_pass) if args.compile else window_pass
     print(f"{'W':>3} {'ms wall':>8} {'ms CPU':>8} {'x t(1)':>7} {'GFLOP/s':>8}   (batch {args.batch}, CFG "
           f"{'on' if guidance else 'off'}: {rows} rows per token, {torch.get_num_threads()} threads, "
-          f"{'compiled' if args.compile else 'eager'}, {args.dtype})")
+          f"{'compiled' if args.compile else 'eager'}, {args.dtype}"
+          f"{f', cache sized for {args.slack}-row windows' if args.slack else ''})")
     base = None
     labels = torch.arange(args.batch) % max(gpt.config.num_classes, 1)
     for width in widths:
         state, _ = gpt.prefill(LlamaGenCondition(class_labels=labels), guidance=guidance,
-                               max_new_tokens=gpt.num_image_tokens, window=width, validate=not args.compile)
+                               max_new_tokens=gpt.num_image_tokens, window=max(width, args.slack),
+                               validate=not args.compile)
         state.lengths += gpt.num_image_tokens // 2  # mid-image
         tokens = torch.zeros(args.batch, width, dtype=torch.long)
         with torch.no_grad():
