@@ -472,8 +472,9 @@ def run_batch_size(args, model_name: str, gpt, runners: dict, batch: int, failed
 
 def print_table(result: dict, note: Optional[str]) -> None:
     la, lb = result["load_avg_start"], result["load_avg_end"]
-    print(f"\n{result['model']}  {result.get('dtype', 'float32')}  batch {result['batch_size']}  images/round {result['images']}  "
-          f"rounds {result['rounds']}  load avg {la[0]:.2f} -> {lb[0]:.2f} ({os.cpu_count()} cores)")
+    print(f"\n{result['model']}  {result.get('dtype', 'float32')}  batch {result['batch_size']}  "
+          f"images/round {result['images']}  rounds {result['rounds']}  load avg {la[0]:.2f} -> {lb[0]:.2f} "
+          f"({os.cpu_count()} cores)")
     if note:
         print(f"  {note}")
     width = max(12, *(len(n) for n in result["contenders"]))

@@ -50,8 +50,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="images per forward")
     parser.add_argument("--compile", action="store_true", help="time the compiled forward (as compile=True decodes)")
     parser.add_argument("--slack", type=int, default=0,
-                        help="size the cache for a window of this many rows (at least W), as a decode whose chooser may "
-                             "run wider windows does (auto: 64); default: each W's own")
+                        help="size the cache for a window of this many rows (at least W), as a decode whose chooser "
+                             "may run wider windows does (auto: 64); default: each W's own")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="the model's weights and activations (bfloat16: AMX / AVX512-BF16 products where the CPU "
                              "has them)")
