@@ -20,13 +20,14 @@ stepwise ones.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 import torch
+
+from vispec.eval.bench.report import write_json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -141,8 +142,7 @@ def main(argv=None) -> dict:
               "gen_length": cfg.gen_length, "block_length": cfg.block_length, "rows": results,
               "torch": torch.__version__, "machine": os.uname().machine, "cores": os.cpu_count()}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(report, args.json)
         print(f"wrote {args.json}")
     return report
 
