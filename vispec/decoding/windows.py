@@ -243,16 +243,26 @@ def scaled_level(level: tuple[float, float], at: int, growth: float) -> float:
     return seconds * (1 + growth * at) / (1 + growth * length)
 
 
-def hand_to_ar(stats: WindowStats, key: Hashable) -> bool:
+def hand_to_ar(stats: WindowStats, key: Hashable, growth: int = 1) -> bool:
     """A chooser that found no window (shape) beating AR hands the decode to AR: count it under cost key ``key``, and
     answer False (run the chooser after all, so its measurements stay fresh) every
-    :attr:`~ChooserSettings.recheck`-th time."""
+    :attr:`~ChooserSettings.recheck`-th time. ``growth > 1``: the interval doubles after each such recheck, up to
+    ``growth`` times :attr:`~ChooserSettings.recheck` (a recheck that confirmed the hand-over makes the next less
+    needed; :func:`restart_rechecks` puts it back)."""
     handovers = stats.ar_handovers
+    interval = handovers.get((key, "interval"), stats.settings.recheck)
     handovers[key] = handovers.get(key, 0) + 1
-    if handovers[key] >= stats.settings.recheck:
-        handovers[key] = 0
-        return False
-    return True
+    if handovers[key] < interval:
+        return True
+    handovers[key] = 0
+    if growth > 1:
+        handovers[(key, "interval")] = min(2 * interval, growth * stats.settings.recheck)
+    return False
+
+
+def restart_rechecks(stats: WindowStats, key: Hashable) -> None:
+    """The recheck interval of :func:`hand_to_ar` under ``key`` back to :attr:`~ChooserSettings.recheck`."""
+    stats.ar_handovers.pop((key, "interval"), None)
 
 
 class WindowChooser:

@@ -56,7 +56,7 @@ from typing import Any, Callable, Hashable, Optional
 import numpy as np
 from torch import Tensor
 
-from vispec.decoding.windows import WindowStats, depth_rates
+from vispec.decoding.windows import WindowStats, depth_rates, hand_to_ar, restart_rechecks
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 EXPLORE = (1, 2, 4)  # the first rounds' draft lengths, for the cost line (narrow: cheap at any batch size)
@@ -215,25 +215,17 @@ class DraftLengthChooser:
             return False
         if speculative > stepwise:  # measured decodes: drafting has not paid (module docstring)
             return self._handed(self.key)
-        self._rechecks_from_start(self.key)  # drafting pays: a later hand-over rechecks soon again
+        restart_rechecks(self.stats, self.key)  # drafting pays: a later hand-over rechecks soon again
         return not self._handed((self.key, "probe"))  # every so often a decode probes the stepwise loop
 
     def _handed(self, label: Hashable) -> bool:
         """Count a decode that :meth:`prefers_stepwise` would hand over (or, under ``(key, "probe")``, keep
-        speculative) and answer True, except every ``interval``-th time, when the other mode runs. The interval
-        starts at :attr:`~vispec.decoding.windows.ChooserSettings.recheck` and doubles after every recheck, up to
-        :data:`RECHECK_GROWTH` times it: a recheck costs (a decode of ``k = 1`` rounds, dearer than stepwise steps, or
-        a stepwise one), and one that confirmed the choice makes the next less needed."""
-        counts = self.stats.ar_handovers
-        interval = counts.get((label, "interval"), self.stats.settings.recheck)
-        counts[label] = counts.get(label, 0) + 1
-        if counts[label] < interval:
-            return True
-        counts[label], counts[(label, "interval")] = 0, min(2 * interval, RECHECK_GROWTH * self.stats.settings.recheck)
-        return False
-
-    def _rechecks_from_start(self, label: Hashable) -> None:
-        self.stats.ar_handovers.pop((label, "interval"), None)
+        speculative) and answer True, except every ``interval``-th time, when the other mode runs
+        (:func:`~vispec.decoding.windows.hand_to_ar` with growth): the interval starts at
+        :attr:`~vispec.decoding.windows.ChooserSettings.recheck` and doubles after every recheck, up to
+        :data:`RECHECK_GROWTH` times it. A recheck costs (a decode of ``k = 1`` rounds, dearer than stepwise steps, or a
+        stepwise one), and one that confirmed the choice makes the next less needed."""
+        return hand_to_ar(self.stats, label, RECHECK_GROWTH)
 
     def record_decode(self, stepwise: bool, seconds: float, steps: int) -> None:
         """After a whole decode under this cost key: its ``seconds`` over the reference ``steps`` it advanced (the
