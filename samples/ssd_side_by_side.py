@@ -71,12 +71,13 @@ def decode_all(pipe, problems, batch: int, contender: dict) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from vispec.eval.bench.text import TextBenchConfig, bench_rows, checked_rows, parse_rule, parse_setting, setting_scheduler
+    from vispec.eval.bench.text import (TextBenchConfig, bench_rows, checked_rows, parse_setting,
+                                        setting_scheduler, stepwise_rules)
     from vispec.eval.bench.text_tasks import split_items
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     for text in args.settings:
-        if "ssd" not in {parse_rule(r, "settings")[0] for r in parse_setting(text)[1]}:
+        if stepwise_rules(parse_setting(text)[1]) == tuple(parse_setting(text)[1]):
             raise SystemExit(f"--settings {text!r} has no ssd rule: nothing to compare with its stepwise twin")
     cfg = TextBenchConfig(model=args.model, settings=tuple(args.settings), tasks=tuple(args.tasks))
     cfg.validate()
@@ -96,9 +97,8 @@ def main(argv=None) -> dict:
 
     pairs = []  # (setting text, stepwise key, ssd key)
     for key, text in rows.items():
-        if text is not None and any(parse_rule(r, "settings")[0] == "ssd" for r in key[1]):
-            stepwise = (key[0], tuple(r for r in key[1] if parse_rule(r, "settings")[0] != "ssd"), *key[2:])
-            pairs.append((text, stepwise, key))
+        if text is not None and stepwise_rules(key[1]) != tuple(key[1]):
+            pairs.append((text, (key[0], stepwise_rules(key[1]), *key[2:]), key))
     load = os.getloadavg()[0]
     print(f"{args.model}: {len(problems)} problems ({', '.join(args.tasks)}), gen length {cfg.gen_length}, block "
           f"{cfg.block_length}, {args.threads} thread(s), rounds {args.rounds}", file=sys.stderr)

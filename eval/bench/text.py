@@ -306,6 +306,12 @@ def _run(pipe, items, task, scheduler, cache: str, batch_size: int, cfg: TextBen
     return row
 
 
+def stepwise_rules(rules) -> tuple:
+    """``rules`` without their ``ssd`` rule: the setting of a self-speculative row's stepwise twin (the same rules
+    when there is none)."""
+    return tuple(r for r in rules if parse_rule(r, "settings")[0] != "ssd")
+
+
 def bench_rows(cfg: TextBenchConfig, reference: tuple) -> dict[tuple, Optional[str]]:
     """The rows' settings ``(strategy, rules, cache, early_stop_eos, knob value)`` in their order, each with the
     ``--settings`` item (or ``strategy@cache`` of the grid) it comes from; None for LLaDA's ``reference`` row. A
@@ -314,7 +320,7 @@ def bench_rows(cfg: TextBenchConfig, reference: tuple) -> dict[tuple, Optional[s
             else [(f"{s}@{c}", s, (), c) for s in cfg.strategies for c in cfg.caches])
     rows: dict[tuple, Optional[str]] = {reference: None} if cfg.reference or not cfg.settings else {}
     for text, strategy, rules, cache in grid:
-        stepwise = tuple(r for r in rules if parse_rule(r, "settings")[0] != "ssd")
+        stepwise = stepwise_rules(rules)
         for value in cfg.knob_values(strategy):
             if stepwise != rules:  # a self-speculative row is compared with its stepwise twin, which runs first
                 rows.setdefault((strategy, stepwise, cache, cfg.early_stop_eos, value), text)
@@ -526,7 +532,7 @@ def aup_rows(runs: list[dict]) -> list[dict]:
 def _stepwise_twin(runs: list[dict], row: dict) -> Optional[dict]:
     """The run of ``row``'s setting without its ``ssd`` rule (same task, batch size, cache and early stop), or None
     when ``row`` has no ``ssd`` rule."""
-    rules = [r for r in row["rules"] if parse_rule(r, "settings")[0] != "ssd"]
+    rules = list(stepwise_rules(row["rules"]))
     if len(rules) == len(row["rules"]):
         return None
     keys = ("task", "batch_size", "strategy", "cache", "early_stop_eos")
