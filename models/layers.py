@@ -89,6 +89,18 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     fuses it into the step's own C++ kernels. Through SDPA inductor calls ATen's CPU flash-attention kernel instead,
     whose blocking costs ~0.1 ms per call on a decode step's few query rows: on tiny-c2i's compiled AR step at batch
     16 that was a fifth of the step (``samples/ar_step_bench.py``). Official LlamaGen gets the same effect by running
-    its compiled decode under ``sdp_kernel(enable_math=True)``. Results differ from SDPA's in float rounding only."""
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+    its compiled decode under ``sdp_kernel(enable_math=True)``. Results differ from SDPA's in float rounding only.
+
+    In bfloat16 and float16 the scores are computed as ``(k qᵀ)ᵀ``: the same products, but with the keys as the left
+    operand. A decode whose cache has room for wider windows than the current one (``window=auto``) reads a prefix of
+    each row's keys, a batch of matrices whose batch stride is the cache's capacity, and ATen's oneDNN batched
+    product copies such a right operand whole before multiplying (the left one it takes as it is). On tiny-c2i's
+    compiled 16-row pass in a cache sized for 64 rows that copy made the pass 18-25% dearer than in a cache of its own
+    size; with the keys on the left the difference is within noise (``samples/window_cost.py --slack 64``).
+    float32 (a BLAS path with no copy) keeps ``q kᵀ``, which is faster there."""
+    q = q * q.shape[-1] ** -0.5
+    if q.dtype in (torch.bfloat16, torch.float16):
+        scores = (k @ q.transpose(-2, -1)).transpose(-2, -1)
+    else:
+        scores = q @ k.transpose(-2, -1)
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype) @ v

@@ -164,3 +164,23 @@ def test_bad_inputs_name_the_argument():
         no_null.prefill(LlamaGenCondition(class_labels=torch.tensor([0])), guidance=True, max_new_tokens=4)
     with pytest.raises(ValueError, match="block_size"):
         LlamaGenGPT(block_size=15)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_masked_attention_is_sdpa_on_a_prefix_of_a_wider_cache(dtype, atol):
+    """The compiled CPU step's attention (``masked_attention``: ``q kᵀ`` in float32, ``(k qᵀ)ᵀ`` in bfloat16) reads
+    a prefix of a cache with room for wider windows, a strided batch; it is SDPA's attention on the same keys."""
+    from vispec.models.layers import masked_attention
+
+    gen = torch.Generator().manual_seed(0)
+    rows, heads, width, capacity, read, dim = 2, 4, 5, 40, 29, 16
+    q = torch.randn(rows, heads, width, dim, generator=gen).to(dtype)
+    cache_k, cache_v = (torch.randn(rows, heads, capacity, dim, generator=gen).to(dtype) for _ in range(2))
+    k, v = cache_k[:, :, :read], cache_v[:, :, :read]
+    assert not k.is_contiguous()
+    positions = torch.arange(read - width, read)
+    mask = (torch.arange(read)[None, :] <= positions[:, None])[None, None].expand(rows, 1, width, read)
+    out = masked_attention(q, k, v, mask)
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=atol, rtol=0)

@@ -65,8 +65,9 @@ KEEP = 64
 SPAN = 32  # cached-token range over which step times are fitted by a line rather than a median
 #: Part of every cost curve's cache key (:func:`machine_fingerprint`) with vispec's version: raised by a change that
 #: moves what a decode step costs, so curves measured before it are not read (2: compiled CPU steps with inductor's
-#: C++ wrapper and fused attention, about 12% cheaper one-token steps on tiny-c2i).
-STEP_CODE_REVISION = 2
+#: C++ wrapper and fused attention, about 12% cheaper one-token steps on tiny-c2i; 3: compiled bfloat16 attention
+#: with the keys as the left operand, no longer copying a cache sized for wider windows, models.layers.masked_attention).
+STEP_CODE_REVISION = 3
 
 
 def window_set(largest: int) -> list[int]:
