@@ -14,7 +14,8 @@ compression shows that the machinery works, not what a trained model gets.
 With the embedded ``tiny-t2i`` installed, a text-to-image section follows: scene captions of compositions seen in
 training, on new pictures (:data:`DEMO_SEED`: a stream no trainer draws from), decoded by AR, MC-SJD and SJD-PAC at
 64x64, a grid (rows: decoders, columns: prompts), and per decoder the share of the scene checks passed (one judgement
-per image and asked attribute) beside the strict rate (images passing all of theirs), the CLIP score with tiny-t2i's
+per image and asked attribute; over the grid's pictures and more of the same stream decoded in batches, untimed, so
+that its standard error is ~0.03) beside the strict rate (images passing all of theirs), the CLIP score with tiny-t2i's
 CLIP (beside the score of the same images with mismatched captions), NFE, step compression and latency. Held-out
 compositions (never trained on) are measured apart, with their own rate, by ``vispec bench image --model tiny-t2i``.
 
@@ -216,6 +217,11 @@ TIMING_TEXT = ("Timings: the rows ran interleaved over the same items; seconds p
 
 
 DEMO_T2I_PROMPTS = 12
+#: Captions whose pictures the ``checks`` column judges: the first :data:`DEMO_T2I_PROMPTS` (timed, in the grid) and
+#: the rest of the same stream decoded :data:`DEMO_T2I_CHECK_BATCH` at a time, untimed. With 12 pictures (~44 checks)
+#: the binomial standard error is ~0.07, as large as the gaps the table would be read for; 60 pictures bring it to ~0.03.
+DEMO_T2I_CHECKED = 60
+DEMO_T2I_CHECK_BATCH = 16
 DEMO_T2I_METHODS = ("ar", "mc-sjd", "sjd-pac")  # SJD runs in the class-to-image section
 DEMO_T2I_SIZE = (64, 64)  # one size: the grid's columns are equal, with no gaps
 DEMO_SEED = 10_000  # the scene and edit streams of the demo: the trainers draw from seeds 0 and 1
@@ -233,7 +239,9 @@ def run_t2i_demo(out_dir: str) -> dict:
     pipe = UnifiedImagePipeline.from_pretrained("vispec/tiny-t2i")
     pipe.set_progress_bar_config(disable=True)
     clip = load_clip(os.path.join(resolve_model_path("vispec/tiny-t2i"), "clip"))
-    scenes = SceneSampler("train", seed=DEMO_SEED, sizes=(DEMO_T2I_SIZE,)).sample(DEMO_T2I_PROMPTS).scenes
+    checked_scenes = SceneSampler("train", seed=DEMO_SEED, sizes=(DEMO_T2I_SIZE,)).sample(
+        max(DEMO_T2I_CHECKED, DEMO_T2I_PROMPTS)).scenes
+    scenes = checked_scenes[:DEMO_T2I_PROMPTS]
     prompts = [scene.caption for scene in scenes]
     pipe(prompts[0], height=scenes[0].height, width=scenes[0].width, decoding="sjd")  # warm-up, not timed
     print(f"  {', '.join(DEMO_T2I_METHODS)}: {len(prompts)} prompts each, one at a time, interleaved ...", flush=True)
@@ -242,13 +250,18 @@ def run_t2i_demo(out_dir: str) -> dict:
         scene.caption, height=scene.height, width=scene.width, decoding=method, output_type="pt",
         generator=torch.Generator().manual_seed(2000 + i)))
     clocks, note = timing(runs, "ar"), load_note(load)
+    more = checked_scenes[DEMO_T2I_PROMPTS:]
+    if more:
+        print(f"  checks: {len(more)} more pictures per decoder, {DEMO_T2I_CHECK_BATCH} at a time (not timed) ...",
+              flush=True)
     rows, methods = [], {}
     for method in DEMO_T2I_METHODS:
         outs = runs[method]["results"]
         images = [out.images[0] * 2 - 1 for out in outs]
         stats = [s for out in outs for s in out.stats]
         rows.append([Image.fromarray(((x + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()) for x in images])
-        checked = check_images(images, prompts)
+        checked = check_images(images + _more_pictures(pipe, method, more, first=DEMO_T2I_PROMPTS),
+                               [scene.caption for scene in checked_scenes[: len(images) + len(more)]])
         methods[method] = {
             "decoder": stats[0]["method"],
             "nfe": sum(s["nfe"] for s in stats) / len(stats),
@@ -270,8 +283,22 @@ def run_t2i_demo(out_dir: str) -> dict:
     table = text_table(header, cells)
     print("\n".join(table) + f"\n  ({note})")
     return {"model": "vispec/tiny-t2i", "prompts": prompts, "sizes": [[s.height, s.width] for s in scenes],
+            "checked_prompts": len(checked_scenes),
             "sampling": pipe.decoding_config.sampling().to_dict(), "methods": methods, "grid": grid_path, "load": note,
             "header": header, "rows": cells, "table": table}
+
+
+def _more_pictures(pipe: Any, method: str, scenes: Sequence[Any], first: int) -> list[torch.Tensor]:
+    """Pictures of ``scenes`` (all of one size) by ``method``, :data:`DEMO_T2I_CHECK_BATCH` at a time, scene ``i``
+    with generator ``2000 + first + i`` (the timed run's seeds continued), in ``[-1, 1]``: the checks' extra sample."""
+    images = []
+    for at in range(0, len(scenes), DEMO_T2I_CHECK_BATCH):
+        batch = scenes[at: at + DEMO_T2I_CHECK_BATCH]
+        out = pipe([scene.caption for scene in batch], height=batch[0].height, width=batch[0].width, decoding=method,
+                   output_type="pt", generator=[torch.Generator().manual_seed(2000 + first + at + k)
+                                                for k in range(len(batch))])
+        images.extend(image * 2 - 1 for image in out.images)
+    return images
 
 
 def _t2i_report_md(t2i: dict) -> str:
@@ -280,10 +307,12 @@ def _t2i_report_md(t2i: dict) -> str:
              "draws from), one image each at fixed seeds, batch 1, CPU; held-out compositions, never trained on, are "
              "measured apart with their own rate by `vispec bench image --model tiny-t2i`; "
              f"sampling {t2i['sampling']}. checks: the share of the scene checks passed (one judgement per image and "
-             "attribute its caption asks for: colour, shape, count, position, size), ± its binomial standard error; strict: the share of images "
-             "passing every one of theirs; CLIP: tiny-t2i's CLIP score with the true captions and with "
-             "mismatched ones (each image against the next prompt). MC-SJD and SJD-PAC are exact: on so few images "
-             "their scores differ from AR's by sampling noise (`vispec bench image --model tiny-t2i` measures it). "
+             "attribute its caption asks for: colour, shape, count, position, size), ± its binomial standard error, "
+             f"over {t2i.get('checked_prompts', len(t2i['prompts']))} pictures per decoder (the grid's and the next "
+             "captions of the same stream, decoded in batches, untimed); strict: the share of those pictures "
+             "passing every one of theirs; CLIP: tiny-t2i's CLIP score of the grid's pictures with the true captions and "
+             "with mismatched ones (each image against the next prompt). MC-SJD and SJD-PAC are exact: their scores "
+             "differ from AR's by sampling noise (`vispec bench image --model tiny-t2i` measures it). "
              f"{TIMING_TEXT} ({t2i['load']}).\n",
              "![text-to-image grid](t2i_grid.png)\n", "```", *t2i["table"], "```"]
     return "\n".join(lines) + "\n"

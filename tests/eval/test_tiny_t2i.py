@@ -93,13 +93,16 @@ def test_demo_section_writes_grid_and_scores(tmp_path, monkeypatch):
     from vispec.eval import demo
 
     monkeypatch.setattr(demo, "DEMO_T2I_PROMPTS", 2)
+    monkeypatch.setattr(demo, "DEMO_T2I_CHECKED", 5)  # 3 more pictures per decoder, batches of 2 and 1
+    monkeypatch.setattr(demo, "DEMO_T2I_CHECK_BATCH", 2)
     monkeypatch.setattr(demo, "DEMO_T2I_METHODS", ("ar", "mc-sjd"))
     report = demo.run_t2i_demo(str(tmp_path))
     assert os.path.isfile(tmp_path / "t2i_grid.png") and len(report["prompts"]) == 2
+    assert report["checked_prompts"] == 5 and "over 5 pictures per decoder" in demo._t2i_report_md(report)
     for row in report["methods"].values():
         assert {"nfe", "step_compression", "latency_s", "checks", "accuracy", "clip_score", "clip_score_mismatched"} <= set(row)
         assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["checks"] <= 1.0 and row["clip_score"] >= 0.0
-        assert row["checks_made"] >= 2  # one colour check per picture at least
+        assert row["checks_made"] >= 5  # one colour check per picture at least
         assert row["checks_se"] == pytest.approx((row["checks"] * (1 - row["checks"]) / row["checks_made"]) ** 0.5)
     assert all(f"{r['checks']:.3f} ±{r['checks_se']:.3f}" in "\n".join(report["table"]) for r in report["methods"].values())
     assert report["methods"]["ar"]["step_compression"] == 1.0
