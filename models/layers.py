@@ -91,13 +91,15 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     16 that was a fifth of the step (``samples/ar_step_bench.py``). Official LlamaGen gets the same effect by running
     its compiled decode under ``sdp_kernel(enable_math=True)``. Results differ from SDPA's in float rounding only.
 
-    In bfloat16 and float16 the scores are computed as ``(k qᵀ)ᵀ``: the same products, but with the keys as the left
-    operand. A decode whose cache has room for wider windows than the current one (``window=auto``) reads a prefix of
-    each row's keys, a batch of matrices whose batch stride is the cache's capacity, and ATen's oneDNN batched
-    product copies such a right operand whole before multiplying (the left one it takes as it is). On tiny-c2i's
-    compiled 16-row pass in a cache sized for 64 rows that copy made the pass 18-25% dearer than in a cache of its own
-    size; with the keys on the left the difference is within noise (``samples/window_cost.py --slack 64``).
-    float32 (a BLAS path with no copy) keeps ``q kᵀ``, which is faster there."""
+    In bfloat16 (and float16, which takes the same oneDNN path; measured in bfloat16 only) the scores are computed as
+    ``(k qᵀ)ᵀ``: the same products, with the keys as the left operand. A decode whose cache has room for wider windows
+    than the current one (``window=auto``) reads a prefix of each row's keys, a batch of matrices whose batch stride
+    is the cache's capacity, and ATen's oneDNN batched product copies such an operand before multiplying; as the
+    right operand of ``q kᵀ`` that copy is dear (one thread, 8 matrices of 273 keys in a 321-key cache, 16 query rows:
+    102 µs against 44 in a cache of their own size), as the left operand of ``k qᵀ`` cheap (48 against 38). On
+    tiny-c2i's compiled forward the 64-row cache's extra cost at 1-16 rows fell from 7-34% to 7-14%
+    (``samples/window_cost.py --slack 64``); what remains is mostly the values' product ``p v``, whose strided right
+    operand is still copied. float32 (a BLAS path with no copy) keeps ``q kᵀ``, which is faster there."""
     q = q * q.shape[-1] ** -0.5
     if q.dtype in (torch.bfloat16, torch.float16):
         scores = (k @ q.transpose(-2, -1)).transpose(-2, -1)
