@@ -261,7 +261,7 @@ def run_t2i_demo(out_dir: str) -> dict:
         stats = [s for out in outs for s in out.stats]
         rows.append([Image.fromarray(((x + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()) for x in images])
         checked = check_images(images + _more_pictures(pipe, method, more, first=DEMO_T2I_PROMPTS),
-                               [scene.caption for scene in checked_scenes[: len(images) + len(more)]])
+                               [scene.caption for scene in checked_scenes])
         methods[method] = {
             "decoder": stats[0]["method"],
             "nfe": sum(s["nfe"] for s in stats) / len(stats),

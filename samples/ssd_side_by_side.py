@@ -77,7 +77,8 @@ def main(argv=None) -> dict:
     from vispec.pipelines import MaskedDiffusionLMPipeline
 
     for text in args.settings:
-        if stepwise_rules(parse_setting(text)[1]) == tuple(parse_setting(text)[1]):
+        rules = parse_setting(text)[1]
+        if stepwise_rules(rules) == tuple(rules):
             raise SystemExit(f"--settings {text!r} has no ssd rule: nothing to compare with its stepwise twin")
     cfg = TextBenchConfig(model=args.model, settings=tuple(args.settings), tasks=tuple(args.tasks))
     cfg.validate()
@@ -97,8 +98,9 @@ def main(argv=None) -> dict:
 
     pairs = []  # (setting text, stepwise key, ssd key)
     for key, text in rows.items():
-        if text is not None and stepwise_rules(key[1]) != tuple(key[1]):
-            pairs.append((text, (key[0], stepwise_rules(key[1]), *key[2:]), key))
+        stepwise = stepwise_rules(key[1])
+        if text is not None and stepwise != tuple(key[1]):
+            pairs.append((text, (key[0], stepwise, *key[2:]), key))
     load = os.getloadavg()[0]
     print(f"{args.model}: {len(problems)} problems ({', '.join(args.tasks)}), gen length {cfg.gen_length}, block "
           f"{cfg.block_length}, {args.threads} thread(s), rounds {args.rounds}", file=sys.stderr)
