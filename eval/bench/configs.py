@@ -131,12 +131,14 @@ def read_cost_curve(path: str) -> dict:
     """``--cost-curve PATH``: the step costs of a cost-curve file in the on-disk cache format
     (:func:`vispec.decoding.windows.save_step_costs`: ``{"key": ..., "costs": {label: [[cached length, seconds], ...]}}``,
     e.g. recorded on a GPU), as ``{label: [(length, seconds), ...]}``: the shape chooser's labels (``ar``, ``chain:L``,
-    ``tree:L``) as strings, the window chooser's windows as ints. The window chooser's windows a file lacks are taken
+    ``tree:L``, and ``ar-decoder``, its yardstick) as strings, the window chooser's windows as ints. The window chooser's windows a file lacks are taken
     from ``ar`` (window 1) and ``chain:L`` (window ``L``). A ValueError naming ``--cost-curve`` and what is wrong (the
     file unreadable, not JSON, another layout, an unknown label, a sample that is no ``[length >= 0, seconds > 0]``,
     no ``ar`` cost)."""
     import json
     import math
+
+    from vispec.decoding.shapes import AR_DECODER
 
     where = f"cost_curve (--cost-curve) {path!r}"
     expected = ('expected measured, flat or a cost-curve JSON file ({"key": ..., "costs": {label: [[cached length, '
@@ -156,11 +158,11 @@ def read_cost_curve(path: str) -> dict:
     for label, samples in data["costs"].items():
         if _WINDOW_LABEL.fullmatch(label):
             key = int(label)
-        elif label == "ar" or _SHAPE_LABEL.fullmatch(label) and int(_SHAPE_LABEL.fullmatch(label).group(2)) >= 2:
+        elif label in ("ar", AR_DECODER) or _SHAPE_LABEL.fullmatch(label) and int(_SHAPE_LABEL.fullmatch(label).group(2)) >= 2:
             key = label
         else:
-            raise ValueError(f"{where}: unknown cost label {label!r}; expected ar, chain:L or tree:L (L >= 2 rows, "
-                             f"the shape chooser's) or a window 1, 2, 4, ... (the window chooser's)")
+            raise ValueError(f"{where}: unknown cost label {label!r}; expected ar, {AR_DECODER}, chain:L or tree:L (L >= 2 "
+                             f"rows, the shape chooser's) or a window 1, 2, 4, ... (the window chooser's)")
         pairs = []
         for sample in samples if isinstance(samples, list) and samples else [None]:
             ok = (isinstance(sample, (list, tuple)) and len(sample) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -13,10 +14,12 @@ import torch
 from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 
 from vispec.decoding import DecodingConfig, decode
-from vispec.decoding.shapes import (AR_BLOCKS, CALIBRATION_BLOCK, HANDOVER_MARGIN, MAX_DEPTH, PRIOR_RAMP, SAMPLE_DECAY, SHRINK,
-                                    Shape, ShapeChooser, ShapeRates,
-                                    calibration_shapes, candidate_shapes, expected_tokens, load_shape_rates, settle_passes,
-                                    window_class)
+from vispec.decoding.ar import time_ar_passes
+from vispec.decoding.common import DecodeJob
+from vispec.decoding.shapes import (AR_BLOCKS, AR_DECODER, CALIBRATION_BLOCK, CLASSES, HANDOVER_MARGIN, MAX_DEPTH, PRIOR_RAMP,
+                                    SAMPLE_DECAY, SHRINK, Shape, ShapeChooser, ShapeRates, calibration_shapes,
+                                    candidate_shapes, expected_tokens, expected_tokens_table, load_shape_rates,
+                                    settle_passes, window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
 from vispec.models.llamagen_gpt import LlamaGenCondition
 
@@ -147,6 +150,63 @@ def test_flat_costs_pick_a_wide_shape_and_a_costly_window_hands_over_to_ar():
     _teach(costly, 0.5)
     assert costly.choose([10, 10], [0, 1], need=64, at=10) == Shape(1)
     assert costly.prefers_ar()  # a whole decode goes to AR
+
+
+@pytest.mark.parametrize("every_tree", [True, False])
+def test_the_table_of_expected_tokens_is_expected_tokens_of_every_shape(every_tree):
+    """All candidates scored at once (a block start's work) give what scoring each alone gives, with each shape's own
+    window class's rates, for samples with few tokens left (narrower than the window) and many."""
+    rng = np.random.default_rng(3)
+    shapes = candidate_shapes(64, 3, 3, every_tree=every_tree)
+    for samples in (1, 4):
+        rates, siblings = rng.uniform(0, 0.99, (samples, CLASSES, MAX_DEPTH)), rng.uniform(0, 0.99, (samples, MAX_DEPTH))
+        left = np.array([3, 100, 0, 40][:samples], dtype=float)
+        table = expected_tokens_table(shapes, rates, siblings, left)
+        for i, shape in enumerate(shapes):
+            alone = expected_tokens(shape, rates[:, window_class(shape.rows)], siblings, np.minimum(left, shape.main))
+            assert table[:, i] == pytest.approx(alone, rel=1e-12)
+
+
+def test_the_yardstick_is_the_ar_decoders_pass_where_the_curve_holds_it(monkeypatch):
+    """Speed-ups are over the AR decoder a user would run: with its pass timed at half the chooser's own one-token
+    pass, a shape 20% faster than the latter is slower than the AR decoder (the decode goes to AR), and the predicted
+    speed-up halves. Without the label, or where a pinned curve only falls back for it, the chooser's own AR pass is
+    the yardstick. Only a calibrating decode times the AR decoder."""
+    from vispec.eval.bench.roofline import PinnedStats
+
+    chooser = _chooser(_costs(), settings=ChooserSettings(block=1, recheck=10**6))
+    assert not chooser.has_ar_decoder and not chooser.needs_ar_decoder()  # starting costs: not calibrating
+    _teach(chooser, 0.5, passes=20, shape=Shape(2))
+    monkeypatch.setattr(chooser, "scores", lambda *a: {Shape(1): 1.0, Shape(2): 1.2})
+    assert chooser.ar_yardstick(128) == pytest.approx(1.0) and chooser.prefers_ar() is False
+    assert {ar for _, _, ar in chooser.predicted} == {1.0}  # each pass's (tokens, cost, AR's cost)
+    chooser.note_ar_decoder([(0, 0.5), (10, 0.5), (20, 0.5)])
+    assert chooser.has_ar_decoder and chooser.ar_yardstick(128) == pytest.approx(0.5)
+    assert chooser.prefers_ar() is True
+    chooser.predicted = []
+    chooser.choose([3, 3], [0, 1], need=16, at=3)
+    assert [ar for _, _, ar in chooser.predicted] == [0.5]  # so the predicted speed-up halves
+    pinned = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True),
+                          PinnedStats(starting_costs=_costs(), fallback=((0, float("inf")),)), "key", "spec", 2, 256)
+    assert not pinned.has_ar_decoder and pinned.ar_yardstick(0) == pytest.approx(1.0) and not pinned.needs_ar_decoder()
+    fresh = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), WindowStats(), "key", "spec", 1, 256)
+    assert fresh.calibrated and fresh.needs_ar_decoder()
+
+
+def test_the_ar_decoders_pass_is_timed_on_its_own_seeds_and_kept_with_the_curve(model):
+    """time_ar_passes runs decode_ar's step: the caller's generators are not advanced, and it gives one timing per
+    run of passes at increasing cached lengths; a calibrating auto decode keeps them under AR_DECODER."""
+    generators = [torch.Generator().manual_seed(s) for s in range(2)]
+    states = [g.get_state() for g in generators]
+    job = DecodeJob(num_tokens=16, sampling=SAMPLING, generator=generators, grid_width=4)
+    samples = time_ar_passes(model, LlamaGenCondition(class_labels=torch.tensor([0, 1])), job, time.perf_counter,
+                             runs=3, passes=4)
+    assert [at for at, _ in samples] == [3, 7, 11] and all(seconds > 0 for _, seconds in samples)
+    assert all(torch.equal(g.get_state(), state) for g, state in zip(generators, states))
+    stats = WindowStats()
+    _run(model, "auto", window_stats=stats)
+    (costs,) = stats.step_costs.values()
+    assert len(costs[AR_DECODER]) == 4  # 16 tokens: four runs of 3 passes after the untimed one
 
 
 def test_a_decode_runs_the_chooser_only_where_a_shape_beats_ar_by_the_handover_margin(monkeypatch):

@@ -16,12 +16,14 @@ continuous batching without partial refills). A step callback may rewrite commit
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
-from vispec.decoding.common import DecodeJob, first_token, resolve_grid_width, sample_tokens, select_condition, start_decoding
+from vispec.decoding.common import (DecodeJob, condition_size, first_token, resolve_grid_width, sample_tokens, select_condition,
+                                    start_decoding)
 from vispec.decoding.compiled import compiled, mark_persistent
 from vispec.decoding.edits import edited_tokens, first_change, refeed
 from vispec.outputs import DecodeOutput, DecodeProgress, DecodeStats, committed_view
@@ -42,6 +44,40 @@ def ar_step(model: SpeculativeARModel, state: Any, out: Tensor, position: Tensor
     tokens, step_status = sample_tokens(logits, position, position, seeds, job)
     out.scatter_(1, position[:, None], tokens[:, None])
     return position, torch.maximum(status, step_status)
+
+
+@torch.no_grad()
+def time_ar_passes(model: SpeculativeARModel, condition: Any, job: DecodeJob, clock: Callable[[], float], *,
+                   runs: int = 4, passes: int = 16) -> list[tuple[int, float]]:
+    """:func:`decode_ar`'s own step loop, timed: the prefill and one untimed pass (it compiles the step where this
+    process has not), then ``runs`` runs of ``passes`` passes (fewer where the image is short), each read back at its end; ``[(cached image tokens
+    at the run's middle, seconds per pass)]`` in ``clock``'s seconds. The shape chooser's yardstick
+    (:mod:`vispec.decoding.shapes`): what a pass of the AR decoder a user would run instead costs, which its own
+    one-token pass (in the speculative batch state, the cache sized for its widest shape) exceeds by 10-40%. Draws
+    its own seeds: the caller's generators are not advanced. At most the first ``max_batch_size`` requests."""
+    requests = condition_size(condition)
+    job = replace(job, generator=[torch.Generator().manual_seed(i) for i in range(requests)], callback=None)
+    start = start_decoding(model, condition, job, window=1, grid_width=resolve_grid_width(model, job.num_tokens, job.grid_width))
+    run = compiled(ar_step) if job.compile else ar_step
+    state, seeds, device = start.state, start.seeds[: start.batch], start.device
+    out = torch.empty(start.batch, job.num_tokens, dtype=torch.long, device=device)
+    out[:, 0], status = first_token(start.logits, seeds, job)
+    mark_persistent(state)
+    mark_persistent(out)
+    position = torch.zeros(start.batch, dtype=torch.long, device=device)
+    passes = max(1, min(passes, (job.num_tokens - 2) // runs))  # a short image: shorter runs
+    samples = []
+    t = 1
+    while t + passes < job.num_tokens and len(samples) < runs:
+        count = 1 if t == 1 else passes  # the first run: one pass, untimed
+        began = clock()
+        for _ in range(count):
+            position, status = run(model, state, out, position, seeds, status, job, None if job.compile else t - 1)
+            t += 1
+        int(position[0])  # read back: the passes have run
+        if count == passes:
+            samples.append((t - 1 - passes // 2, (clock() - began) / passes))
+    return samples
 
 
 @torch.no_grad()

@@ -73,7 +73,7 @@ import torch
 from torch import Tensor
 
 from vispec.decoding.acceptance import AcceptanceRule
-from vispec.decoding.ar import decode_ar
+from vispec.decoding.ar import decode_ar, time_ar_passes
 from vispec.decoding.common import DecodeJob, condition_size, resolve_grid_width, start_decoding
 from vispec.decoding.compiled import announce_compile, compiled, compiled_before
 from vispec.decoding.config import AUTO_WINDOW, DecodingConfig
@@ -382,8 +382,15 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         raise ValueError(f"tree_width={width} exceeds the model's {vocab} image tokens: a node's candidates are distinct "
                          f"tokens, so tree_width must be at most {vocab}")
     chooser = _shape_chooser(model, condition, job, decoding, window_stats) if decoding.window == AUTO_WINDOW else None
+    if chooser is not None and chooser.needs_ar_decoder():  # the yardstick: once per curve (shapes.AR_DECODER)
+        chooser.note_ar_decoder(time_ar_passes(model, condition, job, chooser.clock))
     if chooser is not None and chooser.prefers_ar():  # no shape beats AR here (exact either way)
+        began = chooser.clock()
         out = decode_ar(model, condition, job)
+        passes = sum(out.stats.windows.values())
+        if job.callback is None and passes and chooser.has_ar_decoder:  # timed as it ran (the prefill included)
+            chooser.note_ar_decoder([(job.num_tokens // 2, (chooser.clock() - began) / passes)])
+            chooser.finish(model)
         out.method = decoding.method
         out.stats.shapes = {"ar": sum(out.stats.windows.values())}
         out.stats.chooser = {"predicted_speedup": 1.0, "calibrated": False, "handed_to_ar": True}

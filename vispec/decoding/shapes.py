@@ -63,7 +63,10 @@ scoring candidates at a block start (the same for every shape; :meth:`ShapeChoos
 Measured by the first decodes on a machine (the calibration: one untimed pass of every label, which compiles it, then
 a timed block of each, AR's :data:`AR_BLOCKS` times as long; an AR block reads back once, at its end) and cached on
 disk
-(:func:`vispec.decoding.windows.load_step_costs`), so a second process starts from it.
+(:func:`vispec.decoding.windows.load_step_costs`), so a second process starts from it. The same curve keeps the
+AR decoder's own pass (:data:`AR_DECODER`: :func:`~vispec.decoding.ar.time_ar_passes` before the calibrating decode,
+and every decode handed to AR), the yardstick of the predicted speed-up and of the hand-over: the chooser's
+one-token pass costs more than the AR decoder's, and a speed-up is over what the user would run instead.
 
 **Settling and exploring.** The first passes after a switch to another window class (:func:`settle_passes`: about
 a quarter of the window, the passes its drafts take to be refined from the old window's, or from none) are not
@@ -111,6 +114,7 @@ tests/exactness/test_exactness.py certifies it with the chooser forced to change
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 from dataclasses import dataclass, field
@@ -136,6 +140,9 @@ HANDOVER_MARGIN = 0.15
 #: timed passes between recomputations of the cost curve's pooled growth (cost_growth sorts every label's samples: ~2 ms
 #: on a CPU, where a block start re-scored every 4-5 passes of ~10 ms)
 GROWTH_EVERY = 64
+#: the cost label of the AR decoder's own pass (:func:`vispec.decoding.ar.time_ar_passes`): the yardstick of the
+#: predicted speed-up and of the hand-over to AR, not a shape the chooser runs
+AR_DECODER = "ar-decoder"
 CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
 PRIOR_RAMP = 0.5  # a settling pass's share of the steady state's extra tokens before any was measured (The ramp)
 
@@ -385,6 +392,48 @@ def expected_tokens(shape: Shape, main_rates: np.ndarray, sibling_rates: np.ndar
     return 1.0 + (reach * usable).sum(axis=1)
 
 
+def expected_tokens_table(shapes: Sequence[Shape], class_rates: np.ndarray, sibling_rates: np.ndarray,
+                          left: np.ndarray) -> np.ndarray:
+    """``[S, len(shapes)]``: :func:`expected_tokens` of every shape at once, each with its window class's rates
+    (``class_rates [S, CLASSES, MAX_DEPTH]``), ``sibling_rates [S, MAX_DEPTH]`` and the tokens each sample lacks,
+    ``left [S]`` (a shape's usable width is ``min(left, M)``). The same sums in a few array operations: with
+    ``C_c(m) = sum_{d<=m, d<left} prod_{j<=d} a_{c,j}`` (the main path's cumulative reach), a chain commits
+    ``1 + C_c(M - 1)`` and a tree ``1 + sum_{d<=l, d<left} prod_{j<=d} A_j + C_c(M - 1) - C_c(l)``, ``l = min(D, M) - 1``
+    (module docstring). Scoring the candidates one by one cost about 1.4 ms of numpy calls at every block start on a
+    CPU, a share of a small model's pass."""
+    layout = _table_layout(tuple(shapes))
+    samples = class_rates.shape[0]
+    reachable = np.arange(1, MAX_DEPTH)[None, :] < left[:, None]  # [S, MAX_DEPTH - 1]: depth d < left
+    chain = np.zeros((samples, CLASSES, MAX_DEPTH))
+    np.cumsum(np.cumprod(class_rates[:, :, 1:], axis=2) * reachable[:, None, :], axis=2, out=chain[:, :, 1:])
+    tokens = 1.0 + chain[:, layout.classes, layout.mains - 1] - chain[:, layout.classes, layout.levels]
+    for branching, index, levels in layout.trees:  # trees of K candidates: any of them continues the path
+        miss = np.prod(1.0 - sibling_rates[:, 1:branching], axis=1)[:, None, None]
+        top = int(levels.max())
+        tree = np.cumprod(1.0 - (1.0 - class_rates[:, :, 1:top + 1]) * miss, axis=2) * reachable[:, None, :top]
+        tokens[:, index] += np.cumsum(tree, axis=2)[:, layout.classes[index], levels - 1]
+    return tokens
+
+
+@dataclass(frozen=True)
+class _TableLayout:
+    classes: np.ndarray  # [n] each shape's window class
+    mains: np.ndarray  # [n] its main path's slots M
+    levels: np.ndarray  # [n] its tree levels below the root, min(D, M) - 1 (0 for a chain or AR)
+    trees: tuple  # per branching K: (K, the trees' indices, their levels)
+
+
+@functools.lru_cache(maxsize=64)
+def _table_layout(shapes: tuple[Shape, ...]) -> _TableLayout:
+    levels = np.array([min(s.levels, s.main) - 1 if s.is_tree else 0 for s in shapes], dtype=int)
+    trees = []
+    for branching in sorted({s.branching for s in shapes if s.is_tree}):
+        index = np.array([i for i, s in enumerate(shapes) if s.is_tree and s.branching == branching], dtype=int)
+        trees.append((branching, index, levels[index]))
+    return _TableLayout(np.array([window_class(s.rows) for s in shapes], dtype=int),
+                        np.array([s.main for s in shapes], dtype=int), levels, tuple(trees))
+
+
 # ---- the chooser --------------------------------------------------------------------------------------------------
 
 
@@ -448,6 +497,7 @@ class ShapeChooser:
         self._live = slots
         self.clock = stats.clock
         self.pick_seconds = 0.0  # spent choosing (scoring candidates at block starts), this decode
+        self._ar_timed = False  # the AR decoder's pass was timed in this decode (note_ar_decoder)
         self._run_picking = 0.0  # of it, in the current run
 
     def warm_first(self, shapes: Sequence[Shape]) -> None:
@@ -480,15 +530,50 @@ class ShapeChooser:
         the curve is young, a calibration's last shapes included): the chooser asks every pass, and pooling the curve
         costs more than a small model's pass on a CPU."""
         if self._growth is None or self._timed_since_growth >= min(GROWTH_EVERY, max(self._growth_basis, 1)):
-            self._growth, self._timed_since_growth = cost_growth(self.costs), 0
-            self._growth_basis = sum(len(samples) for samples in self.costs.values())
-        levels, growth = self._levels, self._growth
-        if shape.cost_label not in levels:
-            samples = self.costs.get(shape.cost_label)
+            curve = {label: samples for label, samples in self.costs.items() if label != AR_DECODER}
+            self._growth, self._timed_since_growth = cost_growth(curve), 0
+            self._growth_basis = sum(len(samples) for samples in curve.values())
+        return self._label_cost(shape.cost_label, at)
+
+    def _label_cost(self, label: str, at: int) -> Optional[float]:
+        if label not in self._levels:
+            samples = self.costs.get(label)
             if not samples:
                 return None
-            levels[shape.cost_label] = cost_level(samples)
-        return scaled_level(levels[shape.cost_label], at, growth)
+            self._levels[label] = cost_level(samples)
+        return scaled_level(self._levels[label], at, self._growth or 0.0)
+
+    def ar_yardstick(self, at: int) -> Optional[float]:
+        """Seconds of a pass of the AR decoder (:func:`~vispec.decoding.ar.decode_ar`) at ``at`` cached tokens, what
+        every speed-up is over: its timed passes (:data:`AR_DECODER`, :meth:`note_ar_decoder`) where this curve has
+        them, else the chooser's own one-token pass (a pinned curve without the label, or none timed yet). The
+        chooser's one-token pass runs in SJD-PAC's batch state with the cache sized for the widest shape and its
+        bookkeeping between passes: on tiny-c2i in bfloat16 it cost 1.4 ms where the AR decoder's cost 1.0, so a
+        prediction against it overstated every speed-up by 40%."""
+        if self.has_ar_decoder:
+            self.cost(Shape(1), at)  # the growth, computed where due
+            return self._label_cost(AR_DECODER, at)
+        return self.cost(Shape(1), at)
+
+    @property
+    def has_ar_decoder(self) -> bool:
+        """Whether the curve holds the AR decoder's pass (a pinned curve's fallback for missing labels does not count)."""
+        return AR_DECODER in self.costs and bool(self.costs[AR_DECODER])
+
+    def needs_ar_decoder(self) -> bool:
+        """Whether this decode should time the AR decoder's pass (:meth:`note_ar_decoder`): it calibrates the curve,
+        which has none yet (timed on the same machine state as the shapes' costs; a curve given as
+        ``starting_costs`` or pinned is not mixed with a measurement)."""
+        return self.calibrated and not self.costs.get(AR_DECODER) and not self.settings.shape_script
+
+    def note_ar_decoder(self, samples: Sequence[tuple[int, float]]) -> None:
+        """Add ``(cached tokens, seconds per pass)`` timings of the AR decoder's pass (:func:`~vispec.decoding.ar.
+        time_ar_passes`, or a decode handed to AR) to the curve, kept on disk with it (:meth:`finish`)."""
+        values = self.costs.setdefault(AR_DECODER, [])
+        values.extend(samples)
+        del values[:-64]
+        self._levels.pop(AR_DECODER, None)
+        self._ar_timed = True
 
     def pool_rates(self) -> tuple[np.ndarray, np.ndarray]:
         """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per block
@@ -510,32 +595,37 @@ class ShapeChooser:
         factor = self.sample_factor(slots)[:, None]
         return np.clip(a[window_class(shape.rows)][None, :] * factor, 0.0, 0.99), np.clip(s[None, :] * factor, 0.0, 0.99)
 
+    def class_rates(self, slots: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(a [S, CLASSES, MAX_DEPTH], s [S, MAX_DEPTH])``: :meth:`rates` of every window class at once."""
+        a, s = self.pool_rates()
+        factor = self.sample_factor(slots)
+        return (np.clip(a[None] * factor[:, None, None], 0.0, 0.99),
+                np.clip(s[None, :] * factor[:, None], 0.0, 0.99))
+
     def scores(self, live: Sequence[int], n_host: Sequence[int], at: int, need: int) -> dict[Shape, float]:
         """Expected committed tokens per second of every candidate that fits and has a cost."""
-        left = np.array([self.num_tokens - n_host[b] for b in live])
-        out = {}
         largest = fitting_rows(need)
-        for shape in self.shapes:
-            if shape.rows > largest:
-                continue
-            cost = self.cost(shape, at)
-            if cost is None:
-                continue
-            tokens = expected_tokens(shape, *self.rates(shape, live), np.minimum(left, shape.main))
-            out[shape] = float(tokens.sum()) / cost
-        return out
+        priced = [(shape, self.cost(shape, at)) for shape in self.shapes if shape.rows <= largest]
+        priced = [(shape, cost) for shape, cost in priced if cost is not None]
+        if not priced:
+            return {}
+        left = np.array([self.num_tokens - n_host[b] for b in live], dtype=float)
+        tokens = expected_tokens_table([shape for shape, _ in priced], *self.class_rates(live), left).sum(axis=0)
+        return {shape: float(total) / cost for (shape, cost), total in zip(priced, tokens)}
 
     # ---- decisions ------------------------------------------------------------------------------------------
 
     def prefers_ar(self) -> bool:
         """Whether a whole decode should run as plain AR: every cost is measured, the pool has rates, and no shape
-        beats AR by :data:`HANDOVER_MARGIN` at mid-image (never while calibrating; every
+        beats the AR decoder's pass (:meth:`ar_yardstick`) by :data:`HANDOVER_MARGIN` at mid-image (never while calibrating; every
         :attr:`~ChooserSettings.recheck`-th such decode runs the chooser, so the rates stay fresh)."""
         if self.calibrating or self.settings.shape_script or not self.pool.measured:
             return False
-        n_host = [self.num_tokens // 2] * self.slots
-        scores = self.scores(range(self.slots), n_host, self.num_tokens // 2, self.num_tokens // 2)
+        middle = self.num_tokens // 2
+        scores = self.scores(range(self.slots), [middle] * self.slots, middle, middle)
         ar = scores.get(Shape(1))
+        if ar is not None:  # the AR decoder's pass, not the chooser's own one-token pass
+            ar *= self.cost(Shape(1), middle) / self.ar_yardstick(middle)
         if ar is None or max(scores.values()) > ar * (1 + HANDOVER_MARGIN):
             return False
         return hand_to_ar(self.stats, self.key)
@@ -584,7 +674,7 @@ class ShapeChooser:
         self.left -= 1
         self._settle -= 1
         self._at, self._live = at, len(live)
-        cost, ar_cost = self.cost(self.current, at), self.cost(Shape(1), at)
+        cost, ar_cost = self.cost(self.current, at), self.ar_yardstick(at)
         if cost is not None and ar_cost is not None and live and self.current.is_ar:
             self.predicted.append((len(live) / self.slots, cost, ar_cost))
         elif cost is not None and ar_cost is not None and live:
@@ -795,15 +885,15 @@ class ShapeChooser:
         path, None if it was not written."""
         if self.pool.counted > self._counted_at_start:
             save_shape_rates(self.pool, self.spec)
-        if not self.calibrated:
+        if not self.calibrated and not self._ar_timed:
             return None
         return save_step_costs(self.stats, model, self.key)
 
     # ---- reporting ------------------------------------------------------------------------------------------
 
     def predicted_speedup(self) -> Optional[float]:
-        """Predicted speed-up over AR's passes of the same cost curve: ``sum E c_AR / (sum c + choosing)`` over the
-        passes, ``E`` the pass's expected tokens summed over its live samples per batch slot (AR commits one per slot
+        """Predicted speed-up over the AR decoder: ``sum E c_AR / (sum c + choosing)`` over the passes, ``c_AR`` the AR
+        decoder's pass at the pass's cached length (:meth:`ar_yardstick`), ``E`` the pass's expected tokens summed over its live samples per batch slot (AR commits one per slot
         a pass: a pass that carries finished slots, at a batch's ragged end, advances the batch less than its live
         samples' mean says); choosing: the seconds spent scoring candidates, which a pass's
         measured cost leaves out, so that a one-pass run at a block start does not look dearer than the shape runs.
@@ -814,5 +904,5 @@ class ShapeChooser:
         return tokens / (sum(c for _, c, _ in self.predicted) + self.pick_seconds)
 
 
-__all__ = ["Shape", "ShapeChooser", "ShapeRates", "calibration_shapes", "candidate_shapes", "expected_tokens", "fits",
-           "load_shape_rates", "save_shape_rates"]
+__all__ = ["Shape", "ShapeChooser", "ShapeRates", "calibration_shapes", "candidate_shapes", "expected_tokens",
+           "expected_tokens_table", "fits", "load_shape_rates", "save_shape_rates"]
