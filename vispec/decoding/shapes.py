@@ -164,23 +164,23 @@ class Shape:
     def is_tree(self) -> bool:
         return self.rows > 1 and self.branching > 1 and self.levels > 1
 
-    @property
+    @functools.cached_property  # the chooser asks every pass
     def tree_slots(self) -> int:
         return sum(self.branching ** d for d in range(self.levels)) if self.is_tree else 1
 
-    @property
+    @functools.cached_property  # the chooser asks every pass
     def main(self) -> int:
         """Slots on the main path (the pending token included)."""
         return self.rows - (self.tree_slots - self.levels) if self.is_tree else self.rows
 
-    @property
+    @functools.cached_property  # the chooser asks every pass
     def label(self) -> str:
         """``ar``, ``chain 16``, ``tree 16 K3 D3``: how tables and histograms name it."""
         if self.is_ar:
             return "ar"
         return f"tree {self.rows} K{self.branching} D{self.levels}" if self.is_tree else f"chain {self.rows}"
 
-    @property
+    @functools.cached_property  # the chooser asks every pass
     def cost_label(self) -> str:
         """The cost curve it is priced by: ``ar``, ``chain:L`` or ``tree:L`` (trees of equal rows share one)."""
         return "ar" if self.is_ar else f"{'tree' if self.is_tree else 'chain'}:{self.rows}"
@@ -198,6 +198,7 @@ def settle_passes(shape: Shape) -> int:
     return 0 if shape.is_ar else 1 + shape.rows // 4
 
 
+@functools.lru_cache(maxsize=None)
 def fitting_rows(need: int) -> int:
     """The widest window worth running when the live samples can use at most ``need`` rows: the smallest of
     ``1, 2, 4, ...`` that holds them (compiled steps come in those shapes)."""
@@ -318,9 +319,12 @@ class ShapeRates:
         tail_tries = np.cumsum(tries[:, ::-1], axis=1)[:, ::-1]
         previous = (hits[:, 1] + SHRINK * PRIOR_DRAFT) / (tries[:, 1] + SHRINK)
         a[:, :2] = previous[:, None]  # index 0 unused
+        # a_d = (h_d + S tail_d) / (t_d + S) with tail_d = (H_d + S a_{d-1}) / (T_d + S): a_d = base_d + weight_d a_{d-1}
+        base = (hits + SHRINK * tail_hits / (tail_tries + SHRINK)) / (tries + SHRINK)
+        weight = SHRINK * SHRINK / ((tail_tries + SHRINK) * (tries + SHRINK))
+        base, weight = base.T.copy(), weight.T.copy()  # [depth, class]: one contiguous row per step of the recursion
         for d in range(2, MAX_DEPTH):
-            tail = (tail_hits[:, d] + SHRINK * previous) / (tail_tries[:, d] + SHRINK)
-            previous = (hits[:, d] + SHRINK * tail) / (tries[:, d] + SHRINK)
+            previous = base[d] + weight[d] * previous
             a[:, d] = previous
         seen = self.main[..., 1].sum(axis=1) > 0
         for c in range(CLASSES):
