@@ -209,6 +209,31 @@ def test_the_ar_decoders_pass_is_timed_on_its_own_seeds_and_kept_with_the_curve(
     assert len(costs[AR_DECODER]) == 4  # 16 tokens: four runs of 3 passes after the untimed one
 
 
+def test_a_recheck_re_times_the_best_shape_so_a_stale_cost_does_not_keep_decodes_in_ar():
+    """A 16-row chain calibrated at 6 s a pass (the machine ran slow then) loses to AR's 1 s, so decodes go to AR. The
+    recheck decode (every ``recheck``-th) first runs that chain for a measuring block; its passes now take 2 s, and
+    those timings replace the stale samples: the chain wins from then on, in this decode and at the next hand-over
+    decision."""
+    now = [0.0]
+    costs = {label: [(0, 1.0 if label == "ar" else 50.0)] for label in _costs()}
+    costs["chain:16"] = [(at, 6.0) for at in range(64)]  # a full set of samples: new ones alone would not move its median
+    stats = WindowStats(starting_costs=costs, settings=ChooserSettings(block=1, recheck=2, refresh=10**6), clock=lambda: now[0])
+    chooser = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), stats, "key", "spec", 1, 256)
+    chooser.pool.main[window_class(16), 1:16] = [80.0, 100.0]  # 0.8 a depth: about 4.9 tokens a chain-16 pass
+    chooser._rates_checked = True
+    assert chooser.prefers_ar() is True  # 4.9 / 6 s against AR's 1 / 1 s
+    assert chooser.prefers_ar() is False  # the second such decode rechecks
+    n, ran = 10, []
+    for _ in range(40):
+        shape = chooser.choose([n], [0], need=64, at=n)
+        now[0] += 2.0 if shape == Shape(16) else 1.0 if shape.is_ar else 50.0
+        chooser.record(shape, [(n, 0)], [n + (4 if shape == Shape(16) else 1)], None, synced=True)
+        ran.append(shape)
+    assert ran[0] == Shape(16) and set(ran) == {Shape(16)}
+    assert chooser.cost(Shape(16), 10) == pytest.approx(2.0)  # the stale 6 s is gone
+    assert not chooser.prefers_ar()  # the next decode runs the chooser
+
+
 def test_a_decode_runs_the_chooser_only_where_a_shape_beats_ar_by_the_handover_margin(monkeypatch):
     """A shape 10% faster than AR at mid-image is not worth the chooser's own costs (its AR passes, ramps, measuring
     blocks): the decode goes to plain AR; 20% faster, the chooser runs."""

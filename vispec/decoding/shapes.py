@@ -99,7 +99,11 @@ switch to AR drops every draft). An AR block is :data:`AR_BLOCKS` blocks long: A
 the scores would not change, and scoring every candidate costs a share of a one-token step. A shape of another
 window class than the current one is scored with its ramp (above). A whole decode runs as plain AR
 (:func:`~vispec.decoding.ar.decode_ar`) unless a shape beats AR at mid-image by :data:`HANDOVER_MARGIN`
-(:meth:`ShapeChooser.prefers_ar`).
+(:meth:`ShapeChooser.prefers_ar`). Every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser instead,
+and its first block after the calibration is a measuring block of the best-scoring shape other than AR, whose cost
+samples that block's timings replace: costs are medians of their last samples, and a shape the chooser stopped
+running keeps the cost it was last timed at, so a calibration timed while the machine ran slow would otherwise keep
+every later decode in AR (on a 2-core VM, a 16-row chain calibrated at 4.5 ms a pass ran at 2.6-3.0 later on).
 
 **Exactness.** The choice before a pass is a function of the committed history (tokens, the ranks accepted on
 committed paths, committed counts) and of step times, never of the noise of the pass about to run, nor of
@@ -502,6 +506,8 @@ class ShapeChooser:
         self.clock = stats.clock
         self.pick_seconds = 0.0  # spent choosing (scoring candidates at block starts), this decode
         self._ar_timed = False  # the AR decoder's pass was timed in this decode (note_ar_decoder)
+        self._rechecking = False  # this decode rechecks a hand-over to AR (prefers_ar): its best shape is re-timed
+        self._fresh: set[str] = set()  # cost labels whose next timing replaces their samples (_pick, record)
         self._run_picking = 0.0  # of it, in the current run
 
     def warm_first(self, shapes: Sequence[Shape]) -> None:
@@ -632,7 +638,9 @@ class ShapeChooser:
             ar *= self.cost(Shape(1), middle) / self.ar_yardstick(middle)
         if ar is None or max(scores.values()) > ar * (1 + HANDOVER_MARGIN):
             return False
-        return hand_to_ar(self.stats, self.key)
+        handed = hand_to_ar(self.stats, self.key)
+        self._rechecking = not handed
+        return handed
 
     def choose(self, n_host: Sequence[int], ids_host: Sequence[int], need: int, at: int) -> Shape:
         """The shape of the next pass; ``n_host``/``ids_host``: the slots' committed counts and requests (-1:
@@ -743,6 +751,14 @@ class ShapeChooser:
         steady = self.scores(live, n_host, at, need)
         if not steady:
             return Shape(1)
+        if self._rechecking:  # once: the best non-AR shape runs a measuring block, timed afresh (module docstring)
+            self._rechecking = False
+            others = {shape: score for shape, score in steady.items() if not shape.is_ar}
+            if others:
+                shape = max(others, key=others.get)
+                self._exploring = True
+                self._fresh.add(shape.cost_label)
+                return shape
         left = float(np.mean([self.num_tokens - n_host[b] for b in live])) if live else 0.0
         scores = self._with_ramps(steady, len(live), left, at)
         best = max(scores, key=scores.get)
@@ -837,6 +853,9 @@ class ShapeChooser:
             if label in self._warm and self._live == self.slots:
                 per_pass = elapsed / len(self._run)
                 values = self.costs.setdefault(label, [])
+                if label in self._fresh:  # a recheck's re-timing: the old samples go (module docstring)
+                    self._fresh.discard(label)
+                    del values[:]
                 values.extend((at, per_pass) for at in self._run)
                 del values[:-64]
                 self._retimed.add(label)
