@@ -50,14 +50,16 @@ def ar_step(model: SpeculativeARModel, state: Any, out: Tensor, position: Tensor
 def time_ar_passes(model: SpeculativeARModel, condition: Any, job: DecodeJob, clock: Callable[[], float], *,
                    runs: int = 4, passes: int = 16) -> list[tuple[int, float]]:
     """:func:`decode_ar`'s own step loop, timed: the prefill and one untimed pass (it compiles the step where this
-    process has not), then ``runs`` runs of ``passes`` passes (fewer where the image is short), each read back at its end; ``[(cached image tokens
-    at the run's middle, seconds per pass)]`` in ``clock``'s seconds. The shape chooser's yardstick
-    (:mod:`vispec.decoding.shapes`): what a pass of the AR decoder a user would run instead costs, which its own
-    one-token pass (in the speculative batch state, the cache sized for its widest shape) exceeds by 10-40%. Draws
-    its own seeds: the caller's generators are not advanced. At most the first ``max_batch_size`` requests."""
+    process has not), then ``runs`` runs of ``passes`` passes (fewer where the image is short), each read back at its
+    end; ``[(cached image tokens at the run's middle, seconds per pass)]`` in ``clock``'s seconds. The shape
+    chooser's yardstick (:mod:`vispec.decoding.shapes`): what a pass of the AR decoder a user would run instead
+    costs, which the chooser's own one-token pass (in the speculative batch state, the cache sized for its widest
+    shape) exceeded by 10-40% where measured. Draws its own seeds: the caller's generators are not advanced. At
+    most the first ``max_batch_size`` requests."""
     requests = condition_size(condition)
     job = replace(job, generator=[torch.Generator().manual_seed(i) for i in range(requests)], callback=None)
-    start = start_decoding(model, condition, job, window=1, grid_width=resolve_grid_width(model, job.num_tokens, job.grid_width))
+    grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width)
+    start = start_decoding(model, condition, job, window=1, grid_width=grid_width)
     run = compiled(ar_step) if job.compile else ar_step
     state, seeds, device = start.state, start.seeds[: start.batch], start.device
     out = torch.empty(start.batch, job.num_tokens, dtype=torch.long, device=device)

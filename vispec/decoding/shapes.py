@@ -505,7 +505,7 @@ class ShapeChooser:
         self._live = slots
         self.clock = stats.clock
         self.pick_seconds = 0.0  # spent choosing (scoring candidates at block starts), this decode
-        self._ar_timed = False  # the AR decoder's pass was timed in this decode (note_ar_decoder)
+        self._keep_curve = False  # timings to keep on disk (the AR decoder's, a recheck's re-timing): finish
         self._rechecking = False  # this decode rechecks a hand-over to AR (prefers_ar): its best shape is re-timed
         self._fresh: set[str] = set()  # cost labels whose next timing replaces their samples (_pick, record)
         self._run_picking = 0.0  # of it, in the current run
@@ -583,7 +583,7 @@ class ShapeChooser:
         values.extend(samples)
         del values[:-64]
         self._levels.pop(AR_DECODER, None)
-        self._ar_timed = True
+        self._keep_curve = True
 
     def pool_rates(self) -> tuple[np.ndarray, np.ndarray]:
         """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per block
@@ -627,8 +627,9 @@ class ShapeChooser:
 
     def prefers_ar(self) -> bool:
         """Whether a whole decode should run as plain AR: every cost is measured, the pool has rates, and no shape
-        beats the AR decoder's pass (:meth:`ar_yardstick`) by :data:`HANDOVER_MARGIN` at mid-image (never while calibrating; every
-        :attr:`~ChooserSettings.recheck`-th such decode runs the chooser, so the rates stay fresh)."""
+        beats the AR decoder's pass (:meth:`ar_yardstick`) by :data:`HANDOVER_MARGIN` at mid-image (never while
+        calibrating; every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser, so the rates stay fresh,
+        and re-times its best shape: module docstring, Choice)."""
         if self.calibrating or self.settings.shape_script or not self.pool.measured:
             return False
         middle = self.num_tokens // 2
@@ -856,6 +857,7 @@ class ShapeChooser:
                 if label in self._fresh:  # a recheck's re-timing: the old samples go (module docstring)
                     self._fresh.discard(label)
                     del values[:]
+                    self._keep_curve = True
                 values.extend((at, per_pass) for at in self._run)
                 del values[:-64]
                 self._retimed.add(label)
@@ -904,11 +906,11 @@ class ShapeChooser:
 
     def finish(self, model: object) -> Optional[str]:
         """After the decode: keep the pooled rates on disk if this decode counted passes (:func:`save_shape_rates`),
-        and the cost curve (:func:`~vispec.decoding.windows.save_step_costs`) if it measured it; the cost curve's
-        path, None if it was not written."""
+        and the cost curve (:func:`~vispec.decoding.windows.save_step_costs`) if it measured it, timed the AR decoder
+        or re-timed a shape for a recheck; the cost curve's path, None if it was not written."""
         if self.pool.counted > self._counted_at_start:
             save_shape_rates(self.pool, self.spec)
-        if not self.calibrated and not self._ar_timed:
+        if not self.calibrated and not self._keep_curve:
             return None
         return save_step_costs(self.stats, model, self.key)
 
@@ -916,11 +918,11 @@ class ShapeChooser:
 
     def predicted_speedup(self) -> Optional[float]:
         """Predicted speed-up over the AR decoder: ``sum E c_AR / (sum c + choosing)`` over the passes, ``c_AR`` the AR
-        decoder's pass at the pass's cached length (:meth:`ar_yardstick`), ``E`` the pass's expected tokens summed over its live samples per batch slot (AR commits one per slot
-        a pass: a pass that carries finished slots, at a batch's ragged end, advances the batch less than its live
-        samples' mean says); choosing: the seconds spent scoring candidates, which a pass's
-        measured cost leaves out, so that a one-pass run at a block start does not look dearer than the shape runs.
-        None when costs were not known."""
+        decoder's pass at the pass's cached length (:meth:`ar_yardstick`), ``E`` the pass's expected tokens summed over
+        its live samples per batch slot (AR commits one per slot a pass: a pass that carries finished slots, at a
+        batch's ragged end, advances the batch less than its live samples' mean says); choosing: the seconds spent
+        scoring candidates, which a pass's measured cost leaves out, so that a one-pass run at a block start does not
+        look dearer than the shape runs. None when costs were not known."""
         if not self.predicted:
             return None
         tokens = sum(t * ar for t, _, ar in self.predicted)
