@@ -131,8 +131,8 @@ def read_cost_curve(path: str) -> dict:
     """``--cost-curve PATH``: the step costs of a cost-curve file in the on-disk cache format
     (:func:`vispec.decoding.windows.save_step_costs`: ``{"key": ..., "costs": {label: [[cached length, seconds], ...]}}``,
     e.g. recorded on a GPU), as ``{label: [(length, seconds), ...]}``: the shape chooser's labels (``ar``, ``chain:L``,
-    ``tree:L``, and ``ar-decoder``, its yardstick) as strings, the window chooser's windows as ints. The window chooser's windows a file lacks are taken
-    from ``ar`` (window 1) and ``chain:L`` (window ``L``). A ValueError naming ``--cost-curve`` and what is wrong (the
+    ``tree:L``, and ``ar-decoder``, its yardstick) as strings, the window chooser's windows as ints. The window
+    chooser's windows a file lacks are taken from ``ar`` (window 1) and ``chain:L`` (window ``L``). A ValueError naming ``--cost-curve`` and what is wrong (the
     file unreadable, not JSON, another layout, an unknown label, a sample that is no ``[length >= 0, seconds > 0]``,
     no ``ar`` cost)."""
     import json
@@ -158,7 +158,8 @@ def read_cost_curve(path: str) -> dict:
     for label, samples in data["costs"].items():
         if _WINDOW_LABEL.fullmatch(label):
             key = int(label)
-        elif label in ("ar", AR_DECODER) or _SHAPE_LABEL.fullmatch(label) and int(_SHAPE_LABEL.fullmatch(label).group(2)) >= 2:
+        elif label in ("ar", AR_DECODER) or (_SHAPE_LABEL.fullmatch(label)
+                                              and int(_SHAPE_LABEL.fullmatch(label).group(2)) >= 2):
             key = label
         else:
             raise ValueError(f"{where}: unknown cost label {label!r}; expected ar, {AR_DECODER}, chain:L or tree:L (L >= 2 "

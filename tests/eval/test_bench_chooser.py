@@ -94,6 +94,11 @@ def test_a_cost_curve_file_is_read_as_the_cache_writes_it(tmp_path):
     chooser = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), stats, "key", "spec", slots=8, num_tokens=256)
     assert not chooser.calibrating  # a shape the file has no cost for is never chosen (an infinite cost), not measured
     assert chooser.cost(Shape(16), 0) == 0.011 and chooser.cost(Shape(32), 0) == float("inf")
+    assert chooser.ar_yardstick(0) == pytest.approx(0.01)  # no ar-decoder label: the chooser's own AR pass
+    path.write_text(json.dumps({"key": "k", "costs": {"ar": [[0, 0.01]], "ar-decoder": [[0, 0.008]]}}))
+    timed = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), roofline.chooser_stats(str(path)), "key", "spec",
+                         slots=8, num_tokens=256)
+    assert timed.has_ar_decoder and timed.ar_yardstick(0) == pytest.approx(0.008)  # a file recorded with the AR decoder's pass
 
 
 @pytest.mark.parametrize("content, message", [
