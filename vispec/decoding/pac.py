@@ -392,7 +392,7 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
             chooser.note_ar_decoder([(job.num_tokens // 2, (chooser.clock() - began) / passes)])
             chooser.finish(model)
         out.method = decoding.method
-        out.stats.shapes = {"ar": sum(out.stats.windows.values())}
+        out.stats.shapes = {"ar": passes}
         out.stats.chooser = {"predicted_speedup": 1.0, "calibrated": False, "handed_to_ar": True}
         return out
     largest = decoding.largest_window

@@ -126,7 +126,7 @@ from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
-from vispec.decoding.windows import (ChooserSettings, WindowStats, cost_cache_dir, cost_growth, cost_level,
+from vispec.decoding.windows import (KEEP, ChooserSettings, WindowStats, cost_cache_dir, cost_growth, cost_level,
                                      hand_to_ar, save_step_costs, scaled_level, window_set)
 
 SHRINK = 4.0  # pseudo-observations of the prior in a smoothed rate (module docstring)
@@ -539,19 +539,20 @@ class ShapeChooser:
         since its last computation are as many as the samples it had then, at most :data:`GROWTH_EVERY` (often while
         the curve is young, a calibration's last shapes included): the chooser asks every pass, and pooling the curve
         costs more than a small model's pass on a CPU."""
-        if self._growth is None or self._timed_since_growth >= min(GROWTH_EVERY, max(self._growth_basis, 1)):
-            curve = {label: samples for label, samples in self.costs.items() if label != AR_DECODER}
-            self._growth, self._timed_since_growth = cost_growth(curve), 0
-            self._growth_basis = sum(len(samples) for samples in curve.values())
         return self._label_cost(shape.cost_label, at)
 
     def _label_cost(self, label: str, at: int) -> Optional[float]:
+        """:meth:`cost` of cost label ``label`` (the curve's growth recomputed first where due)."""
+        if self._growth is None or self._timed_since_growth >= min(GROWTH_EVERY, max(self._growth_basis, 1)):
+            curve = {key: samples for key, samples in self.costs.items() if key != AR_DECODER}
+            self._growth, self._timed_since_growth = cost_growth(curve), 0
+            self._growth_basis = sum(len(samples) for samples in curve.values())
         if label not in self._levels:
             samples = self.costs.get(label)
             if not samples:
                 return None
             self._levels[label] = cost_level(samples)
-        return scaled_level(self._levels[label], at, self._growth or 0.0)
+        return scaled_level(self._levels[label], at, self._growth)
 
     def ar_yardstick(self, at: int) -> Optional[float]:
         """Seconds of a pass of the AR decoder (:func:`~vispec.decoding.ar.decode_ar`) at ``at`` cached tokens, what
@@ -560,10 +561,7 @@ class ShapeChooser:
         chooser's one-token pass runs in SJD-PAC's batch state with the cache sized for the widest shape and its
         bookkeeping between passes: on tiny-c2i in bfloat16 it cost 1.4 ms where the AR decoder's cost 1.0, so a
         prediction against it overstated every speed-up by 40%."""
-        if self.has_ar_decoder:
-            self.cost(Shape(1), at)  # the growth, computed where due
-            return self._label_cost(AR_DECODER, at)
-        return self.cost(Shape(1), at)
+        return self._label_cost(AR_DECODER if self.has_ar_decoder else Shape(1).cost_label, at)
 
     @property
     def has_ar_decoder(self) -> bool:
@@ -581,7 +579,7 @@ class ShapeChooser:
         time_ar_passes`, or a decode handed to AR) to the curve, kept on disk with it (:meth:`finish`)."""
         values = self.costs.setdefault(AR_DECODER, [])
         values.extend(samples)
-        del values[:-64]
+        del values[:-KEEP]
         self._levels.pop(AR_DECODER, None)
         self._keep_curve = True
 
@@ -859,7 +857,7 @@ class ShapeChooser:
                     del values[:]
                     self._keep_curve = True
                 values.extend((at, per_pass) for at in self._run)
-                del values[:-64]
+                del values[:-KEEP]
                 self._retimed.add(label)
                 self._timed_since_growth += len(self._run)
             self._warm.add(label)
