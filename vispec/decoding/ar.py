@@ -46,6 +46,17 @@ def ar_step(model: SpeculativeARModel, state: Any, out: Tensor, position: Tensor
     return position, torch.maximum(status, step_status)
 
 
+def first_wave_token(logits: Any, seeds: Tensor, job: DecodeJob) -> tuple[Tensor, Tensor, Tensor]:
+    """A wave's start, after its prefill (or refill) gave ``logits``: the token buffer ``out [B, N]`` with token 0
+    sampled (draw 0) and kept where the compiled step writes in place (:func:`~vispec.decoding.compiled.mark_persistent`),
+    the newest token's position (0 for every sample) and the sampling status."""
+    first, status = first_token(logits, seeds, job)
+    out = torch.empty(seeds.shape[0], job.num_tokens, dtype=torch.long, device=seeds.device)
+    out[:, 0] = first
+    mark_persistent(out)  # the step writes it in place
+    return out, torch.zeros(seeds.shape[0], dtype=torch.long, device=seeds.device), status
+
+
 @torch.no_grad()
 def time_ar_passes(model: SpeculativeARModel, condition: Any, job: DecodeJob, clock: Callable[[], float], *,
                    runs: int = 4, passes: int = 16) -> list[tuple[int, float]]:
@@ -61,12 +72,9 @@ def time_ar_passes(model: SpeculativeARModel, condition: Any, job: DecodeJob, cl
     grid_width = resolve_grid_width(model, job.num_tokens, job.grid_width)
     start = start_decoding(model, condition, job, window=1, grid_width=grid_width)
     run = compiled(ar_step) if job.compile else ar_step
-    state, seeds, device = start.state, start.seeds[: start.batch], start.device
-    out = torch.empty(start.batch, job.num_tokens, dtype=torch.long, device=device)
-    out[:, 0], status = first_token(start.logits, seeds, job)
+    state, seeds = start.state, start.seeds[: start.batch]
     mark_persistent(state)
-    mark_persistent(out)
-    position = torch.zeros(start.batch, dtype=torch.long, device=device)
+    out, position, status = first_wave_token(start.logits, seeds, job)
     passes = max(1, min(passes, (job.num_tokens - 2) // runs))  # a short image: shorter runs
     samples = []
     t = 1
@@ -103,12 +111,8 @@ def decode_ar(model: SpeculativeARModel, condition: Any, job: DecodeJob) -> Deco
                 mark_persistent(state)  # new buffers: the graph is recorded again
             logits = model.refill(state, index, select_condition(start.condition, ids.cpu()))
         seeds = start.seeds[ids]
-        wave, wave_status = first_token(logits, seeds, job)
+        out, position, wave_status = first_wave_token(logits, seeds, job)
         status = torch.maximum(status, wave_status)
-        out = torch.empty(ids.shape[0], num_tokens, dtype=torch.long, device=device)
-        out[:, 0] = wave
-        mark_persistent(out)  # the step writes it in place
-        position = torch.zeros(ids.shape[0], dtype=torch.long, device=device)  # of the newest token
         for t in range(1, num_tokens):
             position, status = run(model, state, out, position, seeds, status, job, None if job.compile else t - 1)
             if job.callback is not None:  # step = forward passes after the prefill, as in SJD
