@@ -41,6 +41,13 @@ window, and it reads nothing back from the device, so ``compile=True`` runs it t
 ``torch.compile(fullgraph=True)`` (exact rules; windows are then padded to a small fixed set). The
 loop reads the committed counts back once per step. ``window="auto"`` picks each pass's window by
 cost (:mod:`vispec.decoding.windows`).
+
+Compiled: a fixed window runs every pass at its full width, the image's last passes too, where the widest sample
+needs fewer rows. Each narrower width would be a graph of its own, compiled the first time a decode's tail needs
+it (~30-60 s on a CPU): a tail's widths depend on how many drafts were accepted, so such a compile could stall any
+later call, as it did a timed batch-16 decode of tiny-c2i that came after two warm-up calls (37.8 s instead of 3.5).
+Padded rows change no token (each sample's own width is ``min(window, N - n)`` either way: tests/decoding/
+test_padded_windows.py); they cost a few wider passes at the end of an image.
 """
 
 from __future__ import annotations
@@ -217,9 +224,12 @@ def decode_sjd(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
 
     while batch.running:
         need = batch.widths(window)
-        chosen = chooser.choose(need, batch.longest(), batch.live_count, batch.remaining()) if chooser else need
-        if job.compile:  # compiled steps come in a few shapes: pad to the window set
-            chosen = round_up(chosen, windows)
+        if chooser is not None:
+            chosen = chooser.choose(need, batch.longest(), batch.live_count, batch.remaining())
+            if job.compile:  # compiled steps come in a few shapes: pad to the window set
+                chosen = round_up(chosen, windows)
+        else:  # compiled: the image's last passes run padded to the window too (module docstring, Compiled)
+            chosen = window if job.compile else need
         width_pad = chosen
         if chosen not in steps:
             steps[chosen] = SJDStep(model, job, rule, step.coupling, decoding.init, grid_width, start.vocab, chosen, tv)
