@@ -5,15 +5,17 @@
 # backgrounds, objects 0.20-0.40; their records are in the model folder's README): the VQ's round trip passes the
 # scene checks on 0.92 of current training scenes, against 0.80 of the old ones. FROM_SCRATCH=1 first trains a VQ
 # and a CLIP on the current scenes (~25 min, side by side on one thread each) and uses those instead.
-# The decoder trains in two stages: 3000 steps from scratch at learning rate 1e-3 (~9 min of scene tokenisation, then
-# ~85 min), assembled as a pipeline, then 2200 steps continued from it (--init-from) at 5e-4 on 36000 fresh scenes
-# (seed 1; ~7 min of tokenisation, then ~65-78 min). The second stage lifted AR's scene checks from 0.57 to 0.66 on
-# training compositions and from 0.50 to 0.60 on held-out ones (96 scenes each); the model card records both stages,
-# their total minutes, and both loss logs (logs/transformer-init.jsonl is stage one's). About 2.8 hours in all.
-# (--bf16 makes a step ~1.5x faster on CPUs with AVX512-BF16 or AMX; the shipped model was trained without it, and a
-# 5000-step single-stage run with it, under 2 hours, scored lower: docs/models.md.)
+# The decoder trains in two stages under bfloat16 autocast (--bf16, where the CPU multiplies bfloat16 natively:
+# AVX512-BF16 or AMX): 3000 steps from scratch at learning rate 1e-3 on 48000 scenes (~8 min of scene tokenisation,
+# then ~49 min at ~1 s a step on 2 cores), assembled as a pipeline, then 2200 steps continued from it (--init-from)
+# at 5e-4 on 36000 fresh scenes (seed 1; ~5 min of tokenisation, then ~36 min). About 1 h 40 min in all; the model
+# card records both stages, their total minutes, and both loss logs (logs/transformer-init.jsonl is stage one's).
+# The second stage lifts AR's scene checks from ~0.57 to ~0.62-0.66 (docs/models.md). On a CPU without native
+# bfloat16 the script trains in float32 instead: ~1.6 s a step, about 2.8 hours, and a model that differs in its
+# digits (the float32 schedule's model, trained earlier, scored the same within noise: docs/models.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BF16=$(python -c "import torch; print('--bf16' if torch.ops.mkldnn._is_mkldnn_bf16_supported() else '')")
 mkdir -p out/tiny-t2i
 VQ=models/pretrained/tiny-t2i/vqvae
 CLIP=models/pretrained/tiny-t2i/clip
@@ -30,9 +32,9 @@ else  # assemble-t2i copies its inputs into models/pretrained/tiny-t2i: work fro
     CLIP=out/tiny-t2i/clip
 fi
 OMP_NUM_THREADS=2 vispec train t2i --vq "$VQ" --out out/tiny-t2i/stage1 --num-sequences 48000 --steps 3000 \
-    --layers 6 --batch-size 16 --lr 1e-3 --warmup 100 --seed 0 2>&1 | tee out/tiny-t2i/t2i.log
+    --layers 6 --batch-size 16 --lr 1e-3 --warmup 100 --seed 0 $BF16 2>&1 | tee out/tiny-t2i/t2i.log
 vispec train assemble-t2i --vq "$VQ" --t2i out/tiny-t2i/stage1 --clip "$CLIP" --out out/tiny-t2i/stage1-pipeline
 OMP_NUM_THREADS=2 vispec train t2i --vq "$VQ" --init-from out/tiny-t2i/stage1-pipeline --out out/tiny-t2i/transformer \
-    --num-sequences 36000 --steps 2200 --layers 6 --batch-size 16 --lr 5e-4 --warmup 50 --seed 1 2>&1 \
+    --num-sequences 36000 --steps 2200 --layers 6 --batch-size 16 --lr 5e-4 --warmup 50 --seed 1 $BF16 2>&1 \
     | tee out/tiny-t2i/t2i-continued.log
 vispec train assemble-t2i --vq "$VQ" --t2i out/tiny-t2i/transformer --clip "$CLIP" --out models/pretrained/tiny-t2i
