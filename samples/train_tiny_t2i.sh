@@ -16,7 +16,7 @@
 # passed the same share of checks within noise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BF16=$(python -c "import torch; print('--bf16' if torch.ops.mkldnn._is_mkldnn_bf16_supported() else '')")
+BF16=$(python -c "from vispec.eval.train.checks import native_bf16; print('--bf16' if native_bf16() else '')")
 mkdir -p out/tiny-t2i
 VQ=models/pretrained/tiny-t2i/vqvae
 CLIP=models/pretrained/tiny-t2i/clip
