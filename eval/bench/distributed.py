@@ -144,7 +144,8 @@ def run_units(workers: Workers, num_items: int, unit_size: int, compute: Callabl
     """Compute this process's units (:meth:`Workers.my_units`) and bring every item to rank 0.
 
     ``compute(unit)`` returns ``{index: (record, tensors)}`` for the unit's indices. With a ``store`` each item
-    is written under ``group`` as its unit finishes, units already complete there are skipped (a rerun), and
+    is written under ``group`` as its unit finishes, units already complete there are skipped (a rerun; of a unit
+    that a killed run left part-written, the items already stored are recomputed but not rewritten), and
     rank 0 reads every item back from the store after a barrier (multi-node: the store must be on a shared
     file system). Without one the items travel to rank 0 by ``gather_object``. ``tick(n)`` after each unit of
     ``n`` items, computed or skipped.
@@ -162,7 +163,8 @@ def run_units(workers: Workers, num_items: int, unit_size: int, compute: Callabl
             raise RuntimeError(f"compute returned items {sorted(items)[:5]}... for the unit {unit}")
         for index in unit:
             if store is not None:
-                store.write(group, index, *items[index])
+                if not store.has(group, index):  # of a unit a killed run cut short, its finished items stay as written
+                    store.write(group, index, *items[index])
             else:
                 mine[index] = items[index]
         if tick is not None:

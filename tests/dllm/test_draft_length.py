@@ -9,7 +9,7 @@ from helpers import left_padded, tiny_llada, tiny_llada_prompts
 
 from vispec.decoding.windows import WindowStats
 from vispec.dllm import SelfSpeculation, decode, make_scheduler
-from vispec.dllm.draft_length import DECODES_KEPT, EXPLORE, DraftLengthChooser, model_costs
+from vispec.dllm.draft_length import EXPLORE, KEEP, DraftLengthChooser, model_costs, width_line
 from vispec.eval.bench.text import parse_rule, parse_setting
 
 
@@ -90,65 +90,112 @@ def test_auto_hands_a_decode_to_the_stepwise_loop_when_no_draft_pays_and_recheck
     (rates,) = model_costs(model).shape_rates.values()
     rates[1:] = [[1, 100]] * (len(rates) - 1)  # drafts verify 1% of the time
     runs = [decode(model, ids, mask, scheduler=make_scheduler("llada"), generator=gens(), speculative="auto", **kwargs)
-            for _ in range(model_costs(model).settings.recheck)]
+            for _ in range(1 + model_costs(model).settings.recheck)]
     handed = [out.labels["speculative"].get("stepwise", False) for out in runs]
-    assert handed == [True] * (len(runs) - 1) + [False]  # the last one rechecks
+    assert handed == [True] * (len(runs) - 1) + [False]  # the first times the stepwise steps; the last one rechecks
     for out in runs:
         assert torch.equal(out.tokens, ref.tokens)
     out = runs[0]
     assert out.stats.extra["steps"].tolist() == out.stats.extra["canvases"].tolist() == ref.stats.nfe.tolist()
 
 
-def test_measured_decodes_overrule_a_predicted_gain_that_the_stepwise_loop_beats():
-    """The line compares draft lengths with k = 1 rounds, which cost more than the stepwise loop's steps: a predicted
-    gain must also show in whole decodes' seconds per step against recent stepwise decodes, else decodes run
-    stepwise (every recheck-th speculating again); where it shows, every recheck-th decode probes the stepwise loop."""
+def test_the_stepwise_steps_overrule_a_predicted_gain_over_k1_rounds():
+    """The line compares draft lengths with k = 1 rounds, which cost more than the stepwise loop's steps: the best
+    draft length must also beat the timed stepwise steps by the margin, else decodes run stepwise (every recheck-th
+    speculating again); where it does, every recheck-th decode times the stepwise loop's steps again, the interval
+    doubling."""
     stats, now = WindowStats(), [0.0]
     stats.clock = lambda: now[0]
     chooser = DraftLengthChooser(16, stats, key="k")
-    _rounds(chooser, now, 12, rows=1, accept=0.97, seconds=lambda c: 1.0 + 0.001 * c)  # drafting predicted to pay
-    assert chooser._best(1) != 0 and chooser.step_seconds(stepwise=False) is None
-    assert chooser.prefers_stepwise(1)  # no stepwise decode measured: one runs, to measure the baseline
-    chooser.record_decode(False, 3.0, 10)  # speculative decodes: 0.3 s a step, stepwise: 0.2 s
-    chooser.record_decode(True, 2.0, 10)
+    _rounds(chooser, now, 40, rows=1, accept=0.97, seconds=lambda c: 1.0 + 0.001 * c)  # drafting predicted to pay
+    assert chooser._best(1) != 0 and chooser.stepwise_cost(1) is None
+    speed = chooser.best_speed(1)  # steps a second: about 12 (a round of 16 advances about 13 steps in ~1 s)
+    assert 5 < speed < 20
+    assert chooser.prefers_stepwise(1)  # no stepwise step timed: a stepwise decode runs, to time them
+    for _ in range(3):
+        chooser.record_step(1, 0.5 / speed)  # the stepwise loop runs twice the best draft length's steps a second
+    assert chooser.stepwise_cost(1) == pytest.approx(0.5 / speed)
     recheck = stats.settings.recheck
     handed = [chooser.prefers_stepwise(1) for _ in range(recheck)]
-    assert handed == [True] * (recheck - 1) + [False]  # drafting lost: stepwise, every recheck-th speculates
+    assert handed == [True] * (recheck - 1) + [False]  # drafting loses: stepwise, every recheck-th speculates
     for _ in range(3):
-        chooser.record_decode(False, 1.0, 10)  # now 0.1 s a step (median of the recent speculative decodes)
-    assert chooser.step_seconds(stepwise=False) == pytest.approx(0.1)
+        chooser.record_step(1, 2.0 / speed)  # now at half its speed: drafting pays
     probes = [chooser.prefers_stepwise(1) for _ in range(recheck)]
-    assert probes == [False] * (recheck - 1) + [True]  # drafting won: speculate, every recheck-th probes stepwise
+    assert probes == [False] * (recheck - 1) + [True]  # speculate, every recheck-th times the stepwise loop again
     probes = [chooser.prefers_stepwise(1) for _ in range(2 * recheck)]
     assert probes == [False] * (2 * recheck - 1) + [True]  # the interval doubles after each probe
-    for _ in range(DECODES_KEPT):  # only the recent decodes count: stepwise ones pushed out, measured again
-        chooser.record_decode(False, 1.0, 10)
-    assert chooser.step_seconds(stepwise=True) is None and chooser.prefers_stepwise(1)
-    chooser.record_decode(True, 1.0, 0)  # a decode of no steps records nothing
-    assert len(stats.costs("k")["decodes"]) == DECODES_KEPT
+    chooser.record_step(1, 1.04 / speed)  # the median of five: within the margin, drafting does not pay
+    chooser.record_step(1, 1.04 / speed)
+    chooser.record_step(1, 1.04 / speed)
+    assert chooser.prefers_stepwise(1)
+    for _ in range(KEEP):
+        chooser.record_step(2, 1.0)
+    assert len(stats.costs("k")["stepwise"]) == KEEP and chooser.stepwise_cost(1) == pytest.approx(0.5)  # scaled
+
+
+def test_the_stepwise_cost_of_a_width_not_timed_comes_from_the_width_line():
+    samples = [(1, 1.0), (1, 1.2), (1, 0.8), (2, 1.5), (3, 2.0), (4, 2.5), (4, 2.5), (5, 50.0)]
+    line, floor = width_line(samples)
+    assert line == pytest.approx((0.5, 0.5))  # width 5's outlier moves neither the slopes' median nor the intercept
+    assert floor == pytest.approx(0.05 * 1.75)  # 5% of the median sample
+    assert width_line([(3, 1.0), (3, 2.0)])[0] is None  # one width: no line
+    chooser = DraftLengthChooser(16, WindowStats(), key="k")
+    for rows, seconds in [(1, 1.0), (1, 1.0), (4, 2.5)]:
+        chooser.record_step(rows, seconds)
+    assert chooser.stepwise_cost(2) == pytest.approx(1.5)  # on the line through (1, 1.0) and (4, 2.5)
 
 
 def test_a_confirmed_hand_over_rechecks_ever_less_often():
     stats, now = WindowStats(), [0.0]
     stats.clock = lambda: now[0]
     chooser = DraftLengthChooser(16, stats, key="k")
-    _rounds(chooser, now, 12, rows=1, accept=0.3, seconds=lambda c: 0.01 * c)  # no draft length pays
+    _rounds(chooser, now, 12, rows=16, accept=0.3, seconds=lambda c: 0.01 * c)  # no draft length pays
+    chooser.record_step(16, 0.05)  # the stepwise loop's steps (timed by a stepwise decode)
     recheck = stats.settings.recheck
-    rechecks = [i for i in range(recheck * (1 + 2 + 4 + 8 + 8)) if not chooser.prefers_stepwise(1)]
+    rechecks = [i for i in range(recheck * (1 + 2 + 4 + 8 + 8)) if not chooser.prefers_stepwise(16)]
     gaps = [b - a for a, b in zip([-1] + rechecks, rechecks)]
     assert gaps == [recheck, 2 * recheck, 4 * recheck, 8 * recheck, 8 * recheck]  # doubling, up to RECHECK_GROWTH
 
 
-def test_a_decode_records_its_seconds_per_step_and_mode():
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_a_handed_over_decode_times_its_steps_but_not_the_refreshes(cache):
+    """A stepwise decode under ``"auto"`` records every step it takes (rows, seconds) for the chooser, except a block's
+    refresh forward under a block cache: the rounds leave theirs out too (both sides pay it)."""
     model = tiny_llada()
     ids, mask = left_padded(tiny_llada_prompts(), 0)
-    kwargs = dict(steps=24, gen_length=24, block_length=8, scheduler=make_scheduler("llada"), speculative="auto")
-    out = decode(model, ids, mask, **kwargs)
+    kwargs = dict(steps=24, gen_length=24, block_length=8, scheduler=make_scheduler("llada"), cache=cache)
+    for decodes in range(1, 40):  # speculative until acceptance is measured (MIN_TRIES), then one times the steps
+        steps = []
+        out = decode(model, ids, mask, speculative="auto", callback=lambda p: steps.append(p.details), **kwargs)
+        (key, costs), = model_costs(model).step_costs.items()
+        if out.labels["speculative"].get("stepwise"):
+            break
+        assert "stepwise" not in costs and len(costs["round"]) > 0
+    assert decodes > 1 and out.labels["speculative"]["stepwise"]
+    timed = [d for d in steps if cache == "none" or d["step_in_block"] > 0]
+    assert 0 < len(timed) < len(steps) or cache == "none"
+    assert [rows for rows, _ in costs["stepwise"]] == [d["rows"].numel() for d in timed]
+    assert all(seconds > 0 for _, seconds in costs["stepwise"])
+
+
+def test_a_handed_over_block_causal_decode_times_all_but_each_blocks_first_step():
+    """LLaDA2's layout under the prefix cache: a block's first forward also writes the previous block's K/V (the
+    rounds' refresh), left out of the stepwise steps' times."""
+    from test_llada2 import tiny_llada2
+
+    model = tiny_llada2(4.0)
+    ids = torch.randint(2, 99, (2, 6), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(gen_length=24, block_length=8, steps=12, scheduler=make_scheduler("llada"), cache="prefix")
+    for _ in range(40):  # speculative until acceptance is measured (MIN_TRIES), then one times the steps
+        steps = []
+        out = decode(model, ids, None, speculative="auto", callback=lambda p: steps.append(p.details), **kwargs)
+        if out.labels["speculative"].get("stepwise"):
+            break
+    assert out.labels["speculative"]["stepwise"]
     (key, costs), = model_costs(model).step_costs.items()
-    (mode, per_step), = costs["decodes"]
-    assert mode == 0 and per_step > 0  # the first decode explores: speculative
-    decode(model, ids, mask, **kwargs)
-    assert len(costs["decodes"]) == 2 and out.stats.extra["steps"].max() > 0
+    later = [b for a, b in zip([None] + steps, steps) if a is not None and a["block"] == b["block"]]  # not firsts
+    assert [rows for rows, _ in costs["stepwise"]] == [d["rows"].numel() for d in later]
+    assert 0 < len(later) < len(steps)
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -285,6 +285,9 @@ class BlockCausalLoop:
         self.nan = torch.zeros((), dtype=torch.bool, device=device)
         self.global_step, self.interrupted, self.start_time = 0, False, time.perf_counter()
         self.guidance = Guidance(1.0, 0, ids.mask)  # an edit callback's guidance_scale is refused through it
+        # speculative="auto" handed this decode over: its steps (a block's first not, under the cache) timed, (rows, s)
+        self.step_timer: Optional[Callable[[int, float], None]] = None
+        self.step_clock: Callable[[], float] = time.perf_counter
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -306,12 +309,16 @@ class BlockCausalLoop:
         post = torch.zeros_like(self.nfe)
         every = torch.arange(batch, device=self.x.device)
         masked_at_start = self.rule.masked(every, self.x, index)
+        first = True  # the block's first step: under the prefix cache it writes the previous block's K/V (untimed)
         while True:
             if not self.editing:  # a complete block needs no more forwards (a callback may have completed it)
                 going &= (self.rule.masked(every, self.x, index) > 0) & (steps < self.rule.cap)
             rows = going.nonzero().squeeze(1)
             if rows.numel() == 0:
                 return
+            started = self.step_clock() if self.step_timer is not None and not (first and self.options.cache == "prefix") \
+                else None
+            first = False
             logits = self._forward(rows, start, end)
             step = self.rule.step(rows, self.x[rows], index[rows], logits, steps[rows], post[rows],
                                   masked_at_start[rows], self.nfe[rows], self.finished[rows])
@@ -326,8 +333,10 @@ class BlockCausalLoop:
             self.global_step += 1
             if self.callback is not None:
                 self._report(rows, step.out, r, int(steps.max()))
-                if self.interrupted:
-                    return
+            if started is not None:
+                self.step_timer(rows.numel(), self.step_clock() - started)
+            if self.interrupted:
+                return
 
     # ------------------------------------------------------------------ the pieces of a step
     def _forward(self, rows: Tensor, start: int, end: int) -> Tensor:

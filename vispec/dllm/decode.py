@@ -190,15 +190,14 @@ def decode(
         seeds, extra = shared.row_seeds(), {"shared": shared}  # speculative and block-causal runners: a BlockLoop
     if chooser is not None and not stepwise:
         extra["chooser"] = chooser
-    start = chooser.clock() if chooser is not None else 0.0
     loop = runner(model, input_ids, attention_mask, options, ids, scheduler, seeds, callback, **extra)
+    if chooser is not None and stepwise:  # its steps' seconds, against which drafting must pay (draft_length.py)
+        loop.step_timer, loop.step_clock = chooser.record_step, chooser.clock
     loop.run()
     out = loop.output()
     if stepwise and options.speculative is not None:  # handed over: reported as a self-speculative run of k = 1
         out.labels["speculative"] = {"draft_length": "auto", "rounds_by_draft_length": {}, "stepwise": True}
         out.stats.extra.update(steps=out.stats.nfe.clone(), canvases=out.stats.nfe.clone())
-    if chooser is not None:  # the decode's seconds per reference step, against which mode pays (draft_length.py)
-        chooser.record_decode(stepwise, chooser.clock() - start, int(out.stats.extra["steps"].max()))
     return out
 
 

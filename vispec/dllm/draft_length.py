@@ -15,13 +15,15 @@ depths (depth ``d``'s
 counts plus :data:`SHRINK` pseudo-observations of depth ``d - 1``'s rate), so an unmeasured depth borrows the
 deepest measured one's rate, never a flattering prior.
 
-**Cost.** A round's seconds (drafting, the verifying forward and the verification) against the canvases it forwarded,
-``n`` rows times ``k`` (fewer where chains end at a block's end): a robust line (Theil-Sen through the median time of
-each canvas count: most rounds share one width, and a fit over raw rounds would take its scatter for the slope),
-kept in a :class:`~vispec.decoding.windows.WindowStats` under the decode's cost key (model, device, dtype, batch,
-cache), per model for the process (:func:`model_costs`), so later decodes of the model start from it. Until it has two
-distinct widths measured the chooser explores: one round at each of :data:`EXPLORE` (capped by the largest ``k``),
-narrow ones, since a wide round of a large batch costs many stepwise ones; wider rounds' costs are the line's.
+**Cost.** A round's seconds (drafting, the verifying forward and the verification; a block's refresh forward, which
+the stepwise loop runs too, left out: :meth:`DraftLengthChooser.untimed`) against the canvases it forwarded,
+``n`` rows times ``k`` (fewer where chains end at a block's end): a robust line (:func:`width_line`, Theil-Sen
+through the median time of each canvas count: most rounds share one width, and a fit over raw rounds would take its
+scatter for the slope), kept in a :class:`~vispec.decoding.windows.WindowStats` under the decode's cost key (model,
+device, dtype, batch, cache), per model for the process (:func:`model_costs`), so later decodes of the model start
+from it. Until it has two distinct widths measured the chooser explores: one round at each of :data:`EXPLORE`
+(capped by the largest ``k``), narrow ones, since a wide round of a large batch costs many stepwise ones; wider
+rounds' costs are the line's.
 
 **Choice.** ``argmax_k n E[T_k] / t(n k)`` over :data:`CANDIDATES` up to the largest, re-scored every round (a few
 numpy operations; rounds cost milliseconds at least), among the ``k`` whose rounds forward at most twice the canvases
@@ -29,29 +31,38 @@ of the widest round measured (the line is a fit, not a law: on a CPU 4 and 16 ca
 times more), if it beats ``k = 1`` by :data:`MARGIN` (else ``k = 1``: on a machine where canvases cost in
 proportion, a few percent of predicted gain is noise, and a lost bet costs more); at round :data:`WIDER_EVERY` of a
 decode, then 16, 32, ... (the interval doubling), the next larger ``k`` than the best runs once, so deeper rates
-keep being measured at a cost that shrinks with the decode's length. Where no ``k`` beats ``k = 1`` for a whole
-decode's batch, :func:`vispec.dllm.decode` runs the stepwise loop instead
-(:meth:`DraftLengthChooser.prefers_stepwise`): its steps cost less than ``k = 1`` rounds.
+keep being measured at a cost that shrinks with the decode's length. Whether a decode drafts at all is decided
+against the stepwise loop's steps (below).
 
-**Measured decodes.** The choice above compares draft lengths with ``k = 1`` *rounds*, which cost more than the
-stepwise loop's steps (the drafting and verification machinery runs even for one canvas), so a draft length that
-beats ``k = 1`` can still lose to the stepwise loop: on tiny-llada2 (``editing@prefix``, batch 4) the chooser settled
-on ``k = 2, 3`` and decoded 0.85x as fast as the stepwise loop. So every ``"auto"`` decode also records its seconds per
-reference step (the stepwise loop's steps, or the steps its rounds advanced; the batch's longest row) and its mode,
-under the cost key (:meth:`DraftLengthChooser.record_decode`). Once speculative decodes are measured, one stepwise
-decode measures the baseline (it costs what the user's stepwise run costs), and from then on a decode speculates only
-while, among the last :data:`DECODES_KEPT` decodes, the speculative ones' median seconds per step are below the
-stepwise ones' (measured, not predicted: no margin). Whichever mode runs, now and then a decode runs the other (every
-recheck-th at first, the interval doubling after each such recheck up to :data:`RECHECK_GROWTH` times, so that a
-settled choice costs ever less to confirm), so both stay among the recent decodes: a step's cost depends on the
-workload (how many of its forwards are the cache refreshes), so the two are compared on decodes close in time.
+**Against the stepwise loop.** A ``k = 1`` round costs more than a step of the stepwise loop (the drafting and
+verification machinery runs even for one canvas), so a draft length that beats ``k = 1`` can still lose to the
+stepwise loop: on tiny-llada2 (``editing@prefix``, batch 4) a chooser that compared with ``k = 1`` rounds only settled
+on ``k = 2, 3`` and decoded 0.85x as fast as the stepwise loop. So the stepwise loop's own steps are timed too: a
+stepwise decode under ``"auto"`` times each of its steps that is not a block's refresh (the forward, the policy's
+step and the commit; :meth:`DraftLengthChooser.record_step`), kept under the cost key against the rows it
+forwarded (a robust line again). Before a decode (:meth:`DraftLengthChooser.prefers_stepwise`), a draft length must
+beat the stepwise step's speed, ``n / t_sw(n)``, by :data:`MARGIN`, else the decode runs the stepwise loop. Both sides
+leave the refreshes out, so the comparison does not depend on the workload: whole decodes' seconds per step do (a
+problem whose blocks finish on their refresh costs several times more per step than one that takes cached steps: on
+tiny-mdlm, 4.5-9 ms a step over the test problems), and comparing them sent every decode stepwise where a fixed
+``k = 4`` ran 10% faster. While a draft length beats ``k = 1`` rounds, decodes draft until :data:`MIN_TRIES` chains
+have tried a first draft, or twice as many chains ran (before that, the prior's pull on the rates would decide: a few
+rounds of a few decodes handed tiny-mdlm's ``threshold@dual`` to the stepwise loop on depth-1 counts of 5 in 6, and
+the hand-over's rechecks, ever rarer, did not bring it back); where none does, no count could make drafting pay
+(tiny-mdlm-long's blocks mostly end on their refresh step, so its chains seldom have a draft to try). The next
+decode runs stepwise, to time its steps; whichever
+mode runs, now and then a decode runs the other (every recheck-th at first, the interval doubling after each such
+recheck up to :data:`RECHECK_GROWTH` times, so that a settled choice costs ever less to confirm), so both sides'
+costs stay current.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 import weakref
-from typing import Any, Callable, Hashable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Hashable, Iterator, Optional
 
 import numpy as np
 from torch import Tensor
@@ -64,9 +75,9 @@ SHRINK = 4.0
 PRIOR = 0.5  # the rate of a depth nothing has measured yet (depth 1 only; deeper ones borrow)
 MARGIN = 0.1  # the predicted gain over k = 1 a longer draft must show
 WIDER_EVERY = 8  # the first round that tries a larger k than the best; then rounds 16, 32, 64, ...
-KEEP = 64  # cost samples kept
+KEEP = 64  # cost samples kept, of rounds and of stepwise steps each
 RECHECK_GROWTH = 8  # a hand-over's recheck interval grows from ChooserSettings.recheck to this many times it
-DECODES_KEPT = 64  # the recent decodes whose seconds per step decide between the modes (both modes among them)
+MIN_TRIES = 32  # depth-1 tries pooled before a decode may run stepwise (a dozen decodes at batch 1, one at 16)
 _MODEL_COSTS: "weakref.WeakKeyDictionary[Any, WindowStats]" = weakref.WeakKeyDictionary()
 
 
@@ -92,6 +103,29 @@ def model_costs(model: Any) -> WindowStats:
         return WindowStats()
 
 
+def width_line(samples: list[tuple[int, float]]) -> tuple[Optional[tuple[float, float]], float]:
+    """``(intercept, slope)`` of seconds against width through the median time of each width (Theil-Sen: the median
+    of the pairwise slopes, at least 0), so the common width, however many samples ran it, is one point among the
+    others and cannot flatten the line; None before two widths are measured. And a floor for the line's values: 5% of
+    the median sample (a line through noisy samples may cross zero). Plain Python: a few dozen samples of a few
+    widths fit in tens of microseconds (numpy's per-call overhead made it ~150 us, a few percent of a small model's
+    decode)."""
+    if not samples:
+        return None, 1e-9
+    by_width: dict[int, list[float]] = {}
+    for width, seconds in samples:
+        by_width.setdefault(width, []).append(seconds)
+    line = None
+    if len(by_width) >= 2:
+        widths = sorted(by_width)
+        times = [statistics.median(by_width[w]) for w in widths]
+        slopes = [(times[j] - times[i]) / (widths[j] - widths[i])
+                  for i in range(len(widths)) for j in range(i + 1, len(widths))]
+        slope = max(statistics.median(slopes), 0.0)
+        line = (statistics.median(t - slope * w for w, t in zip(widths, times)), slope)
+    return line, max(0.05 * statistics.median(t for _, t in samples), 1e-9)
+
+
 class DraftLengthChooser:
     """Picks the draft length of every round (module docstring): :meth:`choose` before it, :meth:`record` after it.
 
@@ -110,7 +144,7 @@ class DraftLengthChooser:
         self.samples: list[tuple[int, float]] = self.stats.costs(key).setdefault("round", [])
         self._fit: Optional[tuple[Any, tuple]] = None  # (the samples' state, (line, floor)): _fitted's last answer
         self.clock = clock or self.stats.clock or time.perf_counter
-        zeros = np.zeros((largest + 1, 2))  # depth d: (verified, tried)
+        zeros = np.zeros((largest + 1, 2))  # depth d: (verified, tried); depth 0: the chains
         self.counts = zeros if rates_key is None else self.stats.shape_rates.setdefault((rates_key, largest), zeros)
         self.explore = [] if self._line() is not None else self._exploration()
         self.rounds, self.wider_at = 0, WIDER_EVERY
@@ -136,38 +170,38 @@ class DraftLengthChooser:
         return sorted({min(k, self.lengths[-1]) for k in EXPLORE})
 
     def _line(self) -> Optional[tuple[float, float]]:
-        """``(intercept, slope)`` through the median round time of each canvas count (Theil-Sen: the median of the
-        pairwise slopes, at least 0), so the common width, however many rounds ran it, is one point among the
-        others and cannot flatten the line. Fitted again only when a round was recorded since (a round asks for
-        it several times, and a fit costs about a millisecond: 5% of a small model's round)."""
+        """The rounds' cost line (:func:`width_line`)."""
         return self._fitted()[0]
 
     def _fitted(self) -> tuple[Optional[tuple[float, float]], float]:
-        """The line (:meth:`_line`) and the cost floor (:meth:`cost`) of the samples as they are now."""
-        state = hash(tuple(self.samples))  # microseconds for KEEP samples
-        if self._fit is not None and self._fit[0] == state:
-            return self._fit[1]
-        by_width: dict[int, list[float]] = {}
-        for width, seconds in self.samples:
-            by_width.setdefault(width, []).append(seconds)
-        line = None
-        if len(by_width) >= 2:
-            widths = np.array(sorted(by_width), dtype=float)
-            times = np.array([np.median(by_width[int(w)]) for w in widths])
-            i, j = np.triu_indices(len(widths), 1)
-            slope = max(float(np.median((times[j] - times[i]) / (widths[j] - widths[i]))), 0.0)
-            line = (float(np.median(times - slope * widths)), slope)
-        floor = max(0.05 * float(np.median([t for _, t in self.samples])), 1e-9) if self.samples else 1e-9
-        self._fit = (state, (line, floor))
-        return line, floor
+        """The rounds' line and floor, fitted again only when a round was recorded since (a round asks for it several
+        times)."""
+        state = (len(self.samples), self.samples[-1] if self.samples else None)  # a round recorded since?
+        if self._fit is None or self._fit[0] != state:
+            self._fit = (state, width_line(self.samples))
+        return self._fit[1]
 
     def cost(self, canvases: np.ndarray) -> Optional[np.ndarray]:
-        """Seconds of rounds forwarding ``canvases`` canvas rows (each entry), None before the line is known (at least
-        5% of the median round: a line through noisy rounds may cross zero)."""
+        """Seconds of rounds forwarding ``canvases`` canvas rows (each entry), None before the line is known."""
         line, floor = self._fitted()
         if line is None:
             return None
         return np.maximum(line[0] + line[1] * np.asarray(canvases, dtype=float), floor)
+
+    def stepwise_cost(self, rows: int) -> Optional[float]:
+        """Seconds of a stepwise step of ``rows`` rows (a block's refresh excluded; :meth:`record_step`): the median of
+        the steps of that many rows where at least three were timed, else the robust line through the widths timed,
+        else the one width's median scaled in proportion; None before any step was timed."""
+        samples = self.stats.costs(self.key).get("stepwise", [])
+        same = [seconds for width, seconds in samples if width == rows]
+        if len(same) >= 3:
+            return float(np.median(same))
+        line, floor = width_line(samples)
+        if line is not None:
+            return max(line[0] + line[1] * rows, floor)
+        if not samples:
+            return None
+        return float(np.median([seconds for _, seconds in samples])) * rows / samples[0][0]
 
     # ---- decisions ------------------------------------------------------------------------------------------
 
@@ -197,50 +231,60 @@ class DraftLengthChooser:
         # predicted gain this small is within the line's error
 
     def prefers_stepwise(self, rows: int) -> bool:
-        """Whether a whole decode of ``rows`` rows should run as the stepwise loop: the cost line and acceptance are
-        measured and no draft length beats ``k = 1`` (whose rounds cost more than the stepwise loop's steps), or
-        the measured speculative decodes have not beaten the stepwise ones (module docstring; the first decode
-        after speculative ones are measured runs stepwise, to measure it). Every
-        :attr:`~vispec.decoding.windows.ChooserSettings.recheck`-th such decode per cost key runs the chooser instead
-        (as the image half's :func:`vispec.decoding.windows.hand_to_ar`, but with the interval doubling after each
-        recheck, :meth:`_handed`), so the measurements stay fresh at a cost that shrinks."""
-        if self.explore or self.counts[1, 1] == 0:
+        """Whether a whole decode of ``rows`` rows should run as the stepwise loop (module docstring, Against the
+        stepwise loop): the cost line and acceptance are measured (:data:`MIN_TRIES` chains tried a first draft, or
+        twice as many chains ran; sooner where drafting does not beat ``k = 1`` rounds even so), and no draft length's
+        predicted steps per second beat the stepwise steps' by :data:`MARGIN` (the first decode after the exploring
+        ones runs stepwise, to time them). Every :attr:`~vispec.decoding.windows.ChooserSettings.recheck`-th decode runs the other mode (as the
+        image half's :func:`vispec.decoding.windows.hand_to_ar`, but with the interval doubling after each recheck,
+        :meth:`_handed`), so both sides' costs stay current at a cost that shrinks."""
+        if self.explore:
             return False
-        if self._best(rows) == 0:
-            return self._handed(self.key)
-        speculative, stepwise = self.step_seconds(stepwise=False), self.step_seconds(stepwise=True)
-        if stepwise is None:  # measure the baseline: this decode costs what the stepwise run costs anyway
+        measured = self.counts[1, 1] >= MIN_TRIES or self.counts[0, 1] >= 2 * MIN_TRIES
+        if not measured and (self.counts[1, 1] == 0 or self._best(rows) > 0):
+            return False  # acceptance barely measured, and a draft length may pay: the prior would decide
+        stepwise = self.stepwise_cost(rows)
+        if stepwise is None:  # time the stepwise steps: this decode costs what the stepwise run costs anyway
             return True
-        if speculative is None:  # the recent decodes hold no speculative one: measure it
-            return False
-        if speculative > stepwise:  # measured decodes: drafting has not paid (module docstring)
+        if self.best_speed(rows) < (1 + MARGIN) * rows / stepwise:
             return self._handed(self.key)
         restart_rechecks(self.stats, self.key)  # drafting pays: a later hand-over rechecks soon again
-        return not self._handed((self.key, "probe"))  # every so often a decode probes the stepwise loop
+        return not self._handed((self.key, "probe"))  # every so often a decode times the stepwise loop's steps
+
+    def best_speed(self, rows: int) -> float:
+        """The predicted reference steps per second of ``rows`` rows' rounds at the draft length :meth:`_best`
+        picks (the cost line is known)."""
+        k = self.lengths[self._best(rows)]
+        return rows * float(self.expected_steps()[self._best(rows)]) / float(self.cost(np.array([rows * k]))[0])
 
     def _handed(self, label: Hashable) -> bool:
         """Count a decode that :meth:`prefers_stepwise` would hand over (or, under ``(key, "probe")``, keep
         speculative) and answer True, except every ``interval``-th time, when the other mode runs
         (:func:`~vispec.decoding.windows.hand_to_ar` with growth): the interval starts at
         :attr:`~vispec.decoding.windows.ChooserSettings.recheck` and doubles after every recheck, up to
-        :data:`RECHECK_GROWTH` times it. A recheck costs (a decode of ``k = 1`` rounds, dearer than stepwise steps, or a
-        stepwise one), and one that confirmed the choice makes the next less needed."""
+        :data:`RECHECK_GROWTH` times it. A recheck costs (a decode of the slower mode), and one that confirmed the
+        choice makes the next less needed."""
         return hand_to_ar(self.stats, label, RECHECK_GROWTH)
 
-    def record_decode(self, stepwise: bool, seconds: float, steps: int) -> None:
-        """After a whole decode under this cost key: its ``seconds`` over the reference ``steps`` it advanced (the
-        batch's longest row) and its mode (the stepwise loop, or self-speculative rounds), the last
-        :data:`DECODES_KEPT` decodes in order."""
-        if steps > 0:
-            samples = self.stats.costs(self.key).setdefault("decodes", [])
-            samples.append((int(stepwise), seconds / steps))
-            del samples[:-DECODES_KEPT]
+    def record_step(self, rows: int, seconds: float) -> None:
+        """A stepwise step (not a block's refresh) of ``rows`` rows took ``seconds``: the last :data:`KEEP` kept under
+        the cost key (:meth:`stepwise_cost`)."""
+        samples = self.stats.costs(self.key).setdefault("stepwise", [])
+        samples.append((rows, seconds))
+        del samples[:-KEEP]
 
-    def step_seconds(self, stepwise: bool) -> Optional[float]:
-        """The median seconds per reference step of the recent decodes (:meth:`record_decode`) of one mode, None
-        where they hold none."""
-        samples = [per_step for mode, per_step in self.stats.costs(self.key).get("decodes", []) if mode == stepwise]
-        return float(np.median(samples)) if samples else None
+    @contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Leave the enclosed work out of the round's cost sample: a block's refresh forward, which a round runs when
+        its exact canvas starts a block, costs what the stepwise loop's refresh costs, whatever the draft length (timed
+        in, a round that happened to end a block would cost a full forward more than its canvases: on tiny-mdlm's
+        ``threshold@dual`` such rounds made two canvases look three times one's cost, and every decode went stepwise)."""
+        start = self.clock()
+        try:
+            yield
+        finally:
+            if self._start is not None:
+                self._start += self.clock() - start
 
     def record(self, canvases: int, verified: Tensor, drafted: Tensor) -> None:
         """After the round: ``canvases`` forwarded; per row, the drafts ``verified`` of the ``drafted`` it had."""
@@ -250,6 +294,7 @@ class DraftLengthChooser:
         self._start = None
         self.rounds += 1
         verified, drafted = verified.cpu().numpy()[None, :], drafted.cpu().numpy()[None, :]
+        self.counts[0] += verified.size  # depth 0 (the exact canvas): every chain, verified by construction
         depth = np.arange(1, len(self.counts))[:, None]
         self.counts[1:, 0] += (verified >= depth).sum(axis=1)  # depth d verified: the chain verified d drafts or more
         self.counts[1:, 1] += ((verified >= depth - 1) & (drafted >= depth)).sum(axis=1)  # reached it and had it

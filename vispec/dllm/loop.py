@@ -23,7 +23,7 @@ round (one read-back per round).
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -81,6 +81,9 @@ class BlockLoop:
         self.masks: Optional[tuple] = None  # (proposal, confidence) token masks, once the vocabulary is known
         self.nan = torch.zeros((), dtype=torch.bool, device=device)  # NaN logits seen so far (read once a round)
         self.global_step, self.interrupted, self.start_time = 0, False, time.perf_counter()
+        # speculative="auto" handed this decode over: its steps (not the refreshes) timed for the chooser, (rows, s)
+        self.step_timer: Optional[Callable[[int, float], None]] = None
+        self.step_clock: Callable[[], float] = time.perf_counter
 
     # ------------------------------------------------------------------ the loop (LLaDA's generate)
     def run(self) -> None:
@@ -110,7 +113,10 @@ class BlockLoop:
                 break
             ran = True
             for group, cache in self.bounds.groups(rows, step, self.cache):  # one, unless AdaBlock split the cache
+                started = self.step_clock() if self.step_timer is not None else None
                 self._advance(group, cache, step, index, infill)
+                if started is not None and (step > 0 or self.options.cache not in ("prefix", "dual")):
+                    self.step_timer(group.numel(), self.step_clock() - started)  # a block's refresh is not timed
                 if self.interrupted:
                     return True
         return ran or not self.bounds.adaptive

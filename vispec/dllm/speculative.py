@@ -69,6 +69,7 @@ near-ties. On the CPU the embedded models give equal tokens (tested).
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -364,7 +365,8 @@ class SpeculativeLoop:
         if starting.numel():
             refreshed = new_lanes.take(starting)
             self._charge(refreshed)
-            logits[starting] = self.refresh(refreshed)
+            with self.chooser.untimed() if self.chooser is not None else nullcontext():
+                logits[starting] = self.refresh(refreshed)  # the stepwise loop's own refresh: no draft length's cost
         return new_lanes, logits
 
     def _draft(self, lanes: Lanes, logits: Tensor) -> tuple[Lanes, Tensor]:
