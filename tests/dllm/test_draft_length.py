@@ -124,7 +124,7 @@ def test_the_stepwise_steps_overrule_a_predicted_gain_over_k1_rounds():
     assert probes == [False] * (recheck - 1) + [True]  # speculate, every recheck-th times the stepwise loop again
     probes = [chooser.prefers_stepwise(1) for _ in range(2 * recheck)]
     assert probes == [False] * (2 * recheck - 1) + [True]  # the interval doubles after each probe
-    chooser.record_step(1, 1.04 / speed)  # the median of five: within the margin, drafting does not pay
+    chooser.record_step(1, 1.04 / speed)  # the median of nine: within the margin, drafting does not pay
     chooser.record_step(1, 1.04 / speed)
     chooser.record_step(1, 1.04 / speed)
     assert chooser.prefers_stepwise(1)

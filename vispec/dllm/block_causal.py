@@ -316,9 +316,8 @@ class BlockCausalLoop:
             rows = going.nonzero().squeeze(1)
             if rows.numel() == 0:
                 return
-            started = self.step_clock() if self.step_timer is not None and not (first and self.options.cache == "prefix") \
-                else None
-            first = False
+            timed = self.step_timer is not None and not (first and self.options.cache == "prefix")
+            started, first = (self.step_clock() if timed else None), False
             logits = self._forward(rows, start, end)
             step = self.rule.step(rows, self.x[rows], index[rows], logits, steps[rows], post[rows],
                                   masked_at_start[rows], self.nfe[rows], self.finished[rows])

@@ -235,9 +235,9 @@ class DraftLengthChooser:
         stepwise loop): the cost line and acceptance are measured (:data:`MIN_TRIES` chains tried a first draft, or
         twice as many chains ran; sooner where drafting does not beat ``k = 1`` rounds even so), and no draft length's
         predicted steps per second beat the stepwise steps' by :data:`MARGIN` (the first decode after the exploring
-        ones runs stepwise, to time them). Every :attr:`~vispec.decoding.windows.ChooserSettings.recheck`-th decode runs the other mode (as the
-        image half's :func:`vispec.decoding.windows.hand_to_ar`, but with the interval doubling after each recheck,
-        :meth:`_handed`), so both sides' costs stay current at a cost that shrinks."""
+        ones runs stepwise, to time them). Every :attr:`~vispec.decoding.windows.ChooserSettings.recheck`-th decode
+        runs the other mode (as the image half's :func:`vispec.decoding.windows.hand_to_ar`, but with the interval
+        doubling after each recheck, :meth:`_handed`), so both sides' costs stay current at a cost that shrinks."""
         if self.explore:
             return False
         measured = self.counts[1, 1] >= MIN_TRIES or self.counts[0, 1] >= 2 * MIN_TRIES
@@ -254,8 +254,8 @@ class DraftLengthChooser:
     def best_speed(self, rows: int) -> float:
         """The predicted reference steps per second of ``rows`` rows' rounds at the draft length :meth:`_best`
         picks (the cost line is known)."""
-        k = self.lengths[self._best(rows)]
-        return rows * float(self.expected_steps()[self._best(rows)]) / float(self.cost(np.array([rows * k]))[0])
+        best = self._best(rows)
+        return rows * float(self.expected_steps()[best]) / float(self.cost(np.array([rows * self.lengths[best]]))[0])
 
     def _handed(self, label: Hashable) -> bool:
         """Count a decode that :meth:`prefers_stepwise` would hand over (or, under ``(key, "probe")``, keep
@@ -278,7 +278,8 @@ class DraftLengthChooser:
         """Leave the enclosed work out of the round's cost sample: a block's refresh forward, which a round runs when
         its exact canvas starts a block, costs what the stepwise loop's refresh costs, whatever the draft length (timed
         in, a round that happened to end a block would cost a full forward more than its canvases: on tiny-mdlm's
-        ``threshold@dual`` such rounds made two canvases look three times one's cost, and every decode went stepwise)."""
+        ``threshold@dual`` such rounds made two canvases look three times one's cost, and every decode went
+        stepwise)."""
         start = self.clock()
         try:
             yield
