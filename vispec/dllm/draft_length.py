@@ -223,12 +223,17 @@ class DraftLengthChooser:
 
     def _best(self, rows: int) -> int:
         """The index in :attr:`lengths` of the fastest draft length for ``rows`` rows (the cost line is known)."""
+        return self._scored(rows)[1]
+
+    def _scored(self, rows: int) -> tuple[np.ndarray, int]:
+        """The predicted reference steps per second of every draft length for ``rows`` rows, and the index of the one
+        to run (:meth:`_best`; the cost line is known)."""
         speed = rows * self.expected_steps() / self.cost(rows * np.asarray(self.lengths))
         widest = max(canvases for canvases, _ in self.samples)
-        speed[rows * np.asarray(self.lengths) > 2 * widest] = 0.0  # the line is not stretched past twice the widest
-        best = int(np.argmax(speed))  # round measured: wider ones are reached by doubling, each measured in its turn
-        return best if speed[best] >= (1 + MARGIN) * speed[0] else 0  # k = 1 unless drafting clearly pays: a
-        # predicted gain this small is within the line's error
+        allowed = np.where(rows * np.asarray(self.lengths) > 2 * widest, 0.0, speed)  # the line is not stretched
+        best = int(np.argmax(allowed))  # past twice the widest round measured: wider ones are reached by doubling
+        return speed, (best if allowed[best] >= (1 + MARGIN) * allowed[0] else 0)  # k = 1 unless drafting clearly
+        # pays: a predicted gain this small is within the line's error
 
     def prefers_stepwise(self, rows: int) -> bool:
         """Whether a whole decode of ``rows`` rows should run as the stepwise loop (module docstring, Against the
@@ -238,15 +243,16 @@ class DraftLengthChooser:
         ones runs stepwise, to time them). Every :attr:`~vispec.decoding.windows.ChooserSettings.recheck`-th decode
         runs the other mode (as the image half's :func:`vispec.decoding.windows.hand_to_ar`, but with the interval
         doubling after each recheck, :meth:`_handed`), so both sides' costs stay current at a cost that shrinks."""
-        if self.explore:
+        if self.explore:  # (without a cost line there is an exploration)
             return False
+        speed, best = self._scored(rows)
         measured = self.counts[1, 1] >= MIN_TRIES or self.counts[0, 1] >= 2 * MIN_TRIES
-        if not measured and (self.counts[1, 1] == 0 or self._best(rows) > 0):
+        if not measured and (self.counts[1, 1] == 0 or best > 0):
             return False  # acceptance barely measured, and a draft length may pay: the prior would decide
         stepwise = self.stepwise_cost(rows)
         if stepwise is None:  # time the stepwise steps: this decode costs what the stepwise run costs anyway
             return True
-        if self.best_speed(rows) < (1 + MARGIN) * rows / stepwise:
+        if speed[best] < (1 + MARGIN) * rows / stepwise:
             return self._handed(self.key)
         restart_rechecks(self.stats, self.key)  # drafting pays: a later hand-over rechecks soon again
         return not self._handed((self.key, "probe"))  # every so often a decode times the stepwise loop's steps
@@ -254,8 +260,8 @@ class DraftLengthChooser:
     def best_speed(self, rows: int) -> float:
         """The predicted reference steps per second of ``rows`` rows' rounds at the draft length :meth:`_best`
         picks (the cost line is known)."""
-        best = self._best(rows)
-        return rows * float(self.expected_steps()[best]) / float(self.cost(np.array([rows * self.lengths[best]]))[0])
+        speed, best = self._scored(rows)
+        return float(speed[best])
 
     def _handed(self, label: Hashable) -> bool:
         """Count a decode that :meth:`prefers_stepwise` would hand over (or, under ``(key, "probe")``, keep
