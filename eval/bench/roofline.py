@@ -49,7 +49,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any, ClassVar, Hashable, Optional, Sequence
 
 import torch
 
@@ -260,6 +260,7 @@ class PinnedStats(WindowStats):
     Acceptance rates are kept as usual."""
 
     fallback: tuple = ()
+    measures_costs: ClassVar[bool] = False
 
     def costs(self, key: Hashable) -> dict:
         if key not in self.step_costs:

@@ -193,6 +193,49 @@ def test_the_yardstick_is_the_ar_decoders_pass_where_the_curve_holds_it(monkeypa
     assert fresh.calibrated and fresh.needs_ar_decoder()
 
 
+def test_a_yardstick_timed_while_the_machine_ran_slow_is_re_timed(model, monkeypatch):
+    """The AR decoder's pass timed at 3 s (the machine ran slow then) makes a 16-row chain look 2.5x faster than AR, so
+    the chooser runs; every ``recheck``-th such decode times the AR decoder's pass afresh (at 1 s now), its samples
+    replacing the stale ones, and the next decode goes to AR. Decodes handed to AR time it themselves: they restart
+    the count. A pinned curve is never re-timed."""
+    import vispec.decoding.pac as pac
+    from vispec.eval.bench.roofline import PinnedStats
+
+    costs = {label: [(0, 1.0 if label == "ar" else 50.0)] for label in _costs()}
+    costs.update({"chain:16": [(0, 6.0)], AR_DECODER: [(0, 3.0)] * 4})
+    stats = WindowStats(starting_costs=costs, settings=ChooserSettings(block=1, recheck=3))
+
+    def chooser() -> ShapeChooser:
+        made = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), stats, "key", "spec", 1, 256)
+        made.pool.main[window_class(16), 1:16] = [80.0, 100.0]  # 0.8 a depth: about 4.9 tokens a chain-16 pass
+        made._rates_checked = True
+        return made
+
+    due = [chooser().needs_ar_decoder() for _ in range(3)]
+    assert due == [False, False, True] and chooser().prefers_ar() is False  # 4.9 / 6 s against 1 / 3 s
+    first = chooser()
+    first.note_ar_decoder([(at, 1.0) for at in (5, 13, 21, 29)], fresh=True)
+    assert stats.costs("key")[AR_DECODER] == [(at, 1.0) for at in (5, 13, 21, 29)]  # the stale 3 s are gone
+    assert chooser().prefers_ar() is True  # 4.9 / 6 s against 1 / 1 s
+    assert stats.ar_timings["key"] == 0
+    for _ in range(5):  # handed decodes time the AR decoder as they run: never due
+        handed = chooser()
+        assert not handed.needs_ar_decoder()
+        handed.note_ar_decoder([(128, 1.0)])
+    pinned = PinnedStats(starting_costs=costs, fallback=((0, float("inf")),), settings=ChooserSettings(recheck=1))
+    made = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), pinned, "key", "spec", 1, 256)
+    assert made.has_ar_decoder and not any(made.needs_ar_decoder() for _ in range(4))
+
+    timed = []  # a decode re-times with time_ar_passes' shorter runs, then decodes as usual
+    original = pac.time_ar_passes
+    monkeypatch.setattr(pac, "time_ar_passes", lambda *a, **k: timed.append(k) or original(*a, **k))
+    stats = WindowStats(settings=ChooserSettings(recheck=2))
+    for _ in range(3):
+        _run(model, "auto", window_stats=stats)
+    assert timed == [{"runs": 4, "passes": 16}, {"runs": 4, "passes": 8}]  # the calibration, then the second decode after it
+    assert len(next(iter(stats.step_costs.values()))[AR_DECODER]) == 4  # the re-timing's four runs alone
+
+
 def test_the_ar_decoders_pass_is_timed_on_its_own_seeds_and_kept_with_the_curve(model):
     """time_ar_passes runs decode_ar's step: the caller's generators are not advanced, and it gives one timing per
     run of passes at increasing cached lengths; a calibrating auto decode keeps them under AR_DECODER."""

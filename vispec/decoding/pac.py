@@ -382,8 +382,9 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         raise ValueError(f"tree_width={width} exceeds the model's {vocab} image tokens: a node's candidates are distinct "
                          f"tokens, so tree_width must be at most {vocab}")
     chooser = _shape_chooser(model, condition, job, decoding, window_stats) if decoding.window == AUTO_WINDOW else None
-    if chooser is not None and chooser.needs_ar_decoder():  # the yardstick: once per curve (shapes.AR_DECODER)
-        chooser.note_ar_decoder(time_ar_passes(model, condition, job, chooser.clock))
+    if chooser is not None and chooser.needs_ar_decoder():  # the yardstick: calibrating, or due again (shapes.AR_DECODER)
+        runs, passes = chooser.ar_timing_runs()
+        chooser.note_ar_decoder(time_ar_passes(model, condition, job, chooser.clock, runs=runs, passes=passes), fresh=True)
     if chooser is not None and chooser.prefers_ar():  # no shape beats AR here (exact either way)
         began = chooser.clock()
         out = decode_ar(model, condition, job)

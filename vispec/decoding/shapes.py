@@ -64,9 +64,10 @@ Measured by the first decodes on a machine (the calibration: one untimed pass of
 a timed block of each, AR's :data:`AR_BLOCKS` times as long; an AR block reads back once, at its end) and cached on
 disk
 (:func:`vispec.decoding.windows.load_step_costs`), so a second process starts from it. The same curve keeps the
-AR decoder's own pass (:data:`AR_DECODER`: :func:`~vispec.decoding.ar.time_ar_passes` before the calibrating decode,
-and every decode handed to AR), the yardstick of the predicted speed-up and of the hand-over: the chooser's
-one-token pass costs more than the AR decoder's, and a speed-up is over what the user would run instead.
+AR decoder's own pass (:data:`AR_DECODER`: :func:`~vispec.decoding.ar.time_ar_passes` before the calibrating decode
+and afresh before every :attr:`~ChooserSettings.recheck`-th decode that runs the chooser, and every decode handed to
+AR), the yardstick of the predicted speed-up and of the hand-over: the chooser's one-token pass costs more than the AR
+decoder's, and a speed-up is over what the user would run instead.
 
 **Settling and exploring.** The first passes after a switch to another window class (:func:`settle_passes`: about
 a quarter of the window, the passes its drafts take to be refined from the old window's, or from none) are not
@@ -569,19 +570,43 @@ class ShapeChooser:
         return AR_DECODER in self.costs and bool(self.costs[AR_DECODER])
 
     def needs_ar_decoder(self) -> bool:
-        """Whether this decode should time the AR decoder's pass (:meth:`note_ar_decoder`): it calibrates the curve,
-        which has none yet (timed on the same machine state as the shapes' costs; a curve given as
-        ``starting_costs`` or pinned is not mixed with a measurement)."""
-        return self.calibrated and not self.costs.get(AR_DECODER) and not self.settings.shape_script
+        """Whether this decode should first time the AR decoder's pass (:func:`~vispec.decoding.ar.time_ar_passes`,
+        then :meth:`note_ar_decoder` with ``fresh=True``), and counts this decode in the caller's
+        :attr:`~vispec.decoding.windows.WindowStats.ar_timings`: it calibrates the curve, which has none yet (timed
+        on the same machine state as the shapes' costs; a curve given as ``starting_costs`` is not mixed with a
+        measurement), or the curve has it and :attr:`~ChooserSettings.recheck` decodes ran since it was last timed
+        (decodes handed to AR time it as they run). The chooser's shapes are re-timed by every pass they run, the AR
+        decoder's only by decodes handed to AR: timed once while the machine ran slow (on a 2-core VM the same
+        AR decode took 0.29 s or 0.55 s a few seconds apart), it priced AR at 3.3 ms a pass where it ran at 1.2,
+        and every later decode ran chains at 0.75x the AR decoder (module docstring, Choice). Never on a pinned
+        curve or under a shape script."""
+        if self.settings.shape_script or not self.stats.measures_costs:
+            return False
+        if not self.has_ar_decoder:
+            return self.calibrated and not self.costs.get(AR_DECODER)
+        since = self.stats.ar_timings.get(self.key, 0) + 1
+        self.stats.ar_timings[self.key] = since
+        return since >= self.settings.recheck
 
-    def note_ar_decoder(self, samples: Sequence[tuple[int, float]]) -> None:
+    def ar_timing_runs(self) -> tuple[int, int]:
+        """``(runs, passes)`` of :func:`~vispec.decoding.ar.time_ar_passes` for :meth:`needs_ar_decoder`: four runs
+        of 16 passes the first time, of 8 when re-timing (33 passes: 1.6% of the decodes in between on tiny-c2i
+        at batch 1)."""
+        return (4, 8) if self.has_ar_decoder else (4, 16)
+
+    def note_ar_decoder(self, samples: Sequence[tuple[int, float]], fresh: bool = False) -> None:
         """Add ``(cached tokens, seconds per pass)`` timings of the AR decoder's pass (:func:`~vispec.decoding.ar.
-        time_ar_passes`, or a decode handed to AR) to the curve, kept on disk with it (:meth:`finish`)."""
+        time_ar_passes`, or a decode handed to AR) to the curve, kept on disk with it (:meth:`finish`); ``fresh``:
+        they replace the label's samples (a re-timing, :meth:`needs_ar_decoder`, as a recheck's re-timing of a shape
+        replaces its samples). Restarts the count of :meth:`needs_ar_decoder`."""
         values = self.costs.setdefault(AR_DECODER, [])
+        if fresh:
+            del values[:]
         values.extend(samples)
         del values[:-KEEP]
         self._levels.pop(AR_DECODER, None)
         self._keep_curve = True
+        self.stats.ar_timings[self.key] = 0
 
     def pool_rates(self) -> tuple[np.ndarray, np.ndarray]:
         """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per block

@@ -57,7 +57,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable, ClassVar, Hashable, Optional
 
 import numpy as np
 
@@ -132,7 +132,9 @@ class WindowStats:
     (``from``: the window the drafts were made with, 0 when there were none: the decode's start, or after
     window 1, which keeps no drafts);
     ``all_accepted[spec][W]``: shares of samples that accepted every draft; ``ar_handovers[cost key]``:
-    consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`). Each list keeps the last
+    consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`); ``ar_timings[cost key]``: the shape
+    chooser's decodes since the AR decoder's pass was last timed (:meth:`~vispec.decoding.shapes.ShapeChooser.
+    needs_ar_decoder`). Each list keeps the last
     :data:`KEEP` values. ``starting_costs``: the step times ``{W: [(L, seconds), ...]}`` a cost key met for the
     first time starts from (a copy; by default none: measured from scratch). ``settings``: how the chooser
     explores (:class:`ChooserSettings`). ``clock``: what a step's seconds are (wall clock by default).
@@ -146,10 +148,13 @@ class WindowStats:
     ramp_tokens: dict[Hashable, dict[tuple[int, int], list[float]]] = field(default_factory=dict)
     all_accepted: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
     ar_handovers: dict[Hashable, int] = field(default_factory=dict)
+    ar_timings: dict[Hashable, int] = field(default_factory=dict)  # the shape chooser's decodes since it timed AR's pass
     starting_costs: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     shape_rates: dict[Hashable, Any] = field(default_factory=dict)  # the shape chooser's pooled acceptance, by spec
     settings: ChooserSettings = field(default_factory=ChooserSettings)
     clock: Callable[[], float] = time.perf_counter  # seconds of a step: wall clock (time.process_time: CPU time)
+    #: whether decodes' timings extend the curve (a pinned curve's subclass drops them: nothing to re-time there)
+    measures_costs: ClassVar[bool] = True
 
     def costs(self, key: Hashable) -> dict[int, list[tuple[int, float]]]:
         """Step times of cost key ``key``, by window."""
