@@ -16,8 +16,8 @@ from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 from vispec.decoding import DecodingConfig, decode
 from vispec.decoding.ar import time_ar_passes
 from vispec.decoding.common import DecodeJob
-from vispec.decoding.shapes import (AR_BLOCKS, AR_DECODER, CALIBRATION_BLOCK, CLASSES, HANDOVER_MARGIN, MAX_DEPTH, PRIOR_RAMP,
-                                    SAMPLE_DECAY, SHRINK, Shape, ShapeChooser, ShapeRates, calibration_shapes,
+from vispec.decoding.shapes import (AR_BLOCKS, AR_DECODER, AR_KEEP, CALIBRATION_BLOCK, CLASSES, HANDOVER_MARGIN, MAX_DEPTH,
+                                    PRIOR_RAMP, RETIME_GROWTH, SAMPLE_DECAY, SHRINK, Shape, ShapeChooser, ShapeRates, calibration_shapes,
                                     candidate_shapes, expected_tokens, expected_tokens_table, load_shape_rates,
                                     settle_passes, window_class)
 from vispec.decoding.windows import ChooserSettings, WindowStats
@@ -197,7 +197,8 @@ def test_a_yardstick_timed_while_the_machine_ran_slow_is_re_timed(model, monkeyp
     """The AR decoder's pass timed at 3 s (the machine ran slow then) makes a 16-row chain look 2.5x faster than AR, so
     the chooser runs; every ``recheck``-th such decode times the AR decoder's pass afresh (at 1 s now), its samples
     replacing the stale ones, and the next decode goes to AR. Decodes handed to AR time it themselves: they restart
-    the count. A pinned curve is never re-timed."""
+    the count, and only the last AR_KEEP timings count. While the chooser keeps running, the interval doubles up to
+    RETIME_GROWTH times ``recheck``. A pinned curve is never re-timed."""
     import vispec.decoding.pac as pac
     from vispec.eval.bench.roofline import PinnedStats
 
@@ -222,6 +223,15 @@ def test_a_yardstick_timed_while_the_machine_ran_slow_is_re_timed(model, monkeyp
         handed = chooser()
         assert not handed.needs_ar_decoder()
         handed.note_ar_decoder([(128, 1.0)])
+    assert len(stats.costs("key")[AR_DECODER]) == AR_KEEP  # the last ones: as recent as a shape's cost
+    chooser().note_ar_decoder([(128, 3.0)] * AR_KEEP)  # slow again: the chooser runs ...
+    due = []
+    for _ in range(3 + 6 + 12 + 12):
+        made = chooser()
+        due.append(made.needs_ar_decoder())
+        if due[-1]:  # timed at 3 s again
+            made.note_ar_decoder([(at, 3.0) for at in (5, 13, 21, 29)], fresh=True)
+    assert [i + 1 for i, d in enumerate(due) if d] == [3, 9, 21, 33] and RETIME_GROWTH == 4  # after 3, 6, 12, 12 decodes
     pinned = PinnedStats(starting_costs=costs, fallback=((0, float("inf")),), settings=ChooserSettings(recheck=1))
     made = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), pinned, "key", "spec", 1, 256)
     assert made.has_ar_decoder and not any(made.needs_ar_decoder() for _ in range(4))

@@ -66,7 +66,8 @@ disk
 (:func:`vispec.decoding.windows.load_step_costs`), so a second process starts from it. The same curve keeps the
 AR decoder's own pass (:data:`AR_DECODER`: :func:`~vispec.decoding.ar.time_ar_passes` before the calibrating decode
 and afresh before every :attr:`~ChooserSettings.recheck`-th decode that runs the chooser, and every decode handed to
-AR), the yardstick of the predicted speed-up and of the hand-over: the chooser's one-token pass costs more than the AR
+AR; its last :data:`AR_KEEP` timings, as recent as a shape's last :data:`~vispec.decoding.windows.KEEP` passes), the
+yardstick of the predicted speed-up and of the hand-over: the chooser's one-token pass costs more than the AR
 decoder's, and a speed-up is over what the user would run instead.
 
 **Settling and exploring.** The first passes after a switch to another window class (:func:`settle_passes`: about
@@ -148,6 +149,15 @@ GROWTH_EVERY = 64
 #: the cost label of the AR decoder's own pass (:func:`vispec.decoding.ar.time_ar_passes`): the yardstick of the
 #: predicted speed-up and of the hand-over to AR, not a shape the chooser runs
 AR_DECODER = "ar-decoder"
+#: the AR decoder's timings kept (a decode handed to AR gives one): a shape's cost is the median of its last KEEP
+#: passes (about the last decode that ran it), so AR's must be as recent. Over KEEP decodes handed to AR, the median
+#: priced AR at 1.8 ms a pass, timed while a 2-core VM ran slow, when the machine ran it at 1.15 ms again: chains
+#: predicted at 1.16x the AR decoder ran at 0.72x
+AR_KEEP = 8
+#: the re-timing interval of the AR decoder's pass (ShapeChooser.needs_ar_decoder) grows from ChooserSettings.recheck
+#: decodes to this many times it: a re-timing costs 33 AR passes, about 2% of the 8 decodes in between on tiny-c2i@GPT-B
+#: at batch 1 (22 ms an AR pass, 4 s a decode)
+RETIME_GROWTH = 4
 CALIBRATION_BLOCK = 6  # passes per shape while calibrating (the first, compiling or warming up, is not timed)
 PRIOR_RAMP = 0.5  # a settling pass's share of the steady state's extra tokens before any was measured (The ramp)
 
@@ -575,7 +585,8 @@ class ShapeChooser:
         :attr:`~vispec.decoding.windows.WindowStats.ar_timings`: it calibrates the curve, which has none yet (timed
         on the same machine state as the shapes' costs; a curve given as ``starting_costs`` is not mixed with a
         measurement), or the curve has it and :attr:`~ChooserSettings.recheck` decodes ran since it was last timed
-        (decodes handed to AR time it as they run). The chooser's shapes are re-timed by every pass they run, the AR
+        (decodes handed to AR time it as they run; the interval doubles after each re-timing, up to
+        :data:`RETIME_GROWTH` times, and starts again at a decode handed to AR). The chooser's shapes are re-timed by every pass they run, the AR
         decoder's only by decodes handed to AR: timed once while the machine ran slow (on a 2-core VM the same
         AR decode took 0.29 s or 0.55 s a few seconds apart), it priced AR at 3.3 ms a pass where it ran at 1.2,
         and every later decode ran chains at 0.75x the AR decoder (module docstring, Choice). Never on a pinned
@@ -584,29 +595,35 @@ class ShapeChooser:
             return False
         if not self.has_ar_decoder:
             return self.calibrated and not self.costs.get(AR_DECODER)
-        since = self.stats.ar_timings.get(self.key, 0) + 1
-        self.stats.ar_timings[self.key] = since
-        return since >= self.settings.recheck
+        timings = self.stats.ar_timings
+        since = timings[self.key] = timings.get(self.key, 0) + 1
+        interval = timings.get((self.key, "interval"), self.settings.recheck)
+        if since < interval:
+            return False
+        timings[(self.key, "interval")] = min(2 * interval, RETIME_GROWTH * self.settings.recheck)
+        return True
 
     def ar_timing_runs(self) -> tuple[int, int]:
         """``(runs, passes)`` of :func:`~vispec.decoding.ar.time_ar_passes` for :meth:`needs_ar_decoder`: four runs
-        of 16 passes the first time, of 8 when re-timing (33 passes: 1.6% of the decodes in between on tiny-c2i
-        at batch 1)."""
+        of 16 passes the first time, of 8 when re-timing (33 passes: about 1.6% of the 8 decodes in between on
+        tiny-c2i at batch 1)."""
         return (4, 8) if self.has_ar_decoder else (4, 16)
 
     def note_ar_decoder(self, samples: Sequence[tuple[int, float]], fresh: bool = False) -> None:
         """Add ``(cached tokens, seconds per pass)`` timings of the AR decoder's pass (:func:`~vispec.decoding.ar.
         time_ar_passes`, or a decode handed to AR) to the curve, kept on disk with it (:meth:`finish`); ``fresh``:
         they replace the label's samples (a re-timing, :meth:`needs_ar_decoder`, as a recheck's re-timing of a shape
-        replaces its samples). Restarts the count of :meth:`needs_ar_decoder`."""
+        replaces its samples); the last :data:`AR_KEEP` are kept. Restarts the count of :meth:`needs_ar_decoder`."""
         values = self.costs.setdefault(AR_DECODER, [])
         if fresh:
             del values[:]
         values.extend(samples)
-        del values[:-KEEP]
+        del values[:-AR_KEEP]
         self._levels.pop(AR_DECODER, None)
         self._keep_curve = True
         self.stats.ar_timings[self.key] = 0
+        if not fresh:  # a decode handed to AR: the choice may flip back, so the next re-timing comes soon
+            self.stats.ar_timings.pop((self.key, "interval"), None)
 
     def pool_rates(self) -> tuple[np.ndarray, np.ndarray]:
         """The pool's ``(a [CLASSES, MAX_DEPTH], s [MAX_DEPTH])`` (:meth:`ShapeRates.rates`), computed once per block
