@@ -151,8 +151,8 @@ GROWTH_EVERY = 64
 AR_DECODER = "ar-decoder"
 #: the AR decoder's timings kept (a decode handed to AR gives one): a shape's cost is the median of its last KEEP
 #: passes (about the last decode that ran it), so AR's must be as recent. Over KEEP decodes handed to AR, the median
-#: priced AR at 1.8 ms a pass, timed while a 2-core VM ran slow, when the machine ran it at 1.15 ms again: chains
-#: predicted at 1.16x the AR decoder ran at 0.72x
+#: priced AR at 1.8 ms a pass, timed while a 2-core VM ran slow, when the machine ran it at 1.1-1.2 ms again: chain
+#: decodes predicted at 1.13-1.30x the AR decoder ran at 0.62-0.91x (docs/performance.md, "The yardstick re-timed too")
 AR_KEEP = 8
 #: the re-timing interval of the AR decoder's pass (ShapeChooser.needs_ar_decoder) grows from ChooserSettings.recheck
 #: decodes to this many times it: a re-timing costs 33 AR passes, about 2% of the 8 decodes in between on tiny-c2i@GPT-B
@@ -586,11 +586,11 @@ class ShapeChooser:
         on the same machine state as the shapes' costs; a curve given as ``starting_costs`` is not mixed with a
         measurement), or the curve has it and :attr:`~ChooserSettings.recheck` decodes ran since it was last timed
         (decodes handed to AR time it as they run; the interval doubles after each re-timing, up to
-        :data:`RETIME_GROWTH` times, and starts again at a decode handed to AR). The chooser's shapes are re-timed by every pass they run, the AR
-        decoder's only by decodes handed to AR: timed once while the machine ran slow (on a 2-core VM the same
-        AR decode took 0.29 s or 0.55 s a few seconds apart), it priced AR at 3.3 ms a pass where it ran at 1.2,
-        and every later decode ran chains at 0.75x the AR decoder (module docstring, Choice). Never on a pinned
-        curve or under a shape script."""
+        :data:`RETIME_GROWTH` times, and starts again at a decode handed to AR). The chooser's shapes are re-timed by
+        every pass they run, the AR decoder's only by decodes handed to AR: timed once while the machine ran slow (on
+        a 2-core VM the same AR decode took 0.29 s or 0.55 s a few seconds apart), it priced AR at 3.0-3.5 ms a pass
+        where it ran at 1.2-2.6, and every later decode ran chains, at 0.77x the AR decoder over 29 images. Never on a
+        pinned curve or under a shape script."""
         if self.settings.shape_script or not self.stats.measures_costs:
             return False
         if not self.has_ar_decoder:
