@@ -594,7 +594,7 @@ class ShapeChooser:
         if self.settings.shape_script or not self.stats.measures_costs:
             return False
         if not self.has_ar_decoder:
-            return self.calibrated and not self.costs.get(AR_DECODER)
+            return self.calibrated
         timings = self.stats.ar_timings
         since = timings[self.key] = timings.get(self.key, 0) + 1
         interval = timings.get((self.key, "interval"), self.settings.recheck)

@@ -133,8 +133,8 @@ class WindowStats:
     window 1, which keeps no drafts);
     ``all_accepted[spec][W]``: shares of samples that accepted every draft; ``ar_handovers[cost key]``:
     consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`); ``ar_timings[cost key]``: the shape
-    chooser's decodes since the AR decoder's pass was last timed (:meth:`~vispec.decoding.shapes.ShapeChooser.
-    needs_ar_decoder`). Each list keeps the last
+    chooser's decodes since the AR decoder's pass was last timed, ``ar_timings[(cost key, "interval")]`` how many are
+    due before the next re-timing (:meth:`~vispec.decoding.shapes.ShapeChooser.needs_ar_decoder`). Each list keeps the last
     :data:`KEEP` values. ``starting_costs``: the step times ``{W: [(L, seconds), ...]}`` a cost key met for the
     first time starts from (a copy; by default none: measured from scratch). ``settings``: how the chooser
     explores (:class:`ChooserSettings`). ``clock``: what a step's seconds are (wall clock by default).
@@ -148,7 +148,7 @@ class WindowStats:
     ramp_tokens: dict[Hashable, dict[tuple[int, int], list[float]]] = field(default_factory=dict)
     all_accepted: dict[Hashable, dict[int, list[float]]] = field(default_factory=dict)
     ar_handovers: dict[Hashable, int] = field(default_factory=dict)
-    ar_timings: dict[Hashable, int] = field(default_factory=dict)  # the shape chooser's decodes since it timed AR's pass
+    ar_timings: dict[Hashable, int] = field(default_factory=dict)  # decodes since AR's pass was timed; intervals
     starting_costs: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     shape_rates: dict[Hashable, Any] = field(default_factory=dict)  # the shape chooser's pooled acceptance, by spec
     settings: ChooserSettings = field(default_factory=ChooserSettings)
@@ -190,10 +190,9 @@ def depth_rates(hits: np.ndarray, tries: np.ndarray, prior: float, shrink: float
 
 
 def robust_line(samples: list[tuple[int, float]], span: int = SPAN) -> Optional[tuple[float, float]]:
-    """``(intercept, slope)`` of seconds against a size (cache length; the dLLM draft-length chooser: canvases
-    forwarded), None if the samples span fewer than ``span`` of it (:data:`SPAN` positions). Robust to steps slowed
-    by other work on the machine: the slope joins the medians of the shorter and the longer half of the samples (at
-    least 0), the line passes through the medians of all."""
+    """``(intercept, slope)`` of seconds against cache length, None if the samples span fewer than ``span`` positions
+    (:data:`SPAN`). Robust to steps slowed by other work on the machine: the slope joins the medians of the shorter
+    and the longer half of the samples (at least 0), the line passes through the medians of all."""
     ordered = sorted(samples)
     if ordered[-1][0] - ordered[0][0] < span:
         return None
