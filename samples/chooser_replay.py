@@ -99,6 +99,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
             clock[0] += seconds[shape.cost_label]
             super().record(shape, before, after, ranks, synced)
 
+        def note_fixed_chain(self, rows, samples):  # a decode that ran one chain throughout: priced as that chain
+            super().note_fixed_chain(rows, [(at, seconds[f"chain:{rows}"]) for at, _ in samples])
+
         def sample_factor(self, slots):  # --sample-shrink inf: every sample at the pooled rates
             if shapes.SAMPLE_SHRINK == float("inf"):
                 return np.ones(len(slots))
@@ -113,8 +116,11 @@ def main(argv: Optional[list[str]] = None) -> dict:
                          generator=[torch.Generator().manual_seed(k)], window_stats=stats)
             forwards = float(out.stats.nfe.float().mean())
             if spec == "auto":
-                handed = bool((out.stats.chooser or {}).get("handed_to_ar"))
+                chooser = out.stats.chooser or {}
+                handed = bool(chooser.get("handed_to_ar"))
                 spent = clock[0] - start + (forwards - 1) * seconds["ar"] * handed  # a decode handed to plain AR
+                if chooser.get("fixed_shape"):  # ... or one that ran one chain throughout (not recorded): priced so
+                    spent = (forwards - 1) * seconds[f"chain:{chooser['fixed_shape'].split()[1]}"]
             else:
                 spent = (forwards - 1) * seconds[f"chain:{spec.split('=')[1]}"]
             out_rows.append((spent, dict(out.stats.shapes or {})))

@@ -41,7 +41,8 @@ class DecodeStats:
     * ``shapes``: the shape-choosing decoders (``"auto"``, ``"sjd-pac:window=auto"``): passes per shape (``{"ar": ..,
       "chain 16": .., "tree 16 K3 D3": ..}``, :mod:`vispec.decoding.shapes`); ``chooser``: their chooser's
       ``predicted_speedup`` over AR's passes on the same cost curve and whether the decode ``calibrated`` it
-      (a decode the chooser handed to AR: ``predicted_speedup`` 1.0, ``handed_to_ar`` True);
+      (a decode the chooser handed to AR: ``predicted_speedup`` 1.0, ``handed_to_ar`` True; one it gave a single chain
+      for every pass: ``fixed_shape``, e.g. ``"chain 16"``, and that chain's predicted speed-up);
     * ``commits``: ``[B, W]`` image decoders: ``commits[b, k]`` is how many of sample ``b``'s verification
       passes committed ``k`` tokens (column 1: the single-token passes; the prefill is not a pass).
     """

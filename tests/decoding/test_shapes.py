@@ -16,7 +16,7 @@ from helpers import TREE_LABELS, TREE_SAMPLING, tiny_gpt, tree_decode, tree_gpt
 from vispec.decoding import DecodingConfig, decode
 from vispec.decoding.ar import time_ar_passes
 from vispec.decoding.common import DecodeJob
-from vispec.decoding.shapes import (AR_BLOCKS, AR_DECODER, AR_KEEP, CALIBRATION_BLOCK, CLASSES, HANDOVER_MARGIN, MAX_DEPTH,
+from vispec.decoding.shapes import (AR_BLOCKS, AR_DECODER, AR_KEEP, CALIBRATION_BLOCK, FIXED_CHAIN, CLASSES, HANDOVER_MARGIN, MAX_DEPTH,
                                     PRIOR_RAMP, RETIME_GROWTH, SAMPLE_DECAY, SHRINK, Shape, ShapeChooser, ShapeRates, calibration_shapes,
                                     candidate_shapes, expected_tokens, expected_tokens_table, load_shape_rates,
                                     settle_passes, window_class)
@@ -244,6 +244,78 @@ def test_a_yardstick_timed_while_the_machine_ran_slow_is_re_timed(model, monkeyp
         _run(model, "auto", window_stats=stats)
     assert timed == [{"runs": 4, "passes": 16}, {"runs": 4, "passes": 8}]  # the calibration, then the second decode after it
     assert len(next(iter(stats.step_costs.values()))[AR_DECODER]) == 4  # the re-timing's four runs alone
+
+
+def test_a_chain_that_beats_ar_without_the_choosers_work_gets_the_whole_decode(monkeypatch):
+    """The best chain at mid-image, priced by decodes that ran it every pass without choosing (``fixed-chain:L``),
+    beats the AR decoder by HANDOVER_MARGIN where the chooser's pass of it does not: the decode runs that chain,
+    except every ``recheck``-th, which runs the chooser (prefers_ar agrees, and the best shape is re-timed first).
+    Never timed so, or not for RETIME_GROWTH x recheck decodes, it gets one decode, which times it afresh, where the
+    chooser's own pass is at least level with AR. A tree that scores higher keeps the chooser; a pinned curve, a
+    shape script or a calibration never fixes a chain."""
+    from vispec.eval.bench.roofline import PinnedStats
+
+    scores = {Shape(1): 1.0, Shape(16): 1.1, Shape(16, 3, 3): 0.9}
+    costs = {**_costs(), FIXED_CHAIN + ":16": [(0, 0.8)]}  # 1.1 x 1.0 / 0.8 = 1.375 x AR's 1.0
+    chooser = _chooser(costs, settings=ChooserSettings(block=1, recheck=3))
+    _teach(chooser, 0.5, passes=20, shape=Shape(2))
+    monkeypatch.setattr(chooser, "scores", lambda *a: dict(scores))
+    assert 1.1 < 1 + HANDOVER_MARGIN and chooser.prefers_ar() is True  # the chooser's own chain would not pay
+    assert [chooser.fixed_chain() for _ in range(2)] == [Shape(16), Shape(16)]
+    assert chooser.handover_speedup == pytest.approx(1.375)
+    assert chooser.fixed_chain() is None and chooser.prefers_ar() is False  # the third: a recheck runs the chooser
+    stale = _chooser(costs, settings=ChooserSettings(block=1, recheck=3))  # timed 4 x 3 decodes ago: timed afresh
+    _teach(stale, 0.5, passes=20, shape=Shape(2))
+    monkeypatch.setattr(stale, "scores", lambda *a: dict(scores))
+    stale.stats.ar_timings[("key", FIXED_CHAIN + ":16")] = RETIME_GROWTH * 3
+    assert stale.fixed_chain() == Shape(16) and stale.handover_speedup == pytest.approx(1.1)
+    stale.note_fixed_chain(16, [(128, 0.7)])
+    assert stale.costs[FIXED_CHAIN + ":16"] == [(128, 0.7)]  # the old timing replaced
+    assert stale.stats.ar_timings[("key", FIXED_CHAIN + ":16")] == 0
+
+    fresh = _chooser(_costs())  # never timed: explored where the chooser's chain is level with AR
+    _teach(fresh, 0.5, passes=20, shape=Shape(2))
+    monkeypatch.setattr(fresh, "scores", lambda *a: dict(scores))
+    assert fresh.fixed_chain() == Shape(16)
+    monkeypatch.setattr(fresh, "scores", lambda *a: {**scores, Shape(16): 0.95})
+    assert fresh.fixed_chain() is None
+    treed = _chooser(costs)
+    _teach(treed, 0.5, passes=20, shape=Shape(2))
+    monkeypatch.setattr(treed, "scores", lambda *a: {**scores, Shape(16, 3, 3): 1.5})  # beats the decoder's 1.375
+    assert treed.fixed_chain() is None
+
+    pinned = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), PinnedStats(starting_costs=costs), "key", "spec", 2, 256)
+    scripted = _chooser(costs, settings=ChooserSettings(shape_script=(Shape(16),)))
+    for other in (pinned, scripted):
+        _teach(other, 0.5, passes=20, shape=Shape(2))
+        monkeypatch.setattr(other, "scores", lambda *a: dict(scores))
+        assert other.fixed_chain() is None
+    calibrating = _chooser({})
+    assert calibrating.calibrating and calibrating.fixed_chain() is None
+
+
+def test_a_decode_given_one_chain_runs_it_every_pass_and_times_it(model, monkeypatch):
+    """A decode given a chain runs it every pass without choosing or recording: its tokens and passes are
+    ``mc-sjd:window=L``'s for the same generators, its report names the chain, and its passes' time is kept under
+    ``fixed-chain:L`` with the curve. The Gumbel coupling never asks (its chains run SJD-PAC's step)."""
+    asked = []
+    monkeypatch.setattr(ShapeChooser, "fixed_chain", lambda self: asked.append(1) or Shape(4))
+    monkeypatch.setattr(ShapeChooser, "choose", lambda *a: pytest.fail("a fixed chain chose"))
+    monkeypatch.setattr(ShapeChooser, "record", lambda *a: pytest.fail("a fixed chain recorded"))
+    stats = WindowStats()
+    out = _run(model, "auto", window_stats=stats)
+    fixed = _run(model, "mc-sjd:window=4")
+    passes = sum(fixed.stats.windows.values())  # MC-SJD's eager loop narrows the image's last windows; auto pads them
+    assert torch.equal(out.tokens, fixed.tokens) and torch.equal(out.stats.nfe, fixed.stats.nfe)
+    assert out.stats.shapes == {"chain 4": passes} and out.stats.windows == {4: passes} and out.method == "auto"
+    assert out.stats.chooser["fixed_shape"] == "chain 4" and not out.stats.chooser["handed_to_ar"]
+    (costs,) = [c for key, c in stats.step_costs.items() if key[0] == "shapes"]
+    assert len(costs[FIXED_CHAIN + ":4"]) == 1 and costs[FIXED_CHAIN + ":4"][0][1] > 0
+    asked.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(ShapeChooser, "fixed_chain", lambda self: asked.append(1) or Shape(4))
+    gumbel = _run(model, "auto-gumbel", window_stats=WindowStats())
+    assert not asked and "fixed_shape" not in gumbel.stats.chooser
 
 
 def test_the_ar_decoders_pass_is_timed_on_its_own_seeds_and_kept_with_the_curve(model):

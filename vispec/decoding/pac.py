@@ -371,7 +371,8 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     ``compile=True`` one tree per window size, the widest-branching one, so no shape compiles after the calibration),
     by expected committed tokens per second; ``window_stats``: its measurements, kept by the caller; ``stats.shapes`` the passes
     per shape, ``stats.chooser`` its predicted speed-up over AR's passes. A decode its measurements give to AR runs
-    :func:`~vispec.decoding.ar.decode_ar`."""
+    :func:`~vispec.decoding.ar.decode_ar`; one they give to a single chain runs it every pass without choosing or
+    recording (:meth:`~vispec.decoding.shapes.ShapeChooser.fixed_chain`)."""
     if decoding.strategy not in ("sjd-pac", "auto"):
         raise ValueError(f"decode_pac needs strategy 'sjd-pac' or 'auto', got {decoding.strategy!r}")
     if not rule.lossless:
@@ -385,7 +386,13 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     if chooser is not None and chooser.needs_ar_decoder():  # the yardstick: calibrating, or due again (shapes.AR_DECODER)
         runs, passes = chooser.ar_timing_runs()
         chooser.note_ar_decoder(time_ar_passes(model, condition, job, chooser.clock, runs=runs, passes=passes), fresh=True)
-    if chooser is not None and chooser.prefers_ar():  # no shape beats AR here (exact either way)
+    # one chain all through, without the chooser's work per pass (shapes.FIXED_CHAIN), or AR, or the chooser; not while
+    # this process has shapes to compile: the chooser's decode compiles them all up front, not a later timed one
+    coupling = PAC_COUPLINGS[decoding.coupling]
+    cold = job.compile and chooser is not None and any(
+        chooser.may_run(s) and not compiled_before(_compile_key(s, chooser.slots, coupling)) for s in calibration_shapes(chooser.shapes))
+    fixed_chain = chooser.fixed_chain() if chooser is not None and coupling is MAXIMAL and not cold else None
+    if fixed_chain is None and chooser is not None and chooser.prefers_ar():  # no shape beats AR (exact either way)
         began = chooser.clock()
         out = decode_ar(model, condition, job)
         passes = sum(out.stats.windows.values())
@@ -396,6 +403,8 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         out.stats.shapes = {"ar": passes}
         out.stats.chooser = {"predicted_speedup": 1.0, "calibrated": False, "handed_to_ar": True}
         return out
+    began = None if chooser is None else chooser.clock()  # a fixed chain is timed as it runs, its prefill included
+    steering = None if fixed_chain is not None else chooser  # who chooses and records each pass
     largest = decoding.largest_window
     tree = tree_layout(largest, width, depth) if decoding.strategy == "sjd-pac" else tree_layout(largest, 1, 1)
     levels = max(depth, tree.levels)
@@ -414,27 +423,27 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         state["path_rank"] = torch.full((start.batch, max(levels - 1, 1)), -1, dtype=torch.long, device=start.device)
     batch = RaggedBatch(start, job, job.num_tokens, largest, caches={"target": (model, start.state)}, state=state,
                         reported=("single_passes",), fixed=job.compile)
-    coupling = PAC_COUPLINGS[decoding.coupling]
     steps: dict[Shape, PACStep] = {}
     run = compiled(pac_step) if job.compile else pac_step
     run_single = compiled(single_token_step) if job.compile else single_token_step
     run_chain = compiled(sjd_step) if job.compile else sjd_step
     chains: dict[Shape, SJDStep] = {}
     single = SJDStep(model, job, rule, coupling, decoding.init, grid_width, start.vocab, 1, None)
-    fixed_shape = Shape(largest, width, depth) if chooser is None else None
-    if chooser is not None and job.compile:  # compile every shape this process has not, before any pass is timed
-        chooser.warm_first([s for s in calibration_shapes(chooser.shapes)
+    fixed_shape = fixed_chain or (Shape(largest, width, depth) if chooser is None else None)
+    timed = fixed_chain is not None and (not job.compile or compiled_before(_compile_key(fixed_chain, start.batch, coupling)))
+    if steering is not None and job.compile:  # compile every shape this process has not, before any pass is timed
+        steering.warm_first([s for s in calibration_shapes(chooser.shapes)
                             if chooser.may_run(s) and not compiled_before(_compile_key(s, start.batch, coupling))])
     used: dict[int, int] = {}
     shapes: dict[str, int] = {}
     while batch.running:
         need = batch.widths(largest)
-        shape = fixed_shape or chooser.choose(batch.n_host, batch.ids_host, need, batch.longest())
+        shape = fixed_shape or steering.choose(batch.n_host, batch.ids_host, need, batch.longest())
         if shape.is_ar:
             if job.compile:
                 announce_compile("the one-token step", _compile_key(shape, start.batch, coupling))
             status = run_single(single, batch, 1, None if job.compile else batch.longest())
-            synced = (chooser is not None and chooser.must_sync()) or batch.finishing_next()
+            synced = (steering is not None and steering.must_sync()) or batch.finishing_next()
             before = list(zip(batch.n_host, batch.ids_host))
             after = batch.sync(status) if synced else batch.advance(status)
             ranks = None
@@ -458,22 +467,29 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
             before = list(zip(batch.n_host, batch.ids_host))
             status = run(steps[shape], batch, None if job.compile else batch.longest())
             synced = True
-            probe = batch.state.get("path_rank") if chooser is not None and shape.is_tree else None
+            probe = batch.state.get("path_rank") if steering is not None and shape.is_tree else None
             after = batch.sync(status, probe=probe)
             ranks = None if probe is None else batch.probe_host
         used[shape.rows] = used.get(shape.rows, 0) + 1
         shapes[shape.label] = shapes.get(shape.label, 0) + 1
-        if chooser is not None:
-            chooser.record(shape, before, after, ranks, synced)
+        if steering is not None:
+            steering.record(shape, before, after, ranks, synced)
         edited = batch.report(job.callback)
         if edited is not None:  # drafts and siblings made from the old tokens are dropped
             batch.state["draft_count"] = torch.where(edited < job.num_tokens, 0, batch.state["draft_count"])
     out = batch.output(decoding.method, None)
     out.stats.windows = used
     out.stats.shapes = shapes
+    if fixed_chain is not None:
+        passes = sum(used.values())
+        if timed and job.callback is None and passes:
+            chooser.note_fixed_chain(fixed_chain.rows, [(job.num_tokens // 2, (chooser.clock() - began) / passes)])
+        out.stats.chooser = {"predicted_speedup": chooser.handover_speedup, "calibrated": False, "handed_to_ar": False,
+                             "fixed_shape": fixed_chain.label}
+    elif chooser is not None:
+        out.stats.chooser = {"predicted_speedup": chooser.predicted_speedup(), "calibrated": chooser.calibrated}
     if chooser is not None:
         chooser.finish(model)
-        out.stats.chooser = {"predicted_speedup": chooser.predicted_speedup(), "calibrated": chooser.calibrated}
     return out
 
 

@@ -99,10 +99,12 @@ shape that fits, ``sum_b E_b[T] / t(B, L)`` over the live samples, and runs the 
 beat AR, and any other shape the current one, by :attr:`ChooserSettings.margin` (no switch for a small gain: a
 switch to AR drops every draft). An AR block is :data:`AR_BLOCKS` blocks long: AR passes measure no acceptance, so
 the scores would not change, and scoring every candidate costs a share of a one-token step. A shape of another
-window class than the current one is scored with its ramp (above). A whole decode runs as plain AR
-(:func:`~vispec.decoding.ar.decode_ar`) unless a shape beats AR at mid-image by :data:`HANDOVER_MARGIN`
-(:meth:`ShapeChooser.prefers_ar`). Every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser instead,
-and its first block after the calibration is a measuring block of the best-scoring shape other than AR, whose cost
+window class than the current one is scored with its ramp (above). A whole decode runs one chain every pass, without
+choosing or recording, where such decodes' timed passes (:data:`FIXED_CHAIN`) make the best chain beat AR at mid-image
+by :data:`HANDOVER_MARGIN` and every other shape (:meth:`ShapeChooser.fixed_chain`: the chooser's work between passes
+is a share of a small model's pass), else plain AR (:func:`~vispec.decoding.ar.decode_ar`) unless a shape beats AR
+by that margin (:meth:`ShapeChooser.prefers_ar`).
+Every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser instead, and its first block after the calibration is a measuring block of the best-scoring shape other than AR, whose cost
 samples that block's timings replace: costs are medians of their last samples, and a shape the chooser stopped
 running keeps the cost it was last timed at, so a calibration timed while the machine ran slow would otherwise keep
 every later decode in AR (on a 2-core VM, a 16-row chain calibrated at 4.5 ms a pass ran at 2.6-3.0 later on).
@@ -154,6 +156,9 @@ AR_DECODER = "ar-decoder"
 #: priced AR at 1.8 ms a pass, timed while a 2-core VM ran slow, when the machine ran it at 1.1-1.2 ms again: chain
 #: decodes predicted at 1.13-1.30x the AR decoder ran at 0.62-0.91x (docs/performance.md, "The yardstick re-timed too")
 AR_KEEP = 8
+#: the cost label of a decode that runs one chain of L rows every pass without choosing or recording, as
+#: ``fixed-chain:L`` (:meth:`ShapeChooser.fixed_chain`): the chain's cost without the chooser's work between passes
+FIXED_CHAIN = "fixed-chain"
 #: the re-timing interval of the AR decoder's pass (ShapeChooser.needs_ar_decoder) grows from ChooserSettings.recheck
 #: decodes to this many times it: a re-timing costs 33 AR passes, about 2% of the 8 decodes in between on tiny-c2i@GPT-B
 #: at batch 1 (22 ms an AR pass, 4 s a decode)
@@ -199,6 +204,11 @@ class Shape:
     def cost_label(self) -> str:
         """The cost curve it is priced by: ``ar``, ``chain:L`` or ``tree:L`` (trees of equal rows share one)."""
         return "ar" if self.is_ar else f"{'tree' if self.is_tree else 'chain'}:{self.rows}"
+
+
+def _decoder_label(label: Hashable) -> bool:
+    """Whether a cost label is a whole decode's pass (:data:`AR_DECODER`, :data:`FIXED_CHAIN`), not a chosen shape's."""
+    return label == AR_DECODER or str(label).startswith(FIXED_CHAIN)
 
 
 def fits(rows: int, branching: int, levels: int) -> bool:
@@ -520,6 +530,8 @@ class ShapeChooser:
         self._rechecking = False  # this decode rechecks a hand-over to AR (prefers_ar): its best shape is re-timed
         self._fresh: set[str] = set()  # cost labels whose next timing replaces their samples (_pick, record)
         self._run_picking = 0.0  # of it, in the current run
+        self.handover_speedup = 1.0  # predicted for a decode given one chain (fixed_chain)
+        self._fixed_fresh = False  # that decode times the chain afresh (note_fixed_chain)
 
     def warm_first(self, shapes: Sequence[Shape]) -> None:
         """Before the first pass: run one untimed pass of each of ``shapes`` first, the shapes this process has not
@@ -555,7 +567,7 @@ class ShapeChooser:
     def _label_cost(self, label: str, at: int) -> Optional[float]:
         """:meth:`cost` of cost label ``label`` (the curve's growth recomputed first where due)."""
         if self._growth is None or self._timed_since_growth >= min(GROWTH_EVERY, max(self._growth_basis, 1)):
-            curve = {key: samples for key, samples in self.costs.items() if key != AR_DECODER}
+            curve = {key: samples for key, samples in self.costs.items() if not _decoder_label(key)}
             self._growth, self._timed_since_growth = cost_growth(curve), 0
             self._growth_basis = sum(len(samples) for samples in curve.values())
         if label not in self._levels:
@@ -670,7 +682,7 @@ class ShapeChooser:
         beats the AR decoder's pass (:meth:`ar_yardstick`) by :data:`HANDOVER_MARGIN` at mid-image (never while
         calibrating; every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser, so the rates stay fresh,
         and re-times its best shape: module docstring, Choice)."""
-        if self.calibrating or self.settings.shape_script or not self.pool.measured:
+        if self.calibrating or self.settings.shape_script or not self.pool.measured or self._rechecking:
             return False
         middle = self.num_tokens // 2
         scores = self.scores(range(self.slots), [middle] * self.slots, middle, middle)
@@ -682,6 +694,63 @@ class ShapeChooser:
         handed = hand_to_ar(self.stats, self.key)
         self._rechecking = not handed
         return handed
+
+    def fixed_chain(self) -> Optional[Shape]:
+        """The chain a whole decode should run every pass, without choosing or recording (the chooser's loop with
+        that shape fixed, :func:`~vispec.decoding.pac.decode_pac`), or None (the chooser, or AR: :meth:`prefers_ar`,
+        decides). The best-scoring chain at mid-image is priced by such decodes' passes (``fixed-chain:L``,
+        :meth:`note_fixed_chain`), which skip the chooser's work between passes: on tiny-c2i at batch 1 that work was
+        0.3 ms of a 16-row chain's 4.4-5.1 ms pass (choosing, recording; 0.15 ms in MC-SJD's own loop), 7% of it. Such
+        a decode is given the chain where it beats the AR decoder by :data:`HANDOVER_MARGIN` and every shape the
+        chooser could run, except every :attr:`~ChooserSettings.recheck`-th time, when the chooser runs, so that its
+        rates and costs stay fresh. A chain not timed that way, or not for :data:`RETIME_GROWTH` times
+        ``recheck`` decodes (as long as the AR decoder may go untimed), gets one such decode, which times it afresh,
+        where the chooser's own pass of it is at least level with the AR decoder. Never while calibrating, under a
+        shape script or on a pinned curve (nothing is timed there); the caller asks for the maximal coupling only (its
+        chain passes are MC-SJD's step; Gumbel's run SJD-PAC's). The tokens' law is the chooser's with that chain
+        chosen every pass."""
+        if self.calibrating or self.settings.shape_script or not self.pool.measured or not self.stats.measures_costs:
+            return None
+        middle = self.num_tokens // 2
+        scores = self.scores(range(self.slots), [middle] * self.slots, middle, middle)
+        chains = {shape: score for shape, score in scores.items() if not shape.is_ar and not shape.is_tree}
+        ar = scores.get(Shape(1))
+        if not chains or ar is None:
+            return None
+        ar *= self.cost(Shape(1), middle) / self.ar_yardstick(middle)
+        chain = max(chains, key=chains.get)
+        label = f"{FIXED_CHAIN}:{chain.rows}"
+        timings = self.stats.ar_timings
+        since = timings[(self.key, label)] = timings.get((self.key, label), 0) + 1  # decodes since it was last timed
+        stale = since > RETIME_GROWTH * self.settings.recheck
+        decoder_cost = self._label_cost(label, middle) if self.costs.get(label) else None
+        if not decoder_cost or stale:  # never timed, or not for as long as the AR decoder may go: one decode times it
+            self.handover_speedup = chains[chain] / ar
+            self._fixed_fresh = chains[chain] >= ar
+            return chain if self._fixed_fresh else None
+        decoder = chains[chain] * self.cost(chain, middle) / decoder_cost
+        if decoder <= ar * (1 + HANDOVER_MARGIN) or decoder < max(scores.values()):
+            return None
+        self.handover_speedup = decoder / ar
+        if hand_to_ar(self.stats, (self.key, FIXED_CHAIN)):
+            return chain
+        self._rechecking = True  # the chooser runs this decode (prefers_ar too says so), its best shape re-timed
+        return None
+
+    def note_fixed_chain(self, rows: int, samples: Sequence[tuple[int, float]]) -> None:
+        """Add ``(cached tokens, seconds per pass)`` timings of a decode that ran a chain of ``rows`` every pass
+        (:meth:`fixed_chain`) to the curve, kept on disk with it (:meth:`finish`); its last :data:`AR_KEEP`, as for
+        the AR decoder. A decode given the chain to time it (never timed, or stale) replaces the old timings, as a
+        re-timing of the AR decoder does."""
+        label = f"{FIXED_CHAIN}:{rows}"
+        values = self.costs.setdefault(label, [])
+        if self._fixed_fresh:
+            del values[:]
+        values.extend(samples)
+        self.stats.ar_timings[(self.key, label)] = 0
+        del values[:-AR_KEEP]
+        self._levels.pop(label, None)
+        self._keep_curve = True
 
     def choose(self, n_host: Sequence[int], ids_host: Sequence[int], need: int, at: int) -> Shape:
         """The shape of the next pass; ``n_host``/``ids_host``: the slots' committed counts and requests (-1:
