@@ -284,7 +284,8 @@ def test_a_chain_that_beats_ar_without_the_choosers_work_gets_the_whole_decode(m
     monkeypatch.setattr(treed, "scores", lambda *a: {**scores, Shape(16, 3, 3): 1.5})  # beats the decoder's 1.375
     assert treed.fixed_chain() is None
 
-    pinned = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), PinnedStats(starting_costs=costs), "key", "spec", 2, 256)
+    pinned = ShapeChooser(candidate_shapes(64, 3, 3, every_tree=True), PinnedStats(starting_costs=costs), "key", "spec",
+                          2, 256)
     scripted = _chooser(costs, settings=ChooserSettings(shape_script=(Shape(16),)))
     for other in (pinned, scripted):
         _teach(other, 0.5, passes=20, shape=Shape(2))

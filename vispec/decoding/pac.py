@@ -390,7 +390,8 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     # this process has shapes to compile: the chooser's decode compiles them all up front, not a later timed one
     coupling = PAC_COUPLINGS[decoding.coupling]
     cold = job.compile and chooser is not None and any(
-        chooser.may_run(s) and not compiled_before(_compile_key(s, chooser.slots, coupling)) for s in calibration_shapes(chooser.shapes))
+        chooser.may_run(s) and not compiled_before(_compile_key(s, chooser.slots, coupling))
+        for s in calibration_shapes(chooser.shapes))
     fixed_chain = chooser.fixed_chain() if chooser is not None and coupling is MAXIMAL and not cold else None
     if fixed_chain is None and chooser is not None and chooser.prefers_ar():  # no shape beats AR (exact either way)
         began = chooser.clock()
@@ -430,7 +431,8 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     chains: dict[Shape, SJDStep] = {}
     single = SJDStep(model, job, rule, coupling, decoding.init, grid_width, start.vocab, 1, None)
     fixed_shape = fixed_chain or (Shape(largest, width, depth) if chooser is None else None)
-    timed = fixed_chain is not None and (not job.compile or compiled_before(_compile_key(fixed_chain, start.batch, coupling)))
+    timed = fixed_chain is not None and (not job.compile
+                                         or compiled_before(_compile_key(fixed_chain, start.batch, coupling)))
     if steering is not None and job.compile:  # compile every shape this process has not, before any pass is timed
         steering.warm_first([s for s in calibration_shapes(chooser.shapes)
                             if chooser.may_run(s) and not compiled_before(_compile_key(s, start.batch, coupling))])

@@ -103,9 +103,9 @@ window class than the current one is scored with its ramp (above). A whole decod
 choosing or recording, where such decodes' timed passes (:data:`FIXED_CHAIN`) make the best chain beat AR at mid-image
 by :data:`HANDOVER_MARGIN` and every other shape (:meth:`ShapeChooser.fixed_chain`: the chooser's work between passes
 is a share of a small model's pass), else plain AR (:func:`~vispec.decoding.ar.decode_ar`) unless a shape beats AR
-by that margin (:meth:`ShapeChooser.prefers_ar`).
-Every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser instead, and its first block after the calibration is a measuring block of the best-scoring shape other than AR, whose cost
-samples that block's timings replace: costs are medians of their last samples, and a shape the chooser stopped
+by that margin (:meth:`ShapeChooser.prefers_ar`). Every :attr:`~ChooserSettings.recheck`-th such decode runs the
+chooser instead, and its first block after the calibration is a measuring block of the best-scoring shape other than
+AR, whose cost samples that block's timings replace: costs are medians of their last samples, and a shape the chooser stopped
 running keeps the cost it was last timed at, so a calibration timed while the machine ran slow would otherwise keep
 every later decode in AR (on a 2-core VM, a 16-row chain calibrated at 4.5 ms a pass ran at 2.6-3.0 later on).
 
@@ -680,8 +680,9 @@ class ShapeChooser:
     def prefers_ar(self) -> bool:
         """Whether a whole decode should run as plain AR: every cost is measured, the pool has rates, and no shape
         beats the AR decoder's pass (:meth:`ar_yardstick`) by :data:`HANDOVER_MARGIN` at mid-image (never while
-        calibrating; every :attr:`~ChooserSettings.recheck`-th such decode runs the chooser, so the rates stay fresh,
-        and re-times its best shape: module docstring, Choice)."""
+        calibrating, nor in a decode :meth:`fixed_chain` keeps for the chooser; every
+        :attr:`~ChooserSettings.recheck`-th such decode runs the chooser, so the rates stay fresh, and re-times its best
+        shape: module docstring, Choice)."""
         if self.calibrating or self.settings.shape_script or not self.pool.measured or self._rechecking:
             return False
         middle = self.num_tokens // 2
