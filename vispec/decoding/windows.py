@@ -135,8 +135,8 @@ class WindowStats:
     consecutive decodes run as plain AR (:meth:`WindowChooser.prefers_ar`); ``ar_timings[cost key]``: the shape
     chooser's decodes since the AR decoder's pass was last timed, ``ar_timings[(cost key, "interval")]`` how many are
     due before the next re-timing (:meth:`~vispec.decoding.shapes.ShapeChooser.needs_ar_decoder`), ``ar_timings[(cost key,
-    "fixed-chain:L")]`` the decodes since one that ran that chain every pass was (:meth:`~vispec.decoding.shapes.
-    ShapeChooser.fixed_chain`); ``ar_handovers[(cost key, "fixed-chain")]``: decodes given a fixed chain since the
+    "fixed-chain:L")]`` the decodes, with that chain the best, since one that ran it every pass was last timed
+    (:meth:`~vispec.decoding.shapes.ShapeChooser.fixed_chain`); ``ar_handovers[(cost key, "fixed-chain")]``: decodes given a fixed chain since the
     chooser last ran. Each list keeps the last
     :data:`KEEP` values. ``starting_costs``: the step times ``{W: [(L, seconds), ...]}`` a cost key met for the
     first time starts from (a copy; by default none: measured from scratch). ``settings``: how the chooser
