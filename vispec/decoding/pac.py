@@ -389,10 +389,10 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     # one chain all through, without the chooser's work per pass (shapes.FIXED_CHAIN), or AR, or the chooser; not while
     # this process has shapes to compile: the chooser's decode compiles them all up front, not a later timed one
     coupling = PAC_COUPLINGS[decoding.coupling]
-    cold = job.compile and chooser is not None and any(
-        chooser.may_run(s) and not compiled_before(_compile_key(s, chooser.slots, coupling))
-        for s in calibration_shapes(chooser.shapes))
-    fixed_chain = chooser.fixed_chain() if chooser is not None and coupling is MAXIMAL and not cold else None
+    uncompiled = [] if chooser is None or not job.compile else [  # the chooser's slots are the batch's
+        s for s in calibration_shapes(chooser.shapes)
+        if chooser.may_run(s) and not compiled_before(_compile_key(s, chooser.slots, coupling))]
+    fixed_chain = chooser.fixed_chain() if chooser is not None and coupling is MAXIMAL and not uncompiled else None
     if fixed_chain is None and chooser is not None and chooser.prefers_ar():  # no shape beats AR (exact either way)
         began = chooser.clock()
         out = decode_ar(model, condition, job)
@@ -404,7 +404,7 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
         out.stats.shapes = {"ar": passes}
         out.stats.chooser = {"predicted_speedup": 1.0, "calibrated": False, "handed_to_ar": True}
         return out
-    began = None if chooser is None else chooser.clock()  # a fixed chain is timed as it runs, its prefill included
+    began = None if fixed_chain is None else chooser.clock()  # a fixed chain is timed as it runs, its prefill included
     steering = None if fixed_chain is not None else chooser  # who chooses and records each pass
     largest = decoding.largest_window
     tree = tree_layout(largest, width, depth) if decoding.strategy == "sjd-pac" else tree_layout(largest, 1, 1)
@@ -433,9 +433,8 @@ def decode_pac(model: SpeculativeARModel, condition: Any, job: DecodeJob, decodi
     fixed_shape = fixed_chain or (Shape(largest, width, depth) if chooser is None else None)
     timed = fixed_chain is not None and (not job.compile
                                          or compiled_before(_compile_key(fixed_chain, start.batch, coupling)))
-    if steering is not None and job.compile:  # compile every shape this process has not, before any pass is timed
-        steering.warm_first([s for s in calibration_shapes(chooser.shapes)
-                            if chooser.may_run(s) and not compiled_before(_compile_key(s, start.batch, coupling))])
+    if steering is not None and uncompiled:  # compile every shape this process has not, before any pass is timed
+        steering.warm_first(uncompiled)
     used: dict[int, int] = {}
     shapes: dict[str, int] = {}
     while batch.running:

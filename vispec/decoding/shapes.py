@@ -626,14 +626,7 @@ class ShapeChooser:
         time_ar_passes`, or a decode handed to AR) to the curve, kept on disk with it (:meth:`finish`); ``fresh``:
         they replace the label's samples (a re-timing, :meth:`needs_ar_decoder`, as a recheck's re-timing of a shape
         replaces its samples); the last :data:`AR_KEEP` are kept. Restarts the count of :meth:`needs_ar_decoder`."""
-        values = self.costs.setdefault(AR_DECODER, [])
-        if fresh:
-            del values[:]
-        values.extend(samples)
-        del values[:-AR_KEEP]
-        self._levels.pop(AR_DECODER, None)
-        self._keep_curve = True
-        self.stats.ar_timings[self.key] = 0
+        self._keep_decoder_timings(AR_DECODER, samples, fresh, self.key)
         if not fresh:  # a decode handed to AR: the choice may flip back, so the next re-timing comes soon
             self.stats.ar_timings.pop((self.key, "interval"), None)
 
@@ -685,16 +678,23 @@ class ShapeChooser:
         shape: module docstring, Choice)."""
         if self.calibrating or self.settings.shape_script or not self.pool.measured or self._rechecking:
             return False
-        middle = self.num_tokens // 2
-        scores = self.scores(range(self.slots), [middle] * self.slots, middle, middle)
-        ar = scores.get(Shape(1))
-        if ar is not None:  # the AR decoder's pass, not the chooser's own one-token pass
-            ar *= self.cost(Shape(1), middle) / self.ar_yardstick(middle)
+        scores, ar = self._handover_scores()
         if ar is None or max(scores.values()) > ar * (1 + HANDOVER_MARGIN):
             return False
         handed = hand_to_ar(self.stats, self.key)
         self._rechecking = not handed
         return handed
+
+    def _handover_scores(self) -> tuple[dict[Shape, float], Optional[float]]:
+        """Every shape's score at mid-image (:meth:`scores`) and the AR decoder's (AR's score at the AR decoder's pass,
+        :meth:`ar_yardstick`, not the chooser's own one-token pass; None without one), what :meth:`fixed_chain` and
+        :meth:`prefers_ar` decide a decode by."""
+        middle = self.num_tokens // 2
+        scores = self.scores(range(self.slots), [middle] * self.slots, middle, middle)
+        ar = scores.get(Shape(1))
+        if ar is not None:
+            ar *= self.cost(Shape(1), middle) / self.ar_yardstick(middle)
+        return scores, ar
 
     def fixed_chain(self) -> Optional[Shape]:
         """The chain a whole decode should run every pass, without choosing or recording (the chooser's loop with
@@ -713,12 +713,10 @@ class ShapeChooser:
         if self.calibrating or self.settings.shape_script or not self.pool.measured or not self.stats.measures_costs:
             return None
         middle = self.num_tokens // 2
-        scores = self.scores(range(self.slots), [middle] * self.slots, middle, middle)
+        scores, ar = self._handover_scores()
         chains = {shape: score for shape, score in scores.items() if not shape.is_ar and not shape.is_tree}
-        ar = scores.get(Shape(1))
         if not chains or ar is None:
             return None
-        ar *= self.cost(Shape(1), middle) / self.ar_yardstick(middle)
         chain = max(chains, key=chains.get)
         label = f"{FIXED_CHAIN}:{chain.rows}"
         timings = self.stats.ar_timings
@@ -744,14 +742,21 @@ class ShapeChooser:
         the AR decoder. A decode given the chain to time it (never timed, or stale) replaces the old timings, as a
         re-timing of the AR decoder does."""
         label = f"{FIXED_CHAIN}:{rows}"
+        self._keep_decoder_timings(label, samples, self._fixed_fresh, (self.key, label))
+
+    def _keep_decoder_timings(self, label: str, samples: Sequence[tuple[int, float]], fresh: bool,
+                              counter: Hashable) -> None:
+        """A whole decode's timings under ``label`` (:data:`AR_DECODER`, :data:`FIXED_CHAIN`), kept with the curve:
+        ``fresh`` ones replace the label's samples, the last :data:`AR_KEEP` stay; ``stats.ar_timings[counter]``, the
+        decodes since the label was timed, restarts."""
         values = self.costs.setdefault(label, [])
-        if self._fixed_fresh:
+        if fresh:
             del values[:]
         values.extend(samples)
-        self.stats.ar_timings[(self.key, label)] = 0
         del values[:-AR_KEEP]
         self._levels.pop(label, None)
         self._keep_curve = True
+        self.stats.ar_timings[counter] = 0
 
     def choose(self, n_host: Sequence[int], ids_host: Sequence[int], need: int, at: int) -> Shape:
         """The shape of the next pass; ``n_host``/``ids_host``: the slots' committed counts and requests (-1:
